@@ -110,7 +110,7 @@ else
   echo "note: python3 or $sys_verbs absent, helpers not compared"
 fi
 
-# ---- 3. every binary of the packages that links libibverbs loads our libraries ----
+# ---- 3. every binary of the packages that links libibverbs/librdmacm loads our libraries ----
 have_rdmacm=0
 [[ -e $lib_dir/librdmacm.so.1 ]] && have_rdmacm=1
 checked=0
@@ -124,7 +124,8 @@ for pkg in ibverbs-utils perftest rdmacm-utils qperf; do
   for bin in $(grep -E '^/usr/s?bin/' <<< "$files"); do
     [[ -f $bin && -x $bin ]] || continue
     needed=$(readelf -d "$bin" 2> /dev/null | awk '/\(NEEDED\)/ {gsub(/[][]/, "", $NF); print $NF}')
-    grep -qx 'libibverbs.so.1' <<< "$needed" || continue  # scripts, non-verbs tools
+    # rsocket tools (rstream, rcopy, ...) reach libibverbs only through librdmacm.
+    grep -qxE 'lib(ibverbs|rdmacm)\.so\.1' <<< "$needed" || continue  # scripts, non-RDMA tools
     name=$(basename "$bin")
     links_rdmacm=0
     grep -qx 'librdmacm.so.1' <<< "$needed" && links_rdmacm=1
