@@ -1,0 +1,65 @@
+#include "wire/icrc.h"
+
+#include <isa-l/crc.h>
+
+#include "wire/headers.h"
+
+namespace softrdma::wire {
+
+uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len) {
+  // Pseudo-header: LRH stand-in (8) + IPv4 (20) + UDP (8) + BTH (12), with the variant fields set to ones.
+  uint8_t h[8 + 20 + 8 + kBthLen];
+  for (int i = 0; i < 8; ++i) h[i] = 0xFF;
+  uint8_t* ip = h + 8;
+  const uint32_t ip_len = static_cast<uint32_t>(20 + 8 + len + kIcrcLen);
+  const uint32_t udp_len = static_cast<uint32_t>(8 + len + kIcrcLen);
+  ip[0] = 0x45;
+  ip[1] = 0xFF;  // TOS (DSCP/ECN) may be rewritten in flight
+  ip[2] = static_cast<uint8_t>(ip_len >> 8);
+  ip[3] = static_cast<uint8_t>(ip_len);
+  ip[4] = static_cast<uint8_t>(addr.ip_id >> 8);
+  ip[5] = static_cast<uint8_t>(addr.ip_id);
+  ip[6] = 0x40;  // DF, fragment offset 0
+  ip[7] = 0x00;
+  ip[8] = 0xFF;  // TTL
+  ip[9] = 17;    // UDP
+  ip[10] = 0xFF;  // header checksum
+  ip[11] = 0xFF;
+  __builtin_memcpy(ip + 12, &addr.src_ip_be, 4);
+  __builtin_memcpy(ip + 16, &addr.dst_ip_be, 4);
+  uint8_t* udp = ip + 20;
+  udp[0] = static_cast<uint8_t>(addr.src_port >> 8);
+  udp[1] = static_cast<uint8_t>(addr.src_port);
+  udp[2] = static_cast<uint8_t>(addr.dst_port >> 8);
+  udp[3] = static_cast<uint8_t>(addr.dst_port);
+  udp[4] = static_cast<uint8_t>(udp_len >> 8);
+  udp[5] = static_cast<uint8_t>(udp_len);
+  udp[6] = 0xFF;  // UDP checksum
+  udp[7] = 0xFF;
+  uint8_t* b = udp + 8;
+  __builtin_memcpy(b, bth, kBthLen);
+  b[4] = 0xFF;  // resv8a: FECN/BECN may be set by switches
+
+  // crc32_gzip_refl chains like zlib's crc32 (pre- and post-inversion handled inside).
+  uint32_t crc = crc32_gzip_refl(0, h, sizeof h);
+  return crc32_gzip_refl(crc, bth + kBthLen, len - kBthLen);
+}
+
+void append_icrc(const Ipv4UdpAddr& addr, uint8_t* bth, size_t len) {
+  const uint32_t crc = compute_icrc(addr, bth, len);
+  uint8_t* p = bth + len;
+  p[0] = static_cast<uint8_t>(crc);
+  p[1] = static_cast<uint8_t>(crc >> 8);
+  p[2] = static_cast<uint8_t>(crc >> 16);
+  p[3] = static_cast<uint8_t>(crc >> 24);
+}
+
+bool check_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
+  if (len_with_icrc < kBthLen + kIcrcLen) return false;
+  const size_t len = len_with_icrc - kIcrcLen;
+  const uint8_t* p = bth + len;
+  const uint32_t stored = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+  return stored == compute_icrc(addr, bth, len);
+}
+
+}  // namespace softrdma::wire

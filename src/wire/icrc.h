@@ -1,0 +1,30 @@
+// RoCEv2 invariant CRC (IBTA Annex A17.3.3) for IPv4.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace softrdma::wire {
+
+struct Ipv4UdpAddr {
+  uint32_t src_ip_be, dst_ip_be;
+  uint16_t src_port, dst_port;  // host order
+  // IPv4 identification as sent. The kernel sends 0 for an unconnected UDP socket with DF set, which is
+  // what softrdma does; a receiver that knows the real value (raw capture) may set it, since the ICRC
+  // covers it.
+  uint16_t ip_id = 0;
+};
+
+// ICRC over: 8 bytes of 0xFF (LRH stand-in); the IPv4 header as sent (version/IHL 0x45, TOS masked 0xFF,
+// total length 20+8+len+4, identification ip_id, flags DF, TTL masked 0xFF, protocol 17, checksum
+// masked 0xFFFF, src, dst); the UDP header (ports, length 8+len+4, checksum masked 0xFFFF); the BTH
+// with resv8a (byte 4: FECN, BECN, resv6) taken as 0xFF; then the rest of the len bytes from bth, i.e.
+// everything before the ICRC. len must be >= 12. The value is the Ethernet CRC-32 (as zlib crc32) and
+// is stored little-endian in the 4 bytes after the packet.
+uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len);
+// Writes the ICRC of the len bytes at bth into bth[len..len+3].
+void append_icrc(const Ipv4UdpAddr& addr, uint8_t* bth, size_t len);
+// True when the last 4 bytes hold the ICRC of the bytes before them. False if len_with_icrc < 16.
+bool check_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc);
+
+}  // namespace softrdma::wire
