@@ -1,0 +1,177 @@
+# Shared helpers of the compat tests, the demo and the loopback benchmark (sourced, not run).
+#
+# The programs under test are unmodified Debian binaries; they load our libraries only through
+# `softrdma run`. A test is a series of server/client pairs; a failing pair does not stop the
+# series, so one run reports every broken case. Call compat_finish at the end for the exit code.
+#
+# Environment:
+#   SOFTRDMA_BIN     directory holding the softrdma command (default: <repo>/build/bin)
+#   COMPAT_TIMEOUT   seconds each server and client may run (default 120)
+#   COMPAT_LOG_DIR   where the logs of each process go (default: a fresh temporary directory)
+#   COMPAT_VERBOSE   1: print every client's output, not only failing ones
+
+compat_repo_root() { (cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd); }
+
+SOFTRDMA_BIN=${SOFTRDMA_BIN:-$(compat_repo_root)/build/bin}
+SOFTRDMA=${SOFTRDMA:-$SOFTRDMA_BIN/softrdma}
+COMPAT_TIMEOUT=${COMPAT_TIMEOUT:-120}
+COMPAT_VERBOSE=${COMPAT_VERBOSE:-0}
+if [[ -z ${COMPAT_LOG_DIR:-} ]]; then
+  COMPAT_LOG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-compat.XXXXXX")
+fi
+mkdir -p "$COMPAT_LOG_DIR"
+
+COMPAT_PASSED=0
+COMPAT_FAILED=0
+COMPAT_FAILURES=()
+PAIR_WHY=""
+PAIR_SRV_LOG=/dev/null
+PAIR_CLI_LOG=/dev/null
+
+compat_log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+compat_require_softrdma() {
+  if [[ ! -x $SOFTRDMA ]]; then
+    echo "FAIL: no softrdma command at $SOFTRDMA (set SOFTRDMA_BIN to <build>/bin)" >&2
+    exit 1
+  fi
+}
+
+# compat_device IP [NS_PREFIX...]: the name of the softrdma device bound to IP, as the library
+# itself reports it (inside a network namespace when a prefix such as `ip netns exec X` is given).
+compat_device() {
+  local ip=$1
+  shift
+  local dev
+  if dev=$("$@" "$SOFTRDMA" devices --ip "$ip" 2>/dev/null | head -n1) && [[ -n $dev ]]; then
+    echo "$dev"
+    return 0
+  fi
+  echo "FAIL: no softrdma device bound to $ip; \`softrdma devices\` says:" >&2
+  "$@" "$SOFTRDMA" devices >&2 || true
+  return 1
+}
+
+# A TCP port nobody uses now, from a random start so parallel runs rarely meet. Ports in any
+# state count as used: a TIME_WAIT socket can still make bind() fail without SO_REUSEADDR.
+compat_free_port() {
+  local used port
+  used=$(awk 'NR>1 { n=split($2, a, ":"); print a[n] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u)
+  port=$((20000 + RANDOM % 20000))
+  while grep -qx "$(printf '%04X' "$port")" <<<"$used"; do port=$((port + 1)); done
+  echo "$port"
+}
+
+# compat_wait_listen PORT PID [NS_PREFIX...]: waits until something listens on TCP PORT (in the
+# namespace of the prefix), without connecting to it: perftest servers accept exactly one peer.
+compat_wait_listen() {
+  local port=$1 pid=$2
+  shift 2
+  local hex i
+  hex=$(printf '%04X' "$port")
+  for ((i = 0; i < 300; i++)); do
+    if "$@" awk -v p=":$hex" 'NR>1 && $4=="0A" && substr($2, length($2)-4)==p { f=1 } END { exit !f }' \
+      /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
+      return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+# compat_pair NAME PORT: runs the server argv in array SRV, waits for it to listen on PORT, then
+# the client argv in array CLI. SRV_PREFIX / CLI_PREFIX (arrays, may be empty) go in front of
+# `timeout`, e.g. (ip netns exec nsA). Both must exit 0. Sets PAIR_SRV_LOG, PAIR_CLI_LOG.
+# Returns 0 on success; the caller adds its own output checks and calls compat_result.
+compat_pair() {
+  local name=$1 port=$2
+  local slug=${name//[^A-Za-z0-9_.-]/_}
+  PAIR_SRV_LOG=$COMPAT_LOG_DIR/$slug.server.log
+  PAIR_CLI_LOG=$COMPAT_LOG_DIR/$slug.client.log
+  PAIR_WHY=""
+  local -a sp=("${SRV_PREFIX[@]+"${SRV_PREFIX[@]}"}") cp=("${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"}")
+
+  compat_log "$name: server: ${SRV[*]}"
+  "${sp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- "${SRV[@]}" >"$PAIR_SRV_LOG" 2>&1 &
+  local spid=$!
+  if ! compat_wait_listen "$port" "$spid" "${sp[@]}"; then
+    PAIR_WHY="server never listened on port $port"
+    kill "$spid" 2>/dev/null || true
+    wait "$spid" 2>/dev/null || true
+    return 1
+  fi
+  compat_log "$name: client: ${CLI[*]}"
+  local crc=0 src=0
+  "${cp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- "${CLI[@]}" >"$PAIR_CLI_LOG" 2>&1 || crc=$?
+  wait "$spid" || src=$?
+  if ((crc != 0 || src != 0)); then
+    PAIR_WHY="exit codes: server $src, client $crc"
+    ((crc == 124 || src == 124)) && PAIR_WHY+=" (124: killed by timeout after ${COMPAT_TIMEOUT}s)"
+    return 1
+  fi
+  return 0
+}
+
+# compat_result NAME OK [WHY]: records the outcome of one case and prints the logs of a failure.
+compat_result() {
+  local name=$1 ok=$2 why=${3:-$PAIR_WHY}
+  if [[ $ok == 1 ]]; then
+    COMPAT_PASSED=$((COMPAT_PASSED + 1))
+    compat_log "PASS $name"
+    if [[ $COMPAT_VERBOSE == 1 && -f $PAIR_CLI_LOG ]]; then cat "$PAIR_CLI_LOG"; fi
+  else
+    COMPAT_FAILED=$((COMPAT_FAILED + 1))
+    COMPAT_FAILURES+=("$name: $why")
+    compat_log "FAIL $name: $why"
+    local f
+    for f in "$PAIR_SRV_LOG" "$PAIR_CLI_LOG"; do
+      [[ -f $f ]] || continue
+      echo "----- $(basename "$f") (last 40 lines) -----"
+      tail -n 40 "$f"
+    done
+    echo "-----"
+  fi
+}
+
+# perftest prints one result row per message size under a "#bytes" header.
+compat_perftest_rows() {
+  awk '/#bytes/ { t=1; next } t && /^[[:space:]]*[0-9]+[[:space:]]+[0-9]+[[:space:]]+[0-9.]+/ { n++ } END { print n+0 }' "$1"
+}
+
+# compat_perftest NAME MIN_ROWS SERVER_ARGS... -- CLIENT_ARGS...: one perftest pair, which passes
+# when both exit 0 and the client prints at least MIN_ROWS rows of its result table.
+compat_perftest() {
+  local name=$1 min_rows=$2 port
+  shift 2
+  SRV=()
+  while (($#)) && [[ $1 != -- ]]; do SRV+=("$1"); shift; done
+  shift
+  CLI=("$@")
+  port=$(compat_free_port)
+  SRV+=(-p "$port")
+  # The host argument of perftest goes last, after the port.
+  local host=${CLI[-1]}
+  unset 'CLI[-1]'
+  CLI+=(-p "$port" "$host")
+  if compat_pair "$name" "$port"; then
+    local rows
+    rows=$(compat_perftest_rows "$PAIR_CLI_LOG")
+    if ((rows >= min_rows)); then
+      compat_result "$name" 1
+    else
+      compat_result "$name" 0 "result table has $rows rows, expected at least $min_rows"
+    fi
+  else
+    compat_result "$name" 0
+  fi
+}
+
+compat_finish() {
+  echo
+  echo "logs: $COMPAT_LOG_DIR"
+  echo "$COMPAT_PASSED passed, $COMPAT_FAILED failed"
+  local f
+  for f in "${COMPAT_FAILURES[@]+"${COMPAT_FAILURES[@]}"}"; do echo "  FAILED: $f"; done
+  ((COMPAT_FAILED == 0 && COMPAT_PASSED > 0))
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# tools.cli: `softrdma run` gives an unmodified program the loader environment it needs, and
+# passes its arguments and exit status through untouched. Runs against a scratch lib dir, so it
+# checks the command itself, not the library.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/compat_lib.sh"
+compat_require_softrdma
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+mkdir -p "$scratch/lib"
+: >"$scratch/lib/libibverbs.so.1"
+PAIR_SRV_LOG=/dev/null
+PAIR_CLI_LOG=$scratch/out
+
+expect() { # NAME WANT GOT
+  if [[ $2 == "$3" ]]; then compat_result "$1" 1; else compat_result "$1" 0 "want [$2], got [$3]"; fi
+}
+
+# Lib dir first in LD_LIBRARY_PATH, ahead of what the caller had.
+got=$(SOFTRDMA_LIB_DIR=$scratch/lib LD_LIBRARY_PATH=/x/y "$SOFTRDMA" run printenv LD_LIBRARY_PATH)
+expect "run prepends the lib dir to LD_LIBRARY_PATH" "$scratch/lib:/x/y" "$got"
+
+# Not sanitized: no preload, no ASan options.
+got=$(SOFTRDMA_LIB_DIR=$scratch/lib "$SOFTRDMA" run sh -c 'echo "[${LD_PRELOAD-unset}][${ASAN_OPTIONS-unset}]"')
+expect "run sets no LD_PRELOAD for plain libraries" "[unset][unset]" "$got"
+
+# Sanitized (marker with the runtimes): they are preloaded first, and leak checks are off.
+printf '/rt/libasan.so.8\n/rt/libubsan.so.1\n' >"$scratch/lib/SANITIZED"
+got=$(SOFTRDMA_LIB_DIR=$scratch/lib LD_PRELOAD=/mine.so ASAN_OPTIONS=abort_on_error=1 \
+  "$SOFTRDMA" run -- sh -c 'echo "$ASAN_OPTIONS"; echo "$LD_PRELOAD"' 2>/dev/null || true)
+expect "run preloads sanitizer runtimes before the caller's" \
+  "detect_leaks=0:abort_on_error=1"$'\n'"/rt/libasan.so.8:/rt/libubsan.so.1:/mine.so" "$got"
+rm "$scratch/lib/SANITIZED"
+
+# Arguments, dashes included, reach the program unchanged; so does its exit status.
+got=$(SOFTRDMA_LIB_DIR=$scratch/lib "$SOFTRDMA" run -- printf '%s|' -a --b 'c d' -- -v)
+expect "run passes arguments through" "-a|--b|c d|--|-v|" "$got"
+rc=0
+SOFTRDMA_LIB_DIR=$scratch/lib "$SOFTRDMA" run sh -c 'exit 7' || rc=$?
+expect "run passes the exit status through" 7 "$rc"
+rc=0
+SOFTRDMA_LIB_DIR=$scratch/lib "$SOFTRDMA" run no-such-program-softrdma 2>/dev/null || rc=$?
+expect "run of a missing program exits 127" 127 "$rc"
+rc=0
+SOFTRDMA_LIB_DIR=$scratch/nolib "$SOFTRDMA" run true 2>/dev/null || rc=$?
+expect "run refuses a lib dir without libibverbs.so.1" 127 "$rc"
+
+# Without SOFTRDMA_LIB_DIR the lib dir is <exe dir>/../lib.
+got=$("$SOFTRDMA" version | sed -n 's/^lib dir for `softrdma run`: //p')
+expect "lib dir defaults to <bin>/../lib" "$(realpath -m "$SOFTRDMA_BIN/../lib")" "$got"
+
+compat_finish

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages softrdma needs to build, test and benchmark, if any is missing.
+#   tools/setup-deps.sh           install only what is missing (no apt-get update when none is)
+#   tools/setup-deps.sh --update  always apt-get update first (CI on a fresh machine)
+# Needs root (or sudo) only when something must be installed.
+set -euo pipefail
+
+BUILD_PKGS=(cmake ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libisal-dev libgtest-dev
+  libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev)
+RUN_PKGS=(ibverbs-utils rdmacm-utils perftest qperf sockperf iproute2 procps util-linux)
+
+update=0
+[[ ${1:-} == --update ]] && update=1
+
+missing=()
+for p in "${BUILD_PKGS[@]}" "${RUN_PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0 && update == 0)); then
+  exit 0
+fi
+
+sudo=()
+if [[ $(id -u) != 0 ]]; then
+  if command -v sudo >/dev/null; then
+    sudo=(sudo -n)
+  else
+    echo "setup-deps: missing packages (${missing[*]}) and not root; install them as root" >&2
+    exit 1
+  fi
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+echo "setup-deps: installing: ${missing[*]:-(none missing; refreshing the index)}"
+"${sudo[@]}" apt-get update -q
+if ((${#missing[@]})); then
+  "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+fi

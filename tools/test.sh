@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The whole test run: packages, two builds (plain in build/, ASan+UBSan in build-asan/), ctest in
+# both. Exits non-zero on any failure and ends with "N passed, N failed" over both runs.
+#
+#   tools/test.sh               everything
+#   SOFTRDMA_SKIP_ASAN=1 ...    only the plain build (quick local iteration)
+#   CTEST_ARGS="-R compat" ...  extra ctest arguments for both runs
+#
+# The ASan run leaves out the long perftest and netns suites (label perftest|netns): they cover
+# the same library code paths as rc_pingpong, which it does run, at several times the cost.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+"$root/tools/setup-deps.sh"
+
+jobs=$(nproc)
+passed=0
+failed=0
+logs=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-test.XXXXXX")
+read -r -a extra <<<"${CTEST_ARGS:-}"
+
+# count LOG: adds a ctest log's results to the totals. ctest prints one line per test, ending in
+# "Passed", or "***Failed", "***Timeout", "***Exception: ...", "***Not Run"; skipped tests
+# (exit 77, "***Skipped") count as neither.
+count() {
+  local p f
+  p=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed +[0-9.]+ sec' "$1" || true)
+  f=$(grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$1" | grep -F '***' | grep -vcF '***Skipped' || true)
+  passed=$((passed + p))
+  failed=$((failed + f))
+}
+
+# run_build DIR COMPAT_LABEL_EXCLUDE CMAKE_ARGS...
+run_build() {
+  local dir=$1 compat_exclude=$2
+  shift 2
+  local name
+  name=$(basename "$dir")
+  echo "=== $name: configure and build ==="
+  if ! cmake -S "$root" -B "$dir" -G Ninja "$@" >"$logs/$name.cmake.log" 2>&1; then
+    tail -n 50 "$logs/$name.cmake.log"
+    echo "=== $name: configure FAILED ==="
+    failed=$((failed + 1))
+    return
+  fi
+  if ! ninja -C "$dir" -j "$jobs" >"$logs/$name.build.log" 2>&1; then
+    grep -E -B2 -A8 'error|FAILED' "$logs/$name.build.log" | tail -n 80
+    echo "=== $name: build FAILED (log: $logs/$name.build.log) ==="
+    failed=$((failed + 1))
+    return
+  fi
+  # Unit, verbs and tools tests are independent and run in parallel; compat tests one at a time,
+  # since each already runs two spinning processes on a 2-core machine.
+  echo "=== $name: ctest (unit, verbs, tools) ==="
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE compat "${extra[@]}" \
+    2>&1 | tee "$logs/$name.ctest1.log" || true
+  count "$logs/$name.ctest1.log"
+  echo "=== $name: ctest (compat) ==="
+  local -a ex=()
+  [[ -n $compat_exclude ]] && ex=(-LE "$compat_exclude")
+  ctest --test-dir "$dir" --output-on-failure -L compat "${ex[@]}" "${extra[@]}" \
+    2>&1 | tee "$logs/$name.ctest2.log" || true
+  count "$logs/$name.ctest2.log"
+}
+
+run_build "$root/build" ""
+if [[ ${SOFTRDMA_SKIP_ASAN:-0} != 1 ]]; then
+  run_build "$root/build-asan" 'perftest|netns' -DSOFTRDMA_SANITIZE=ON
+fi
+
+echo "logs: $logs"
+echo "$passed passed, $failed failed"
+((failed == 0 && passed > 0))
