@@ -149,8 +149,8 @@ std::optional<GidRow> query_gid(ibv_context* ctx, uint8_t port, int index) {
   ibv_gid_entry entry{};
   int rc = ibv_query_gid_ex(ctx, port, static_cast<uint32_t>(index), &entry, 0);
   if (rc == 0) return GidRow{index, entry.gid, entry.gid_type};
-  // ENODATA: an empty slot; anything else: try the old call before giving up.
-  if (rc == ENODATA) return std::nullopt;
+  // ENODATA: an empty slot (some libraries return it negated); else try the old call.
+  if (rc == ENODATA || rc == -ENODATA) return std::nullopt;
   ibv_gid gid{};
   if (ibv_query_gid(ctx, port, index, &gid) != 0 || gid_is_zero(gid)) return std::nullopt;
   return GidRow{index, gid, std::nullopt};

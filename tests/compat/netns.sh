@@ -68,7 +68,7 @@ CLI_PREFIX=("${inB[@]}")
 netns_pair() { # TOOL ARGS...
   local tool=$1 port name
   shift
-  name="netns $tool $*"
+  name="netns $tool${*:+ $*}"
   port=$(compat_free_port)
   SRV=("$tool" -d "$devA" -F -p "$port" "$@")
   CLI=("$tool" -d "$devB" -F -p "$port" "$@" "$ipA")

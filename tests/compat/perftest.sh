@@ -17,7 +17,7 @@ common=(-d "$dev" -F)
 pair() { # TOOL MIN_ROWS ARGS...
   local tool=$1 rows=$2
   shift 2
-  compat_perftest "$tool $*" "$rows" "$tool" "${common[@]}" "$@" -- "$tool" "${common[@]}" "$@" 127.0.0.1
+  compat_perftest "$tool${*:+ $*}" "$rows" "$tool" "${common[@]}" "$@" -- "$tool" "${common[@]}" "$@" 127.0.0.1
 }
 
 run_group() {
