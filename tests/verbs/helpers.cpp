@@ -1,0 +1,423 @@
+#include "helpers.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+namespace softrdma::verbs_test {
+
+uint8_t sgid_index() {
+  const char* e = std::getenv("VT_GID_INDEX");
+  return e ? static_cast<uint8_t>(std::atoi(e)) : 0;
+}
+
+ibv_gid loopback_gid() {
+  ibv_gid g{};
+  g.raw[10] = 0xff;
+  g.raw[11] = 0xff;
+  g.raw[12] = 127;
+  g.raw[15] = 1;
+  return g;
+}
+
+bool gid_equal(const ibv_gid& a, const ibv_gid& b) { return std::memcmp(a.raw, b.raw, 16) == 0; }
+
+std::string gid_str(const ibv_gid& g) {
+  char s[INET6_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET6, g.raw, s, sizeof(s));
+  return s;
+}
+
+ibv_context* open_loopback_device() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) return nullptr;
+  ibv_context* found = nullptr;
+  const ibv_gid want = loopback_gid();
+  const char* name = std::getenv("VT_DEVICE");
+  for (int i = 0; i < n && !found; ++i) {
+    if (name && std::strcmp(name, ibv_get_device_name(list[i])) != 0) continue;
+    ibv_context* ctx = ibv_open_device(list[i]);
+    if (!ctx) continue;
+    ibv_gid g{};
+    if (name || (ibv_query_gid(ctx, kPort, 0, &g) == 0 && gid_equal(g, want))) {
+      found = ctx;
+    } else {
+      ibv_close_device(ctx);
+    }
+  }
+  ibv_free_device_list(list);
+  return found;
+}
+
+Device::Device() {
+  ctx = open_loopback_device();
+  if (!ctx) return;
+  if (ibv_query_device(ctx, &attr) || ibv_query_port(ctx, kPort, &port) ||
+      ibv_query_gid(ctx, kPort, sgid_index(), &gid)) {
+    ibv_close_device(ctx);
+    ctx = nullptr;
+  }
+}
+
+Device::~Device() {
+  if (ctx) ibv_close_device(ctx);
+}
+
+Buffer::Buffer(size_t len_) : len(len_) {
+  // Always map at least one page so zero-length buffers still have a valid address.
+  map_len = std::max<size_t>((len + 4095) & ~size_t{4095}, 4096);
+  void* p = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  data = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+}
+
+Buffer::~Buffer() {
+  if (mr) ibv_dereg_mr(mr);
+  if (data) munmap(data, map_len);
+}
+
+bool Buffer::reg(ibv_pd* pd, int access) {
+  if (!data) return false;
+  mr = ibv_reg_mr(pd, data, len, access);
+  return mr != nullptr;
+}
+
+void Side::reset() {
+  destroy_qp();
+  if (scq) ibv_destroy_cq(scq);
+  if (rcq) ibv_destroy_cq(rcq);
+  if (pd) ibv_dealloc_pd(pd);
+  scq = rcq = nullptr;
+  pd = nullptr;
+}
+
+void Side::destroy_qp() {
+  if (qp) ibv_destroy_qp(qp);
+  qp = nullptr;
+  qpx = nullptr;
+}
+
+bool Side::create(Device& d, const QpConfig& cfg) {
+  dev = &d;
+  pd = ibv_alloc_pd(d.ctx);
+  if (!pd) {
+    ADD_FAILURE() << "ibv_alloc_pd: " << strerror(errno);
+    return false;
+  }
+  scq = ibv_create_cq(d.ctx, cfg.send_cqe, nullptr, cfg.send_channel, 0);
+  rcq = ibv_create_cq(d.ctx, cfg.recv_cqe, nullptr, cfg.recv_channel, 0);
+  if (!scq || !rcq) {
+    ADD_FAILURE() << "ibv_create_cq: " << strerror(errno);
+    return false;
+  }
+  ibv_qp_cap want{};
+  want.max_send_wr = cfg.max_send_wr;
+  want.max_recv_wr = cfg.max_recv_wr;
+  want.max_send_sge = cfg.max_send_sge;
+  want.max_recv_sge = cfg.max_recv_sge;
+  want.max_inline_data = cfg.max_inline_data;
+  if (!cfg.extended) {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = scq;
+    ia.recv_cq = rcq;
+    ia.cap = want;
+    ia.qp_type = IBV_QPT_RC;
+    ia.sq_sig_all = cfg.sq_sig_all ? 1 : 0;
+    qp = ibv_create_qp(pd, &ia);
+    cap = ia.cap;
+  } else {
+    ibv_qp_init_attr_ex ia{};
+    ia.send_cq = scq;
+    ia.recv_cq = rcq;
+    ia.cap = want;
+    ia.qp_type = IBV_QPT_RC;
+    ia.sq_sig_all = cfg.sq_sig_all ? 1 : 0;
+    ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ia.pd = pd;
+    ia.send_ops_flags = cfg.send_ops_flags;
+    qp = ibv_create_qp_ex(d.ctx, &ia);
+    cap = ia.cap;
+    if (qp) {
+      qpx = ibv_qp_to_qp_ex(qp);
+      if (!qpx) {
+        ADD_FAILURE() << "ibv_qp_to_qp_ex returned NULL for a QP created with send_ops_flags";
+        return false;
+      }
+    }
+  }
+  if (!qp) {
+    ADD_FAILURE() << "ibv_create_qp: " << strerror(errno);
+    return false;
+  }
+  // The caps handed back must be at least what was asked for (ibv_create_qp(3)).
+  EXPECT_GE(cap.max_send_wr, want.max_send_wr);
+  EXPECT_GE(cap.max_recv_wr, want.max_recv_wr);
+  EXPECT_GE(cap.max_send_sge, want.max_send_sge);
+  EXPECT_GE(cap.max_recv_sge, want.max_recv_sge);
+  EXPECT_GE(cap.max_inline_data, want.max_inline_data);
+  psn = random_psn();
+  return true;
+}
+
+std::unique_ptr<Buffer> Side::buf(size_t len, int access) {
+  auto b = std::make_unique<Buffer>(len);
+  if (!b->reg(pd, access)) ADD_FAILURE() << "ibv_reg_mr(" << len << "): " << strerror(errno);
+  return b;
+}
+
+int modify_to_init(ibv_qp* qp, unsigned access) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = kPort;
+  a.qp_access_flags = access;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+int modify_to_rtr(ibv_qp* qp, uint32_t dest_qpn, uint32_t rq_psn, const ibv_gid& dgid,
+                  const ConnConfig& c, const ibv_device_attr& attr) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = c.path_mtu;
+  a.dest_qp_num = dest_qpn;
+  a.rq_psn = rq_psn;
+  a.max_dest_rd_atomic = static_cast<uint8_t>(std::min<int>(c.max_dest_rd_atomic, attr.max_qp_rd_atom));
+  a.min_rnr_timer = c.min_rnr_timer;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = dgid;
+  a.ah_attr.grh.sgid_index = sgid_index();
+  a.ah_attr.grh.hop_limit = 64;
+  a.ah_attr.port_num = kPort;
+  return ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+int modify_to_rts(ibv_qp* qp, uint32_t sq_psn, const ConnConfig& c, const ibv_device_attr& attr) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = c.timeout;
+  a.retry_cnt = c.retry_cnt;
+  a.rnr_retry = c.rnr_retry;
+  a.sq_psn = sq_psn;
+  a.max_rd_atomic = static_cast<uint8_t>(std::min<int>(c.max_rd_atomic, attr.max_qp_init_rd_atom));
+  return ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+int bring_up(ibv_qp* qp, uint32_t my_psn, uint32_t dest_qpn, uint32_t dest_psn, const ibv_gid& dgid,
+             const ConnConfig& c, const ibv_device_attr& attr) {
+  if (int rc = modify_to_init(qp, c.access)) return rc;
+  if (int rc = modify_to_rtr(qp, dest_qpn, dest_psn, dgid, c, attr)) return rc;
+  return modify_to_rts(qp, my_psn, c, attr);
+}
+
+uint32_t random_psn() {
+  static std::mt19937 rng{std::random_device{}()};
+  return rng() & 0xffffff;
+}
+
+bool poll_wc(ibv_cq* cq, ibv_wc* wc, int timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  for (;;) {
+    int n = ibv_poll_cq(cq, 1, wc);
+    if (n < 0) {
+      ADD_FAILURE() << "ibv_poll_cq returned " << n;
+      return false;
+    }
+    if (n == 1) return true;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "no completion within " << timeout_s << " s";
+      return false;
+    }
+    sched_yield();
+  }
+}
+
+std::vector<ibv_wc> poll_wcs(ibv_cq* cq, size_t n, int timeout_s) {
+  std::vector<ibv_wc> out;
+  ibv_wc wc{};
+  while (out.size() < n && poll_wc(cq, &wc, timeout_s)) out.push_back(wc);
+  return out;
+}
+
+int drain_cq(ibv_cq* cq, std::vector<ibv_wc>* out) {
+  int total = 0;
+  ibv_wc wc{};
+  while (ibv_poll_cq(cq, 1, &wc) == 1) {
+    ++total;
+    if (out) out->push_back(wc);
+  }
+  return total;
+}
+
+ibv_qp_state qp_state(ibv_qp* qp) {
+  ibv_qp_attr a{};
+  ibv_qp_init_attr ia{};
+  if (ibv_query_qp(qp, &a, IBV_QP_STATE, &ia)) return static_cast<ibv_qp_state>(-1);
+  return a.qp_state;
+}
+
+bool wait_qp_state(ibv_qp* qp, ibv_qp_state state, int timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (qp_state(qp) != state) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "QP " << qp->qp_num << " never reached state " << state << " (is "
+                    << qp_state(qp) << ")";
+      return false;
+    }
+    sched_yield();
+  }
+  return true;
+}
+
+void expect_wc(const ibv_wc& wc, const WcExpect& e) {
+  EXPECT_EQ(wc.status, e.status) << "wr_id " << wc.wr_id << ": got " << ibv_wc_status_str(wc.status)
+                                 << ", want " << ibv_wc_status_str(e.status);
+  EXPECT_EQ(wc.wr_id, e.wr_id);
+  if (e.qp_num) {
+    EXPECT_EQ(wc.qp_num, e.qp_num);
+  }
+  // Only wr_id, status, qp_num and vendor_err are defined for a failed completion.
+  if (wc.status != IBV_WC_SUCCESS) return;
+  if (e.opcode) {
+    EXPECT_EQ(wc.opcode, *e.opcode) << "wr_id " << wc.wr_id;
+  }
+  if (e.byte_len) {
+    EXPECT_EQ(wc.byte_len, *e.byte_len) << "wr_id " << wc.wr_id;
+  }
+  if (e.imm) {
+    EXPECT_TRUE(wc.wc_flags & IBV_WC_WITH_IMM) << "wr_id " << wc.wr_id;
+    EXPECT_EQ(ntohl(wc.imm_data), *e.imm) << "wr_id " << wc.wr_id;
+  }
+  if (e.no_imm) {
+    EXPECT_FALSE(wc.wc_flags & IBV_WC_WITH_IMM) << "wr_id " << wc.wr_id;
+  }
+}
+
+SendWr::SendWr(uint64_t wr_id, ibv_wr_opcode op, std::vector<ibv_sge> s, unsigned flags)
+    : sges(std::move(s)) {
+  wr.wr_id = wr_id;
+  wr.opcode = op;
+  wr.send_flags = flags;
+}
+
+SendWr& SendWr::rdma(uint64_t raddr, uint32_t rkey) {
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  return *this;
+}
+
+SendWr& SendWr::imm(uint32_t host_imm) {
+  wr.imm_data = htonl(host_imm);
+  return *this;
+}
+
+SendWr& SendWr::cmp_swp(uint64_t raddr, uint32_t rkey, uint64_t compare, uint64_t swap) {
+  wr.wr.atomic.remote_addr = raddr;
+  wr.wr.atomic.rkey = rkey;
+  wr.wr.atomic.compare_add = compare;
+  wr.wr.atomic.swap = swap;
+  return *this;
+}
+
+SendWr& SendWr::fetch_add(uint64_t raddr, uint32_t rkey, uint64_t add) {
+  wr.wr.atomic.remote_addr = raddr;
+  wr.wr.atomic.rkey = rkey;
+  wr.wr.atomic.compare_add = add;
+  return *this;
+}
+
+ibv_send_wr* SendWr::get() {
+  wr.sg_list = sges.empty() ? nullptr : sges.data();
+  wr.num_sge = static_cast<int>(sges.size());
+  wr.next = nullptr;
+  return &wr;
+}
+
+int post_send(ibv_qp* qp, SendWr& w) {
+  ibv_send_wr* bad = nullptr;
+  ibv_send_wr* wr = w.get();
+  int rc = ibv_post_send(qp, wr, &bad);
+  if (rc) {
+    EXPECT_EQ(bad, wr) << "bad_wr must point at the rejected WR";
+  }
+  return rc;
+}
+
+int post_recv(ibv_qp* qp, uint64_t wr_id, std::vector<ibv_sge> sges) {
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = sges.empty() ? nullptr : sges.data();
+  wr.num_sge = static_cast<int>(sges.size());
+  ibv_recv_wr* bad = nullptr;
+  int rc = ibv_post_recv(qp, &wr, &bad);
+  if (rc) {
+    EXPECT_EQ(bad, &wr) << "bad_wr must point at the rejected WR";
+  }
+  return rc;
+}
+
+namespace {
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+uint8_t pattern_byte(uint32_t seed, size_t pos) {
+  return static_cast<uint8_t>(mix((uint64_t{seed} << 40) ^ (pos / 8)) >> (8 * (pos % 8)));
+}
+}  // namespace
+
+void fill_pattern(void* p, size_t n, uint32_t seed, size_t base) {
+  auto* d = static_cast<uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i) d[i] = pattern_byte(seed, base + i);
+}
+
+size_t check_pattern(const void* p, size_t n, uint32_t seed, size_t base) {
+  const auto* d = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i)
+    if (d[i] != pattern_byte(seed, base + i)) return i;
+  return n;
+}
+
+RcPair::~RcPair() {
+  a.reset();
+  b.reset();
+  if (channel) ibv_destroy_comp_channel(channel);
+}
+
+ibv_comp_channel* RcPair::make_channel() {
+  channel = ibv_create_comp_channel(dev.ctx);
+  if (channel) fcntl(channel->fd, F_SETFL, fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
+  return channel;
+}
+
+void RcPair::SetUp() {
+  ASSERT_TRUE(dev.ok()) << "no device with GID[0] = ::ffff:127.0.0.1 on port 1";
+}
+
+bool RcPair::connect() {
+  if (!a.create(dev, qcfg) || !b.create(dev, qcfg)) return false;
+  int rc = bring_up(a.qp, a.psn, b.qpn(), b.psn, dev.gid, conn, dev.attr);
+  if (rc) {
+    ADD_FAILURE() << "bringing up QP a: " << strerror(rc);
+    return false;
+  }
+  rc = bring_up(b.qp, b.psn, a.qpn(), a.psn, dev.gid, conn, dev.attr);
+  if (rc) {
+    ADD_FAILURE() << "bringing up QP b: " << strerror(rc);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace softrdma::verbs_test

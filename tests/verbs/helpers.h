@@ -1,0 +1,196 @@
+// Shared fixture for the verbs test programs. Everything here uses only the public
+// <infiniband/verbs.h> API, so the tests would run unchanged on a RoCE NIC.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace softrdma::verbs_test {
+
+// Bound on every wait: a test fails instead of hanging when a completion never comes.
+inline constexpr int kWaitSeconds = 20;
+
+// The loopback device: GID index 0 on port 1 is ::ffff:127.0.0.1.
+inline constexpr uint8_t kPort = 1;
+// Source GID index used in every address vector: 0, or $VT_GID_INDEX (with $VT_DEVICE naming
+// the device) to cross-check these tests on another verbs provider such as kernel rxe.
+uint8_t sgid_index();
+ibv_gid loopback_gid();
+bool gid_equal(const ibv_gid& a, const ibv_gid& b);
+std::string gid_str(const ibv_gid& g);
+
+// Opens the device whose port 1 GID 0 is ::ffff:127.0.0.1 (or $VT_DEVICE); nullptr if none.
+ibv_context* open_loopback_device();
+
+// Owns an opened device context (closed on destruction).
+struct Device {
+  ibv_context* ctx = nullptr;
+  ibv_device_attr attr{};
+  ibv_port_attr port{};
+  ibv_gid gid{};
+  Device();
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  bool ok() const { return ctx != nullptr; }
+};
+
+// Page-aligned anonymous memory, optionally registered.
+struct Buffer {
+  uint8_t* data = nullptr;
+  size_t len = 0;
+  size_t map_len = 0;
+  ibv_mr* mr = nullptr;
+  Buffer() = default;
+  Buffer(size_t len_);  // unregistered
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  bool reg(ibv_pd* pd, int access);
+  uint64_t addr(size_t off = 0) const { return reinterpret_cast<uint64_t>(data + off); }
+  uint32_t lkey() const { return mr->lkey; }
+  uint32_t rkey() const { return mr->rkey; }
+  ibv_sge sge(size_t off, uint32_t length) const { return ibv_sge{addr(off), length, mr->lkey}; }
+  uint64_t& u64(size_t off) { return *reinterpret_cast<uint64_t*>(data + off); }
+};
+
+inline constexpr int kAllAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+struct QpConfig {
+  uint32_t max_send_wr = 128;
+  uint32_t max_recv_wr = 128;
+  uint32_t max_send_sge = 4;
+  uint32_t max_recv_sge = 4;
+  uint32_t max_inline_data = 64;
+  int send_cqe = 256;
+  int recv_cqe = 256;
+  bool sq_sig_all = false;
+  bool extended = false;  // create with ibv_create_qp_ex and send_ops_flags
+  uint64_t send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                            IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                            IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+  ibv_comp_channel* recv_channel = nullptr;  // completion channel of the receive CQ
+  ibv_comp_channel* send_channel = nullptr;
+};
+
+struct ConnConfig {
+  ibv_mtu path_mtu = IBV_MTU_1024;
+  unsigned access = kAllAccess;
+  uint8_t timeout = 14;
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;
+  uint8_t min_rnr_timer = 12;
+  uint8_t max_rd_atomic = 16;       // clamped to the device's max_qp_init_rd_atom
+  uint8_t max_dest_rd_atomic = 16;  // clamped to the device's max_qp_rd_atom
+};
+
+// One end of an RC connection: its own PD, CQs and QP (all on the shared device).
+struct Side {
+  Device* dev = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* scq = nullptr;
+  ibv_cq* rcq = nullptr;
+  ibv_qp* qp = nullptr;
+  ibv_qp_ex* qpx = nullptr;
+  ibv_qp_cap cap{};  // what create returned
+  uint32_t psn = 0;
+  Side() = default;
+  ~Side() { reset(); }
+  void reset();  // destroys QP, CQs and PD
+  Side(const Side&) = delete;
+  Side& operator=(const Side&) = delete;
+  // Creates PD, CQs and QP (RESET state). Returns false (with a gtest failure) on error.
+  bool create(Device& d, const QpConfig& cfg);
+  void destroy_qp();
+  std::unique_ptr<Buffer> buf(size_t len, int access = kAllAccess);
+  uint32_t qpn() const { return qp->qp_num; }
+};
+
+// The three transitions, each with exactly the attributes the brief and the spec require.
+int modify_to_init(ibv_qp* qp, unsigned access);
+int modify_to_rtr(ibv_qp* qp, uint32_t dest_qpn, uint32_t rq_psn, const ibv_gid& dgid,
+                  const ConnConfig& c, const ibv_device_attr& attr);
+int modify_to_rts(ibv_qp* qp, uint32_t sq_psn, const ConnConfig& c, const ibv_device_attr& attr);
+// RESET -> INIT -> RTR -> RTS towards (dest_qpn, rq_psn). Returns 0 or the failing errno.
+int bring_up(ibv_qp* qp, uint32_t my_psn, uint32_t dest_qpn, uint32_t dest_psn,
+             const ibv_gid& dgid, const ConnConfig& c, const ibv_device_attr& attr);
+
+uint32_t random_psn();
+
+// Polls until one completion is there or kWaitSeconds pass (then false + gtest failure).
+bool poll_wc(ibv_cq* cq, ibv_wc* wc, int timeout_s = kWaitSeconds);
+// Polls exactly n completions (fewer on timeout, with a gtest failure).
+std::vector<ibv_wc> poll_wcs(ibv_cq* cq, size_t n, int timeout_s = kWaitSeconds);
+// Number of completions available right now (drains them).
+int drain_cq(ibv_cq* cq, std::vector<ibv_wc>* out = nullptr);
+// Waits for the QP to report `state` via ibv_query_qp (bounded).
+bool wait_qp_state(ibv_qp* qp, ibv_qp_state state, int timeout_s = kWaitSeconds);
+ibv_qp_state qp_state(ibv_qp* qp);
+
+// Expected fields of a completion; unset optionals are not checked.
+struct WcExpect {
+  uint64_t wr_id;
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  std::optional<ibv_wc_opcode> opcode;
+  std::optional<uint32_t> byte_len;
+  std::optional<uint32_t> imm;  // host order; also requires IBV_WC_WITH_IMM
+  bool no_imm = false;          // requires IBV_WC_WITH_IMM clear
+  uint32_t qp_num = 0;
+};
+void expect_wc(const ibv_wc& wc, const WcExpect& e);
+
+// Work request builders for ibv_post_send.
+struct SendWr {
+  ibv_send_wr wr{};
+  std::vector<ibv_sge> sges;
+  SendWr(uint64_t wr_id, ibv_wr_opcode op, std::vector<ibv_sge> s, unsigned flags = IBV_SEND_SIGNALED);
+  SendWr& rdma(uint64_t raddr, uint32_t rkey);
+  SendWr& imm(uint32_t host_imm);
+  SendWr& cmp_swp(uint64_t raddr, uint32_t rkey, uint64_t compare, uint64_t swap);
+  SendWr& fetch_add(uint64_t raddr, uint32_t rkey, uint64_t add);
+  ibv_send_wr* get();
+};
+int post_send(ibv_qp* qp, SendWr& w);
+int post_recv(ibv_qp* qp, uint64_t wr_id, std::vector<ibv_sge> sges);
+
+// Deterministic byte pattern, position-dependent so misplaced data is caught.
+void fill_pattern(void* p, size_t n, uint32_t seed, size_t base = 0);
+// Returns n when p[0..n) matches the pattern, otherwise the first mismatching offset.
+size_t check_pattern(const void* p, size_t n, uint32_t seed, size_t base = 0);
+
+// A connected RC pair a <-> b on the loopback device.
+class RcPair : public ::testing::Test {
+ protected:
+  Device dev;
+  Side a, b;
+  ConnConfig conn;
+  QpConfig qcfg;
+  ibv_comp_channel* channel = nullptr;  // destroyed after both sides' CQs
+
+  ~RcPair() override;
+  void SetUp() override;
+  // A non-blocking completion channel owned by the fixture.
+  ibv_comp_channel* make_channel();
+  // Creates both QPs with qcfg and connects them with conn; false (with a gtest failure) on error.
+  bool connect();
+  bool atomics_supported() const { return dev.attr.atomic_cap != IBV_ATOMIC_NONE; }
+};
+
+// Registers `len` bytes on a side and fails the test (returning) when that does not work.
+#define VT_BUF(var, side, ...)        \
+  auto var = (side).buf(__VA_ARGS__); \
+  ASSERT_TRUE(var && var->mr) << "ibv_reg_mr failed"
+
+}  // namespace softrdma::verbs_test

@@ -1,0 +1,314 @@
+// Completion and ordering semantics: signaling, fences, ordering, solicited events,
+// completion channels, many outstanding READs.
+#include "helpers.h"
+
+#include <fcntl.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace softrdma::verbs_test {
+namespace {
+
+using Semantics = RcPair;
+
+// Unsignaled WRs make no CQE; the one signaled WR after them does.
+TEST_F(Semantics, UnsignaledWrsMakeNoCompletion) {
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 4096);
+  VT_BUF(dst, b, 4096);
+  fill_pattern(src->data, 4096, 31);
+  for (int i = 0; i < 5; ++i) {
+    SendWr w(i, IBV_WR_RDMA_WRITE, {src->sge(i * 512, 512)}, 0);
+    w.rdma(dst->addr(i * 512), dst->rkey());
+    ASSERT_EQ(post_send(a.qp, w), 0);
+  }
+  SendWr last(99, IBV_WR_RDMA_WRITE, {src->sge(2560, 512)});
+  last.rdma(dst->addr(2560), dst->rkey());
+  ASSERT_EQ(post_send(a.qp, last), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(a.scq, &wc));
+  expect_wc(wc, {.wr_id = 99, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+  // The signaled WR completed, so all earlier ones have too: nothing else may appear.
+  EXPECT_EQ(drain_cq(a.scq), 0);
+  EXPECT_EQ(check_pattern(dst->data, 3072, 31), 3072u);
+}
+
+TEST_F(Semantics, SqSigAllSignalsEveryWr) {
+  qcfg.sq_sig_all = true;
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 4096);
+  VT_BUF(dst, b, 4096);
+  for (int i = 0; i < 5; ++i) {
+    SendWr w(40 + i, IBV_WR_RDMA_WRITE, {src->sge(i * 100, 100)}, 0);
+    w.rdma(dst->addr(i * 100), dst->rkey());
+    ASSERT_EQ(post_send(a.qp, w), 0);
+  }
+  auto wcs = poll_wcs(a.scq, 5);
+  ASSERT_EQ(wcs.size(), 5u);
+  for (int i = 0; i < 5; ++i) expect_wc(wcs[i], {.wr_id = uint64_t(40 + i), .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+}
+
+// Unsignaled WRs still free their send queue slots once a later signaled WR is polled:
+// far more WRs than max_send_wr go through.
+TEST_F(Semantics, UnsignaledWrsRecycleSendQueue) {
+  qcfg.max_send_wr = 16;
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 64);
+  VT_BUF(dst, b, 64);
+  const uint32_t per_batch = a.cap.max_send_wr;
+  for (int batch = 0; batch < 10; ++batch) {
+    for (uint32_t i = 0; i < per_batch; ++i) {
+      const bool last = i + 1 == per_batch;
+      SendWr w(batch * 1000 + i, IBV_WR_RDMA_WRITE, {src->sge(0, 8)}, last ? IBV_SEND_SIGNALED : 0);
+      w.rdma(dst->addr(0), dst->rkey());
+      ASSERT_EQ(post_send(a.qp, w), 0) << "batch " << batch << " wr " << i;
+    }
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_wc(a.scq, &wc));
+    expect_wc(wc, {.wr_id = batch * 1000 + per_batch - 1, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+  }
+}
+
+// A full send queue refuses the next WR with ENOMEM (ibv_post_send(3)).
+TEST_F(Semantics, SendQueueFullReturnsEnomem) {
+  qcfg.max_send_wr = 8;
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 64);
+  VT_BUF(dst, b, 64);
+  // Completions are never polled, so no slot frees up.
+  for (uint32_t i = 0; i < a.cap.max_send_wr; ++i) {
+    SendWr w(i, IBV_WR_RDMA_WRITE, {src->sge(0, 8)});
+    w.rdma(dst->addr(0), dst->rkey());
+    ASSERT_EQ(post_send(a.qp, w), 0) << i;
+  }
+  SendWr extra(1000, IBV_WR_RDMA_WRITE, {src->sge(0, 8)});
+  extra.rdma(dst->addr(0), dst->rkey());
+  EXPECT_EQ(post_send(a.qp, extra), ENOMEM);
+  auto wcs = poll_wcs(a.scq, a.cap.max_send_wr);
+  ASSERT_EQ(wcs.size(), a.cap.max_send_wr);
+  for (auto& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+}
+
+// IBV_SEND_FENCE: a WRITE/SEND whose source is the destination of an earlier READ
+// carries the READ's data.
+TEST_F(Semantics, FenceOrdersAfterRead) {
+  ASSERT_TRUE(connect());
+  constexpr uint32_t kLen = 64 * 1024;
+  VT_BUF(remote, b, kLen);
+  VT_BUF(copy, b, kLen);
+  VT_BUF(recv, b, kLen);
+  VT_BUF(bounce, a, kLen);
+  fill_pattern(remote->data, kLen, 41);
+  std::memset(bounce->data, 0, kLen);
+  ASSERT_EQ(post_recv(b.qp, 7, {recv->sge(0, kLen)}), 0);
+  SendWr rd(1, IBV_WR_RDMA_READ, {bounce->sge(0, kLen)});
+  rd.rdma(remote->addr(), remote->rkey());
+  SendWr wr(2, IBV_WR_RDMA_WRITE, {bounce->sge(0, kLen)}, IBV_SEND_SIGNALED | IBV_SEND_FENCE);
+  wr.rdma(copy->addr(), copy->rkey());
+  SendWr sd(3, IBV_WR_SEND, {bounce->sge(0, kLen)}, IBV_SEND_SIGNALED | IBV_SEND_FENCE);
+  // Posted as one chained list.
+  rd.get()->next = wr.get();
+  wr.wr.next = sd.get();
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(a.qp, &rd.wr, &bad), 0);
+  auto wcs = poll_wcs(a.scq, 3);
+  ASSERT_EQ(wcs.size(), 3u);
+  expect_wc(wcs[0], {.wr_id = 1, .opcode = IBV_WC_RDMA_READ, .byte_len = kLen, .qp_num = a.qpn()});
+  expect_wc(wcs[1], {.wr_id = 2, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+  expect_wc(wcs[2], {.wr_id = 3, .opcode = IBV_WC_SEND, .qp_num = a.qpn()});
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 7, .opcode = IBV_WC_RECV, .byte_len = kLen, .qp_num = b.qpn()});
+  EXPECT_EQ(check_pattern(copy->data, kLen, 41), kLen);
+  EXPECT_EQ(check_pattern(recv->data, kLen, 41), kLen);
+}
+
+// When the SEND completes at the receiver, all WRITEs posted before it are visible.
+TEST_F(Semantics, WritesVisibleWhenLaterSendCompletes) {
+  ASSERT_TRUE(connect());
+  constexpr int kWrites = 20;
+  constexpr uint32_t kChunk = 16 * 1024;
+  VT_BUF(src, a, kWrites * kChunk);
+  VT_BUF(dst, b, kWrites * kChunk);
+  VT_BUF(msg, a, 16);
+  VT_BUF(rmsg, b, 16);
+  fill_pattern(src->data, kWrites * kChunk, 51);
+  ASSERT_EQ(post_recv(b.qp, 1, {rmsg->sge(0, 16)}), 0);
+  for (int i = 0; i < kWrites; ++i) {
+    SendWr w(100 + i, IBV_WR_RDMA_WRITE, {src->sge(i * kChunk, kChunk)}, 0);
+    w.rdma(dst->addr(i * kChunk), dst->rkey());
+    ASSERT_EQ(post_send(a.qp, w), 0);
+  }
+  SendWr s(2, IBV_WR_SEND, {msg->sge(0, 16)});
+  ASSERT_EQ(post_send(a.qp, s), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 1, .opcode = IBV_WC_RECV, .byte_len = 16, .qp_num = b.qpn()});
+  // Checked before the requester's completion is even looked at.
+  EXPECT_EQ(check_pattern(dst->data, kWrites * kChunk, 51), size_t{kWrites * kChunk});
+  ASSERT_TRUE(poll_wc(a.scq, &wc));
+  expect_wc(wc, {.wr_id = 2, .opcode = IBV_WC_SEND, .qp_num = a.qpn()});
+}
+
+// Waits for one CQ event on a channel (bounded); returns the CQ or nullptr.
+ibv_cq* wait_cq_event(ibv_comp_channel* ch, void** ctx_out, int timeout_s = kWaitSeconds) {
+  pollfd p{ch->fd, POLLIN, 0};
+  int n = poll(&p, 1, timeout_s * 1000);
+  if (n != 1) {
+    ADD_FAILURE() << "no CQ event within " << timeout_s << " s";
+    return nullptr;
+  }
+  ibv_cq* cq = nullptr;
+  if (ibv_get_cq_event(ch, &cq, ctx_out)) {
+    ADD_FAILURE() << "ibv_get_cq_event: " << strerror(errno);
+    return nullptr;
+  }
+  return cq;
+}
+
+// True when an event is pending on the (non-blocking) channel right now.
+bool cq_event_pending(ibv_comp_channel* ch) {
+  pollfd p{ch->fd, POLLIN, 0};
+  return poll(&p, 1, 0) == 1;
+}
+
+TEST_F(Semantics, CompletionChannelEvents) {
+  ASSERT_TRUE(dev.ok());
+  ibv_comp_channel* ch = make_channel();
+  ASSERT_TRUE(ch);
+  qcfg.recv_channel = ch;
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 64);
+  VT_BUF(dst, b, 64);
+  EXPECT_FALSE(cq_event_pending(ch)) << "event without arming";
+  ASSERT_EQ(ibv_req_notify_cq(b.rcq, 0), 0);
+  ASSERT_EQ(post_recv(b.qp, 1, {dst->sge(0, 64)}), 0);
+  ASSERT_EQ(post_recv(b.qp, 2, {dst->sge(0, 64)}), 0);
+  SendWr s(3, IBV_WR_SEND, {src->sge(0, 64)});
+  ASSERT_EQ(post_send(a.qp, s), 0);
+  void* cq_ctx = reinterpret_cast<void*>(1);
+  ibv_cq* cq = wait_cq_event(ch, &cq_ctx);
+  ASSERT_EQ(cq, b.rcq);
+  EXPECT_EQ(cq_ctx, nullptr) << "cq_context given at ibv_create_cq";
+  ibv_ack_cq_events(cq, 1);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 1, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
+
+  // Not re-armed: the next completion makes no event.
+  ASSERT_EQ(post_send(a.qp, s), 0);
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 2, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
+  EXPECT_FALSE(cq_event_pending(ch)) << "event from a CQ that was not re-armed";
+
+  // Re-armed: one more event.
+  ASSERT_EQ(ibv_req_notify_cq(b.rcq, 0), 0);
+  ASSERT_EQ(post_recv(b.qp, 4, {dst->sge(0, 64)}), 0);
+  ASSERT_EQ(post_send(a.qp, s), 0);
+  cq = wait_cq_event(ch, &cq_ctx);
+  ASSERT_EQ(cq, b.rcq);
+  ibv_ack_cq_events(cq, 1);
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 4, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
+  auto swcs = poll_wcs(a.scq, 3);
+  EXPECT_EQ(swcs.size(), 3u);
+}
+
+TEST_F(Semantics, SolicitedOnlyNotification) {
+  ASSERT_TRUE(dev.ok());
+  ibv_comp_channel* ch = make_channel();
+  ASSERT_TRUE(ch);
+  qcfg.recv_channel = ch;
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 64);
+  VT_BUF(dst, b, 64);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(post_recv(b.qp, 10 + i, {dst->sge(0, 64)}), 0);
+  ASSERT_EQ(ibv_req_notify_cq(b.rcq, 1), 0);
+  // An unsolicited SEND completes but raises no event.
+  SendWr plain(1, IBV_WR_SEND, {src->sge(0, 64)});
+  ASSERT_EQ(post_send(a.qp, plain), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 10, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
+  EXPECT_FALSE(cq_event_pending(ch)) << "event for an unsolicited completion";
+  // A solicited one does.
+  SendWr sol(2, IBV_WR_SEND_WITH_IMM, {src->sge(0, 64)}, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED);
+  sol.imm(5);
+  ASSERT_EQ(post_send(a.qp, sol), 0);
+  void* cq_ctx = nullptr;
+  ibv_cq* cq = wait_cq_event(ch, &cq_ctx);
+  ASSERT_EQ(cq, b.rcq);
+  ibv_ack_cq_events(cq, 1);
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 11, .opcode = IBV_WC_RECV, .byte_len = 64, .imm = 5, .qp_num = b.qpn()});
+  EXPECT_EQ(poll_wcs(a.scq, 2).size(), 2u);
+}
+
+// More READs in flight than max_rd_atomic: the requester must throttle, not fail.
+TEST_F(Semantics, ManyReadsBeyondMaxRdAtomic) {
+  conn.max_rd_atomic = 2;
+  conn.max_dest_rd_atomic = 2;
+  qcfg.max_send_wr = 128;
+  ASSERT_TRUE(connect());
+  constexpr int kReads = 100;
+  constexpr uint32_t kLen = 3000;
+  VT_BUF(remote, b, kReads * kLen);
+  VT_BUF(local, a, kReads * kLen);
+  fill_pattern(remote->data, kReads * kLen, 61);
+  for (int i = 0; i < kReads; ++i) {
+    SendWr r(i, IBV_WR_RDMA_READ, {local->sge(i * kLen, kLen)});
+    r.rdma(remote->addr((kReads - 1 - i) * kLen), remote->rkey());
+    ASSERT_EQ(post_send(a.qp, r), 0) << i;
+  }
+  auto wcs = poll_wcs(a.scq, kReads);
+  ASSERT_EQ(wcs.size(), size_t{kReads});
+  for (int i = 0; i < kReads; ++i) {
+    expect_wc(wcs[i], {.wr_id = uint64_t(i), .opcode = IBV_WC_RDMA_READ, .byte_len = kLen, .qp_num = a.qpn()});
+    EXPECT_EQ(check_pattern(local->data + i * kLen, kLen, 61, (kReads - 1 - i) * kLen), kLen) << i;
+  }
+}
+
+// The same with the device's own max_rd_atomic and a mix of READs and atomics.
+TEST_F(Semantics, ManyReadsAndAtomicsAtDeviceMax) {
+  conn.max_rd_atomic = 255;
+  conn.max_dest_rd_atomic = 255;
+  qcfg.max_send_wr = 128;
+  ASSERT_TRUE(connect());
+  const bool atomics = atomics_supported();
+  constexpr int kOps = 120;
+  VT_BUF(remote, b, kOps * 256 + 8);
+  VT_BUF(local, a, kOps * 256);
+  fill_pattern(remote->data, kOps * 256, 62);
+  remote->u64(kOps * 256) = 0;
+  for (int i = 0; i < kOps; ++i) {
+    if (atomics && i % 3 == 2) {
+      SendWr f(i, IBV_WR_ATOMIC_FETCH_AND_ADD, {local->sge(i * 256, 8)});
+      f.fetch_add(remote->addr(kOps * 256), remote->rkey(), 1);
+      ASSERT_EQ(post_send(a.qp, f), 0) << i;
+    } else {
+      SendWr r(i, IBV_WR_RDMA_READ, {local->sge(i * 256, 256)});
+      r.rdma(remote->addr(i * 256), remote->rkey());
+      ASSERT_EQ(post_send(a.qp, r), 0) << i;
+    }
+  }
+  auto wcs = poll_wcs(a.scq, kOps);
+  ASSERT_EQ(wcs.size(), size_t{kOps});
+  uint64_t expected_old = 0;
+  for (int i = 0; i < kOps; ++i) {
+    EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS) << i;
+    EXPECT_EQ(wcs[i].wr_id, uint64_t(i));
+    if (atomics && i % 3 == 2) {
+      EXPECT_EQ(local->u64(i * 256), expected_old++) << i;
+    } else {
+      EXPECT_EQ(check_pattern(local->data + i * 256, 256, 62, i * 256), 256u) << i;
+    }
+  }
+  if (atomics) {
+    EXPECT_EQ(remote->u64(kOps * 256), expected_old);
+  }
+}
+
+}  // namespace
+}  // namespace softrdma::verbs_test
