@@ -1,0 +1,77 @@
+#include "core/arena.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <system_error>
+
+namespace softrdma::core {
+
+namespace {
+constexpr size_t kAlign = 64;
+size_t round_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+}  // namespace
+
+Arena::Arena(size_t capacity) : capacity_(round_up(capacity)) {
+  fd_ = memfd_create("softrdma-arena", MFD_CLOEXEC);
+  if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "memfd_create");
+  // The file is sparse: pages cost memory only once touched.
+  if (ftruncate(fd_, static_cast<off_t>(capacity_)) != 0) {
+    int e = errno;
+    close(fd_);
+    throw std::system_error(e, std::generic_category(), "ftruncate arena");
+  }
+  void* p = mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    close(fd_);
+    throw std::system_error(e, std::generic_category(), "mmap arena");
+  }
+  base_ = static_cast<uint8_t*>(p);
+  free_[0] = {0, capacity_};
+  nfree_ = 1;
+}
+
+Arena::~Arena() {
+  munmap(base_, capacity_);
+  close(fd_);
+}
+
+void* Arena::allocate(size_t bytes) {
+  bytes = round_up(bytes ? bytes : 1);
+  std::lock_guard lock(mutex_);
+  for (size_t i = 0; i < nfree_; ++i) {
+    if (free_[i].size < bytes) continue;
+    size_t off = free_[i].offset;
+    free_[i].offset += bytes;
+    free_[i].size -= bytes;
+    if (free_[i].size == 0) free_[i] = free_[--nfree_];
+    std::memset(base_ + off, 0, bytes);
+    return base_ + off;
+  }
+  return nullptr;
+}
+
+void Arena::release(void* p, size_t bytes) {
+  if (!p) return;
+  bytes = round_up(bytes ? bytes : 1);
+  size_t off = static_cast<size_t>(static_cast<uint8_t*>(p) - base_);
+  std::lock_guard lock(mutex_);
+  // Coalesce with neighbours so long-lived processes creating and destroying objects don't fragment.
+  for (size_t i = 0; i < nfree_;) {
+    if (free_[i].offset + free_[i].size == off) {
+      off = free_[i].offset;
+      bytes += free_[i].size;
+      free_[i] = free_[--nfree_];
+    } else if (off + bytes == free_[i].offset) {
+      bytes += free_[i].size;
+      free_[i] = free_[--nfree_];
+    } else {
+      ++i;
+    }
+  }
+  if (nfree_ < kMaxFree) free_[nfree_++] = {off, bytes};
+}
+
+}  // namespace softrdma::core

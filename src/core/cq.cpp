@@ -1,0 +1,65 @@
+#include "core/cq.h"
+
+#include <new>
+
+namespace softrdma::core {
+
+CompletionQueue::CompletionQueue(Arena& arena, uint32_t min_entries) : arena_(arena) {
+  uint32_t cap = 1;
+  while (cap < min_entries) cap <<= 1;
+  mask_ = cap - 1;
+  ring_bytes_ = sizeof(Ring) + sizeof(Cqe) * (cap - 1);
+  void* mem = arena_.allocate(ring_bytes_);
+  if (!mem) throw std::bad_alloc();
+  ring_ = new (mem) Ring;
+  ring_->head.store(0);
+  ring_->tail.store(0);
+}
+
+CompletionQueue::~CompletionQueue() {
+  ring_->~Ring();
+  arena_.release(ring_, ring_bytes_);
+}
+
+bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
+  if (overrun_.load(std::memory_order_relaxed)) return false;
+  uint64_t head = ring_->head.load(std::memory_order_relaxed);
+  if (head - ring_->tail.load(std::memory_order_acquire) > mask_) {
+    overrun_.store(true, std::memory_order_release);
+    if (on_overrun_) on_overrun_(*this);
+    return false;
+  }
+  ring_->slots[head & mask_] = cqe;
+  ring_->head.store(head + 1, std::memory_order_release);
+  int armed = armed_.load(std::memory_order_acquire);
+  bool fire = armed == kArmedAll ||
+              (armed == kArmedSolicited && (solicited || cqe.status != WcStatus::Success));
+  if (fire && armed_.compare_exchange_strong(armed, kUnarmed) && on_completion_) on_completion_(*this);
+  return true;
+}
+
+int CompletionQueue::poll(Cqe* out, int n) {
+  if (empty() || n <= 0) return 0;
+  std::lock_guard lock(consumer_mutex_);
+  uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
+  uint64_t head = ring_->head.load(std::memory_order_acquire);
+  int got = 0;
+  while (got < n && tail != head) out[got++] = ring_->slots[tail++ & mask_];
+  ring_->tail.store(tail, std::memory_order_release);
+  return got;
+}
+
+void CompletionQueue::arm(bool solicited_only) {
+  int want = solicited_only ? kArmedSolicited : kArmedAll;
+  int cur = armed_.load();
+  // Arming for all completions wins over a solicited-only arm that is still pending.
+  while (cur < want && !armed_.compare_exchange_weak(cur, want)) {
+  }
+}
+
+uint32_t CompletionQueue::outstanding() const {
+  return static_cast<uint32_t>(ring_->head.load(std::memory_order_acquire) -
+                               ring_->tail.load(std::memory_order_acquire));
+}
+
+}  // namespace softrdma::core

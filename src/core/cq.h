@@ -1,0 +1,85 @@
+// Completion queue (IBTA 11.4.2): a ring of CQEs in the context's shared arena. One producer (the
+// owning engine, under its lock) and consumers serialised by a small lock; producer and consumer
+// indices are atomics so polling an empty CQ costs two loads.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+
+#include "core/arena.h"
+
+namespace softrdma::core {
+
+// Numerically identical to enum ibv_wc_status / ibv_wc_opcode / ibv_wc_flags (checked in verbs/).
+enum class WcStatus : uint32_t {
+  Success = 0, LocLenErr, LocQpOpErr, LocEecOpErr, LocProtErr, WrFlushErr, MwBindErr, BadRespErr,
+  LocAccessErr, RemInvReqErr, RemAccessErr, RemOpErr, RetryExcErr, RnrRetryExcErr, LocRddViolErr,
+  RemInvRdReqErr, RemAbortErr, InvEecnErr, InvEecStateErr, FatalErr, RespTimeoutErr, GeneralErr,
+};
+enum class WcOpcode : uint32_t {
+  Send = 0, RdmaWrite = 1, RdmaRead = 2, CompSwap = 3, FetchAdd = 4, BindMw = 5, LocalInv = 6,
+  Recv = 128, RecvRdmaWithImm = 129,
+};
+enum WcFlags : uint32_t { kWcGrh = 1, kWcWithImm = 2, kWcIpCsumOk = 4, kWcWithInv = 8 };
+
+struct Cqe {
+  uint64_t wr_id;
+  WcStatus status;
+  WcOpcode opcode;
+  uint32_t vendor_err;
+  uint32_t byte_len;
+  uint32_t imm_or_inv;  // immediate data (network order) or invalidated rkey
+  uint32_t qp_num;
+  uint32_t src_qp;
+  uint32_t wc_flags;
+  uint64_t timestamp_ns;
+};
+
+class CompletionQueue {
+ public:
+  // Raised when a CQE is added to an armed CQ (IBTA 11.4.2.2), and on overrun.
+  using NotifyFn = std::function<void(CompletionQueue&)>;
+
+  CompletionQueue(Arena& arena, uint32_t min_entries);
+  ~CompletionQueue();
+
+  uint32_t capacity() const { return mask_ + 1; }
+  void* user = nullptr;  // the verbs object that owns this CQ (for events)
+
+  // Producer side (engine). Returns false on overrun: the CQE is lost and the CQ is in error.
+  bool push(const Cqe& cqe, bool solicited);
+  // Consumer side: up to n CQEs, oldest first.
+  int poll(Cqe* out, int n);
+  bool empty() const {
+    return ring_->head.load(std::memory_order_acquire) == ring_->tail.load(std::memory_order_relaxed);
+  }
+
+  // ibv_req_notify_cq: the next CQE (or the next solicited/error CQE) raises an event.
+  void arm(bool solicited_only);
+  void set_notify(NotifyFn completion, NotifyFn overrun) {
+    on_completion_ = std::move(completion);
+    on_overrun_ = std::move(overrun);
+  }
+  bool in_error() const { return overrun_.load(std::memory_order_acquire); }
+  uint32_t outstanding() const;   // CQEs present, for resize checks
+
+ private:
+  struct Ring {
+    std::atomic<uint64_t> head;  // next slot the producer fills
+    alignas(64) std::atomic<uint64_t> tail;  // next slot a consumer takes
+    alignas(64) Cqe slots[1];
+  };
+  static constexpr int kUnarmed = 0, kArmedSolicited = 1, kArmedAll = 2;
+
+  Arena& arena_;
+  Ring* ring_;
+  size_t ring_bytes_;
+  uint32_t mask_;
+  std::mutex consumer_mutex_;
+  std::atomic<int> armed_{kUnarmed};
+  std::atomic<bool> overrun_{false};
+  NotifyFn on_completion_, on_overrun_;
+};
+
+}  // namespace softrdma::core

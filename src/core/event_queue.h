@@ -1,0 +1,69 @@
+// A queue of events behind a pollable file descriptor, as the kernel gives rdma-core: one byte in a
+// pipe per event, so poll()/epoll on fd() works, blocking reads block, and O_NONBLOCK set by the
+// application on fd() gives EAGAIN. Used for completion channels and for async events.
+#pragma once
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <deque>
+#include <mutex>
+#include <system_error>
+
+namespace softrdma::core {
+
+template <typename Event>
+class EventQueue {
+ public:
+  EventQueue() {
+    if (pipe2(fds_, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
+    // The write side must never block the progress engine.
+    fcntl(fds_[1], F_SETFL, O_NONBLOCK);
+  }
+  ~EventQueue() {
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  EventQueue(const EventQueue&) = delete;
+  EventQueue& operator=(const EventQueue&) = delete;
+
+  int fd() const { return fds_[0]; }
+
+  void push(const Event& e) {
+    std::lock_guard lock(mutex_);
+    events_.push_back(e);
+    char b = 0;
+    // A full pipe (64 Ki unread events) only loses the wake-up byte, not the event: pop() drains.
+    [[maybe_unused]] ssize_t n = write(fds_[1], &b, 1);
+  }
+
+  // Blocks (unless fd() is O_NONBLOCK) until an event is queued. Returns 0, or -1 with errno.
+  int pop(Event& out) {
+    for (;;) {
+      char b;
+      ssize_t n = read(fds_[0], &b, 1);
+      if (n < 0 && errno == EINTR) continue;
+      std::lock_guard lock(mutex_);
+      if (!events_.empty()) {
+        out = events_.front();
+        events_.pop_front();
+        return 0;
+      }
+      if (n < 0) return -1;
+    }
+  }
+
+  // Removes queued events matching pred (their object is being destroyed).
+  template <typename Pred>
+  void discard_if(Pred pred) {
+    std::lock_guard lock(mutex_);
+    for (auto it = events_.begin(); it != events_.end();) it = pred(*it) ? events_.erase(it) : it + 1;
+  }
+
+ private:
+  int fds_[2];
+  std::mutex mutex_;
+  std::deque<Event> events_;
+};
+
+}  // namespace softrdma::core

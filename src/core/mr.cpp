@@ -1,0 +1,99 @@
+#include "core/mr.h"
+
+#include <new>
+
+namespace softrdma::core {
+
+namespace {
+uint32_t slot_hash(uint32_t key) { return (key * 0x9E3779B1u) >> 16; }  // kCapacity == 1 << 16
+}  // namespace
+
+MrTable::MrTable(Arena& arena) : arena_(arena), rng_(std::random_device{}()) {
+  slots_ = static_cast<Slot*>(arena_.allocate(sizeof(Slot) * kCapacity));
+  if (!slots_) throw std::bad_alloc();
+}
+
+MrTable::~MrTable() { arena_.release(slots_, sizeof(Slot) * kCapacity); }
+
+uint32_t MrTable::fresh_key() {
+  for (;;) {
+    uint32_t k = static_cast<uint32_t>(rng_());
+    // 0 is what an uninitialised SGE carries; never hand it out.
+    if (k != 0 && !find(k, false) && !find(k, true)) return k;
+  }
+}
+
+const MrTable::Slot* MrTable::find(uint32_t key, bool remote) const {
+  for (uint32_t i = slot_hash(key), n = 0; n < kCapacity; i = (i + 1) & (kCapacity - 1), ++n) {
+    const Slot& s = slots_[i];
+    if (s.used == 0) return nullptr;
+    if (s.used == 1 && s.key == key && s.remote == remote) return &s;
+  }
+  return nullptr;
+}
+
+bool MrTable::insert(uint32_t key, bool remote, const MrRegion& region) {
+  for (uint32_t i = slot_hash(key), n = 0; n < kCapacity; i = (i + 1) & (kCapacity - 1), ++n) {
+    Slot& s = slots_[i];
+    if (s.used != 1) {
+      s.key = key;
+      s.remote = remote;
+      s.region = region;
+      s.used = 1;
+      return true;
+    }
+  }
+  return false;
+}
+
+void MrTable::erase(uint32_t key, bool remote) {
+  if (Slot* s = const_cast<Slot*>(find(key, remote))) s->used = 2;
+}
+
+bool MrTable::add(MrRegion& region) {
+  if (count_ >= kMaxMr) return false;
+  region.lkey = fresh_key();
+  region.rkey = fresh_key();
+  if (!insert(region.lkey, false, region)) return false;
+  if (!insert(region.rkey, true, region)) {
+    erase(region.lkey, false);
+    return false;
+  }
+  ++count_;
+  return true;
+}
+
+void MrTable::remove(const MrRegion& region) {
+  erase(region.lkey, false);
+  erase(region.rkey, true);
+  --count_;
+}
+
+namespace {
+AccessResult resolve(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len, uint8_t** host) {
+  if (r.pd != pd) return AccessResult::BadPd;
+  // Written to be overflow-proof: va + len may wrap for hostile requests.
+  if (va < r.iova || va - r.iova > r.length || len > r.length - (va - r.iova))
+    return AccessResult::OutOfRange;
+  *host = reinterpret_cast<uint8_t*>(r.addr + (va - r.iova));
+  return AccessResult::Ok;
+}
+}  // namespace
+
+AccessResult MrTable::check_local(uint32_t lkey, uint32_t pd, uint64_t va, uint64_t len, bool write,
+                                  uint8_t** host) const {
+  const Slot* s = find(lkey, false);
+  if (!s) return AccessResult::BadKey;
+  if (write && !(s->region.access & kLocalWrite)) return AccessResult::NoPermission;
+  return resolve(s->region, pd, va, len, host);
+}
+
+AccessResult MrTable::check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t len, uint32_t need,
+                                   uint8_t** host) const {
+  const Slot* s = find(rkey, true);
+  if (!s) return AccessResult::BadKey;
+  if ((s->region.access & need) != need) return AccessResult::NoPermission;
+  return resolve(s->region, pd, va, len, host);
+}
+
+}  // namespace softrdma::core

@@ -1,0 +1,272 @@
+// Completer (IBTA 9.7.5.1, 9.9.2): acknowledgements, NAKs and responses -> CQEs, in send-queue
+// order; the retransmit timer, RNR back-off and the retry counters.
+#include <algorithm>
+#include <cstring>
+
+#include "transport/engine.h"
+#include "wire/opcode.h"
+#include "wire/psn.h"
+
+namespace softrdma::transport {
+
+namespace {
+bool is_read(const SqEntry& e) { return e.wqe.op == WrOp::Read; }
+bool is_atomic(const SqEntry& e) { return e.wqe.op == WrOp::CompareSwap || e.wqe.op == WrOp::FetchAdd; }
+uint32_t last_psn(const SqEntry& e) { return wire::psn_add(e.first_psn, e.npkts - 1); }
+
+core::WcOpcode wc_opcode(WrOp op) {
+  switch (op) {
+    case WrOp::Write:
+    case WrOp::WriteImm:
+      return core::WcOpcode::RdmaWrite;
+    case WrOp::Read:
+      return core::WcOpcode::RdmaRead;
+    case WrOp::CompareSwap:
+      return core::WcOpcode::CompSwap;
+    case WrOp::FetchAdd:
+      return core::WcOpcode::FetchAdd;
+    default:
+      return core::WcOpcode::Send;
+  }
+}
+
+// Scatters len bytes at message offset off into the WQE's SGEs (READ responses).
+void scatter(SqEntry& e, uint64_t off, const uint8_t* src, uint32_t len) {
+  for (uint32_t i = 0; i < e.wqe.num_sge && len; ++i) {
+    uint32_t sl = e.wqe.sge[i].length;
+    if (off >= sl) {
+      off -= sl;
+      continue;
+    }
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(sl - off, len));
+    std::memcpy(e.host[i] + off, src, n);
+    src += n;
+    len -= n;
+    off = 0;
+  }
+}
+}  // namespace
+
+void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
+  bool signaled = qp.cfg.sq_sig_all || (e.wqe.flags & kSignaled);
+  // Errors always complete, signaled or not (IBTA 10.7.2.2).
+  if (signaled || status != WcStatus::Success) {
+    core::Cqe c{};
+    c.wr_id = e.wqe.wr_id;
+    c.status = status;
+    c.opcode = wc_opcode(e.wqe.op);
+    c.qp_num = qp.qpn;
+    if (status == WcStatus::Success)
+      c.byte_len = is_atomic(e) ? 8 : static_cast<uint32_t>(e.wqe.length);
+    post_cqe(qp.cfg.send_cq, c, false);
+  }
+}
+
+void Engine::complete_in_order(Qp& qp) {
+  uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
+  while (tail < qp.send_index || (tail == qp.send_index && qp.sq_stopped)) {
+    if (tail >= qp.sq.head.load(std::memory_order_acquire)) break;
+    SqEntry& e = qp.sq.at(tail);
+    if (!e.started || !e.acked) break;
+    if (is_read(e) || is_atomic(e)) qp.reads_outstanding -= qp.reads_outstanding ? 1 : 0;
+    complete_sq_entry(qp, e, e.status);
+    qp.sq.tail.store(++tail, std::memory_order_release);
+    if (e.status != WcStatus::Success) {
+      move_to_error(qp);
+      return;
+    }
+  }
+  // Everything sent is complete: nothing to time out.
+  if (tail == qp.send_index && qp.send_offset_pkts == 0) qp.timer_deadline_ns = 0;
+}
+
+void Engine::requester_error(Qp& qp, WcStatus status) {
+  // The oldest incomplete WQE takes the error; the rest are flushed.
+  uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
+  if (tail < qp.sq.head.load(std::memory_order_acquire)) {
+    SqEntry& e = qp.sq.at(tail);
+    if (is_read(e) || is_atomic(e)) qp.reads_outstanding -= qp.reads_outstanding ? 1 : 0;
+    complete_sq_entry(qp, e, status);
+    qp.sq.tail.store(tail + 1, std::memory_order_release);
+  }
+  move_to_error(qp);
+}
+
+// All request PSNs before psn are acknowledged (explicitly, or implicitly by a later response).
+static void acknowledge_before(Qp& qp, uint32_t psn) {
+  if (wire::psn_diff(psn, qp.acked_psn) > 0) {
+    qp.acked_psn = psn;
+    qp.retries_left = qp.retry_cnt;  // forward progress restores the retry budget
+  }
+  for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i < qp.send_index || (i == qp.send_index && qp.send_offset_pkts); ++i) {
+    SqEntry& e = qp.sq.at(i);
+    if (!e.started || wire::psn_diff(last_psn(e), psn) >= 0) break;
+    if (!is_read(e) && !is_atomic(e)) e.acked = true;
+  }
+}
+
+void Engine::rewind_to(Qp& qp, uint32_t psn) {
+  for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i <= qp.send_index; ++i) {
+    if (i >= qp.sq.head.load(std::memory_order_acquire)) break;
+    SqEntry& e = qp.sq.at(i);
+    if (!e.started) break;
+    int32_t d = wire::psn_diff(psn, e.first_psn);
+    if (d < 0 || d >= static_cast<int32_t>(e.npkts)) continue;
+    if (e.acked) continue;
+    qp.send_index = i;
+    if (is_read(e)) {
+      // Ask again for what has not arrived: from the first missing response packet.
+      qp.send_offset_pkts = e.read_received / qp.mtu;
+    } else if (is_atomic(e)) {
+      qp.send_offset_pkts = 0;
+    } else {
+      qp.send_offset_pkts = static_cast<uint64_t>(d);
+    }
+    ++counters_.retransmits;
+    return;
+  }
+}
+
+void Engine::check_timers(Qp& qp, uint64_t now) {
+  if (!qp.timer_deadline_ns || now < qp.timer_deadline_ns) return;
+  qp.timer_deadline_ns = 0;
+  uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
+  if (tail == qp.send_index && qp.send_offset_pkts == 0) return;
+  ++counters_.timeouts;
+  if (qp.retries_left == 0) {
+    requester_error(qp, WcStatus::RetryExcErr);
+    return;
+  }
+  --qp.retries_left;
+  // The peer may have come up (or moved) since RTR: look its port up again.
+  resolve_destination(qp);
+  // Go back to the oldest unacknowledged request.
+  for (uint64_t i = tail; i <= qp.send_index && i < qp.sq.head.load(); ++i) {
+    SqEntry& e = qp.sq.at(i);
+    if (!e.started) break;
+    if (e.acked) continue;
+    uint32_t from = e.first_psn;
+    if (!is_read(e) && !is_atomic(e) && wire::psn_diff(qp.acked_psn, e.first_psn) > 0) from = qp.acked_psn;
+    if (is_read(e)) from = wire::psn_add(e.first_psn, static_cast<uint32_t>(e.read_received / qp.mtu));
+    rewind_to(qp, from);
+    break;
+  }
+  arm_retransmit_timer(qp, now);
+}
+
+void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
+  uint32_t psn = pkt.bth.psn;
+  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
+  // A response to a PSN never sent, or already fully acknowledged, is stale: ignore it.
+  if (wire::psn_diff(psn, qp.next_psn) >= 0) {
+    ++counters_.drop_bad_state;
+    return;
+  }
+  uint64_t now = now_ns();
+  if (info.kind == wire::OpKind::Ack) {
+    switch (wire::aeth_type(pkt.aeth.syndrome)) {
+      case wire::AethType::Ack:
+        acknowledge_before(qp, wire::psn_add(psn, 1));
+        break;
+      case wire::AethType::RnrNak: {
+        ++counters_.rnr_naks_received;
+        acknowledge_before(qp, psn);
+        complete_in_order(qp);
+        if (qp.rnr_retry != 7) {
+          if (qp.rnr_retries_left == 0) {
+            requester_error(qp, WcStatus::RnrRetryExcErr);
+            return;
+          }
+          --qp.rnr_retries_left;
+        }
+        qp.rnr_resume_ns = now + uint64_t{wire::rnr_timer_us(wire::aeth_value(pkt.aeth.syndrome))} * 1000;
+        rewind_to(qp, psn);
+        arm_retransmit_timer(qp, qp.rnr_resume_ns);
+        return;
+      }
+      case wire::AethType::Nak: {
+        ++counters_.naks_received;
+        acknowledge_before(qp, psn);
+        complete_in_order(qp);
+        uint8_t code = wire::aeth_value(pkt.aeth.syndrome);
+        if (code == wire::kNakPsnSeqErr) {
+          // The responder lost something: resend from the PSN it expects.
+          if (qp.retries_left == 0) {
+            requester_error(qp, WcStatus::RetryExcErr);
+            return;
+          }
+          --qp.retries_left;
+          rewind_to(qp, psn);
+          arm_retransmit_timer(qp, now);
+          return;
+        }
+        WcStatus st = code == wire::kNakRemoteAccess ? WcStatus::RemAccessErr
+                      : code == wire::kNakRemoteOp   ? WcStatus::RemOpErr
+                                                     : WcStatus::RemInvReqErr;
+        requester_error(qp, st);
+        return;
+      }
+      case wire::AethType::Reserved:
+        ++counters_.drop_malformed;
+        return;
+    }
+  } else {
+    // READ response or ATOMIC acknowledge: find the request it answers.
+    SqEntry* target = nullptr;
+    for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i <= qp.send_index; ++i) {
+      if (i >= qp.sq.head.load(std::memory_order_acquire)) break;
+      SqEntry& e = qp.sq.at(i);
+      if (!e.started) break;
+      int32_t d = wire::psn_diff(psn, e.first_psn);
+      if (d >= 0 && d < static_cast<int32_t>(e.npkts)) {
+        target = &e;
+        break;
+      }
+    }
+    if (!target || target->acked) {
+      ++counters_.duplicates;
+      return;
+    }
+    SqEntry& e = *target;
+    if (info.kind == wire::OpKind::AtomicAck) {
+      if (!is_atomic(e)) {
+        ++counters_.drop_bad_opcode;
+        return;
+      }
+      acknowledge_before(qp, psn);
+      std::memcpy(e.host[0], &pkt.atomic_ack_orig, 8);
+      e.acked = true;
+    } else {
+      if (!is_read(e)) {
+        ++counters_.drop_bad_opcode;
+        return;
+      }
+      uint64_t expect_idx = e.read_received / qp.mtu;
+      if (wire::psn_diff(psn, e.first_psn) != static_cast<int32_t>(expect_idx)) {
+        // Out of order: an earlier response packet was lost. The timer re-issues the READ from there.
+        ++counters_.out_of_sequence;
+        return;
+      }
+      uint64_t remaining = e.wqe.length - e.read_received;
+      bool last = info.last;
+      if (pkt.payload_len > remaining || (!last && pkt.payload_len != qp.mtu) ||
+          (last && pkt.payload_len != remaining)) {
+        requester_error(qp, WcStatus::BadRespErr);
+        return;
+      }
+      acknowledge_before(qp, psn);
+      scatter(e, e.read_received, pkt.payload, pkt.payload_len);
+      e.read_received += pkt.payload_len;
+      if (last) e.acked = true;
+    }
+  }
+  complete_in_order(qp);
+  if (qp.state.load(std::memory_order_relaxed) == QpState::Err) return;
+  uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
+  if (tail == qp.send_index && qp.send_offset_pkts == 0)
+    qp.timer_deadline_ns = 0;
+  else
+    arm_retransmit_timer(qp, now);  // progress: restart the timer for what remains
+}
+
+}  // namespace softrdma::transport

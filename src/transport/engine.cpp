@@ -1,0 +1,513 @@
+#include "transport/engine.h"
+
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include "net/registry.h"
+#include "wire/icrc.h"
+#include "wire/opcode.h"
+#include "wire/psn.h"
+
+namespace softrdma::transport {
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+namespace {
+// The arena is a sparse memfd: only the pages that rings and tables touch cost memory.
+constexpr size_t kArenaBytes = size_t{1} << 30;
+
+uint64_t spin_window_ns() {
+  // How long the progress thread keeps spinning after its last piece of work before it blocks.
+  static const uint64_t ns = [] {
+    const char* s = getenv("SOFTRDMA_SPIN_US");
+    return (s ? strtoull(s, nullptr, 10) : 200) * 1000ull;
+  }();
+  return ns;
+}
+}  // namespace
+
+Engine::Engine(const net::Interface& iface)
+    : iface_(iface), arena_(kArenaBytes), mrs_(arena_) {
+  port_ = std::make_unique<net::UdpPort>(iface_.ip_be, 0);
+  try {
+    roce_port_ = std::make_unique<net::UdpPort>(iface_.ip_be, wire::kRoceUdpPort);
+  } catch (const std::system_error&) {
+    // Another process of this host holds 4791 for this address; our peers reach us on port_.
+  }
+  doorbell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (doorbell_fd_ < 0 || epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
+  for (int fd : {port_->fd(), doorbell_fd_, roce_port_ ? roce_port_->fd() : -1}) {
+    if (fd < 0) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  thread_ = std::thread([this] { progress_loop(); });
+}
+
+Engine::~Engine() {
+  stop_.store(true);
+  doorbell();
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(lock_);
+  for (Qp* qp : qp_list_) {
+    net::Registry::instance().release_qpn(qp->qpn);
+    arena_.release(qp->rq.slots, qp->rq_bytes);
+    delete qp;
+  }
+  close(doorbell_fd_);
+  close(epoll_fd_);
+}
+
+EngineCounters Engine::counters() {
+  std::lock_guard lock(lock_);
+  return counters_;
+}
+
+void Engine::doorbell() {
+  work_hint_.fetch_add(1, std::memory_order_release);
+  if (sleeping_.load(std::memory_order_acquire)) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof one);
+  }
+}
+
+void Engine::progress_loop() {
+  uint64_t idle_since = now_ns();
+  while (!stop_.load(std::memory_order_acquire)) {
+    bool did;
+    {
+      std::lock_guard lock(lock_);
+      did = progress_once();
+    }
+    uint64_t now = now_ns();
+    if (did) {
+      idle_since = now;
+      continue;
+    }
+    if (now - idle_since < spin_window_ns()) {
+      // Let the application threads of this 2-core world run between our polls.
+      sched_yield();
+      continue;
+    }
+    sleeping_.store(true, std::memory_order_seq_cst);
+    uint64_t deadline;
+    {
+      std::lock_guard lock(lock_);
+      did = progress_once();
+      deadline = next_deadline_ns();
+    }
+    if (!did) {
+      epoll_event evs[4];
+      now = now_ns();
+      if (deadline) {
+        uint64_t wait = deadline > now ? deadline - now : 0;
+        timespec ts{static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};
+        epoll_pwait2(epoll_fd_, evs, 4, &ts, nullptr);
+      } else {
+        epoll_pwait2(epoll_fd_, evs, 4, nullptr, nullptr);
+      }
+      uint64_t v;
+      [[maybe_unused]] ssize_t n = read(doorbell_fd_, &v, sizeof v);
+    }
+    sleeping_.store(false, std::memory_order_release);
+    idle_since = now_ns();
+  }
+}
+
+bool Engine::progress_once() {
+  bool did = false;
+  receive_from(*port_, did);
+  if (roce_port_) receive_from(*roce_port_, did);
+  uint64_t now = now_ns();
+  for (Qp* qp : qp_list_) {
+    if (qp->state.load(std::memory_order_relaxed) == QpState::Err) {
+      if (qp->sq.count() || qp->rq.count() || qp->recv_active) {
+        flush_queues(*qp);
+        did = true;
+      }
+      continue;
+    }
+    check_timers(*qp, now);
+    if (responder_run_reads(*qp)) did = true;
+    if (requester_run(*qp, now)) did = true;
+  }
+  flush_owed_acks();
+  port_->flush();
+  return did;
+}
+
+void Engine::receive_from(net::UdpPort& port, bool& did) {
+  net::Datagram dgrams[net::UdpPort::kBatch];
+  size_t n = port.receive(dgrams, net::UdpPort::kBatch);
+  for (size_t i = 0; i < n; ++i)
+    handle_packet(dgrams[i].data, dgrams[i].len, dgrams[i].peer_ip_be, dgrams[i].peer_port, port.port());
+  if (n) {
+    did = true;
+    flush_owed_acks();
+  }
+}
+
+void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
+                           uint16_t local_port) {
+  ++counters_.rx_packets;
+  wire::Packet pkt;
+  if (wire::parse_packet(data, len, pkt) != wire::ParseError::Ok) {
+    ++counters_.drop_malformed;
+    return;
+  }
+  wire::Ipv4UdpAddr addr{peer_ip, iface_.ip_be, peer_port, local_port};
+  if (!wire::check_icrc(addr, data, len)) {
+    ++counters_.drop_icrc;
+    return;
+  }
+  // A single P_Key (the default, full or limited member) is all a softrdma port has.
+  if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
+    ++counters_.drop_pkey;
+    return;
+  }
+  auto it = qps_.find(pkt.bth.dest_qp);
+  if (it == qps_.end()) {
+    ++counters_.drop_unknown_qp;
+    return;
+  }
+  Qp& qp = *it->second;
+  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
+  if (info.qp_class != wire::QpClass::RC) {
+    ++counters_.drop_bad_opcode;
+    return;
+  }
+  QpState st = qp.state.load(std::memory_order_relaxed);
+  switch (info.kind) {
+    case wire::OpKind::Ack:
+    case wire::OpKind::AtomicAck:
+    case wire::OpKind::ReadResponse:
+      if (st != QpState::Rts && st != QpState::Sqd) {
+        ++counters_.drop_bad_state;
+        return;
+      }
+      completer_receive(qp, pkt);
+      break;
+    default:
+      if (st != QpState::Rtr && st != QpState::Rts && st != QpState::Sqd) {
+        ++counters_.drop_bad_state;
+        return;
+      }
+      responder_receive(qp, pkt);
+      break;
+  }
+}
+
+void Engine::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
+  uint8_t buf[wire::kBthLen + wire::kAtomicEthLen + wire::kRethLen + 16 + 4096 + 8];
+  pkt.bth.pkey = wire::kDefaultPkey;
+  pkt.bth.dest_qp = qp.dest_qpn;
+  pkt.bth.pad_count = wire::pad_for(len);
+  size_t n = wire::write_headers(pkt, buf);
+  if (len) std::memcpy(buf + n, payload, len);
+  n += len;
+  for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[n++] = 0;
+  wire::Ipv4UdpAddr addr{iface_.ip_be, qp.dest_ip_be, port_->port(), qp.dest_port};
+  wire::append_icrc(addr, buf, n);
+  n += wire::kIcrcLen;
+  port_->send(buf, static_cast<uint32_t>(n), qp.dest_ip_be, qp.dest_port);
+  ++counters_.tx_packets;
+}
+
+void Engine::resolve_destination(Qp& qp) {
+  // A QP of a process on this host is reached at that process's own port; any other at 4791.
+  auto ep = net::Registry::instance().lookup(qp.dest_qpn);
+  qp.dest_port = (ep && ep->ip_be == qp.dest_ip_be) ? ep->port : wire::kRoceUdpPort;
+}
+
+void Engine::post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited) {
+  if (cq->push(cqe, solicited)) return;
+  // Overrun (IBTA 11.4.2.1): the CQ is in error and so is every QP that completes into it.
+  for (Qp* q : qp_list_)
+    if ((q->cfg.send_cq == cq || q->cfg.recv_cq == cq) && q->state.load() != QpState::Err) move_to_error(*q);
+}
+
+void Engine::move_to_error(Qp& qp) {
+  // Flushing happens at the top of the next progress pass, never in the middle of the requester's or
+  // responder's walk over the queues.
+  qp.state.store(QpState::Err, std::memory_order_release);
+  qp.timer_deadline_ns = 0;
+  qp.read_jobs.clear();
+}
+
+void Engine::flush_queues(Qp& qp) {
+  for (uint64_t i = qp.sq.tail.load(); i != qp.sq.head.load(std::memory_order_acquire); ++i) {
+    SqEntry& e = qp.sq.at(i);
+    core::Cqe c{};
+    c.wr_id = e.wqe.wr_id;
+    c.status = WcStatus::WrFlushErr;
+    c.qp_num = qp.qpn;
+    qp.sq.tail.store(i + 1, std::memory_order_release);
+    post_cqe(qp.cfg.send_cq, c, false);
+  }
+  qp.send_index = qp.sq.tail.load();
+  qp.send_offset_pkts = 0;
+  qp.reads_outstanding = 0;
+  for (uint64_t i = qp.rq.tail.load(); i != qp.rq.head.load(std::memory_order_acquire); ++i) {
+    core::Cqe c{};
+    c.wr_id = qp.rq.at(i).wr_id;
+    c.status = WcStatus::WrFlushErr;
+    c.opcode = core::WcOpcode::Recv;
+    c.qp_num = qp.qpn;
+    qp.rq.tail.store(i + 1, std::memory_order_release);
+    post_cqe(qp.cfg.recv_cq, c, false);
+  }
+  qp.recv_active = false;
+}
+
+uint64_t Engine::next_deadline_ns() {
+  uint64_t d = 0;
+  for (Qp* qp : qp_list_) {
+    for (uint64_t t : {qp->timer_deadline_ns, qp->rnr_resume_ns})
+      if (t && (!d || t < d)) d = t;
+  }
+  return d;
+}
+
+bool Engine::register_mr(core::MrRegion& region) {
+  std::lock_guard lock(lock_);
+  return mrs_.add(region);
+}
+
+void Engine::deregister_mr(const core::MrRegion& region) {
+  std::lock_guard lock(lock_);
+  mrs_.remove(region);
+}
+
+std::unique_ptr<core::CompletionQueue> Engine::create_cq(uint32_t entries,
+                                                         core::CompletionQueue::NotifyFn on_completion) {
+  auto cq = std::make_unique<core::CompletionQueue>(arena_, entries);
+  cq->set_notify(std::move(on_completion), [this](core::CompletionQueue& c) {
+    async_events_.push(AsyncEvent{AsyncEventType::CqErr, nullptr, &c});
+  });
+  return cq;
+}
+
+void Engine::destroy_cq(core::CompletionQueue* cq) {
+  std::lock_guard lock(lock_);
+  async_events_.discard_if([cq](const AsyncEvent& e) { return e.cq == cq; });
+}
+
+Qp* Engine::create_qp(const QpConfig& cfg) {
+  using L = core::DeviceLimits;
+  if (cfg.max_send_wr > L::kMaxQpWr || cfg.max_recv_wr > L::kMaxQpWr || cfg.max_send_sge > L::kMaxSge ||
+      cfg.max_recv_sge > L::kMaxSge || cfg.max_inline > L::kMaxInline) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto qp = std::make_unique<Qp>();
+  qp->cfg = cfg;
+  uint32_t sq_depth = std::max<uint32_t>(cfg.max_send_wr, 1);
+  qp->sq_storage.resize(WorkQueue<SqEntry>::capacity_for(sq_depth));
+  qp->sq.init(qp->sq_storage.data(), sq_depth);
+  uint32_t rq_depth = std::max<uint32_t>(cfg.max_recv_wr, 1);
+  qp->rq_bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(rq_depth);
+  auto* rq_mem = static_cast<RecvWqe*>(arena_.allocate(qp->rq_bytes));
+  if (!rq_mem) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  qp->rq.init(rq_mem, rq_depth);
+  std::lock_guard lock(lock_);
+  if (qps_.size() >= L::kMaxQp) {
+    arena_.release(rq_mem, qp->rq_bytes);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  qp->qpn = net::Registry::instance().allocate_qpn(iface_.ip_be, port_->port());
+  if (qp->qpn == 0) {
+    arena_.release(rq_mem, qp->rq_bytes);
+    errno = ENOSPC;
+    return nullptr;
+  }
+  qp->src_port = static_cast<uint16_t>(0xC000 | (qp->qpn & 0x3FFF));
+  Qp* raw = qp.release();
+  qps_[raw->qpn] = raw;
+  qp_list_.push_back(raw);
+  return raw;
+}
+
+void Engine::destroy_qp(Qp* qp) {
+  {
+    std::lock_guard lock(lock_);
+    qps_.erase(qp->qpn);
+    qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
+    ack_owed_.erase(std::remove(ack_owed_.begin(), ack_owed_.end(), qp), ack_owed_.end());
+    net::Registry::instance().release_qpn(qp->qpn);
+    arena_.release(qp->rq.slots, qp->rq_bytes);
+  }
+  async_events_.discard_if([qp](const AsyncEvent& e) { return e.qp == qp; });
+  delete qp;
+}
+
+namespace {
+void reset_transport_state(Qp& qp) {
+  qp.sq.head.store(0);
+  qp.sq.tail.store(0);
+  qp.rq.head.store(0);
+  qp.rq.tail.store(0);
+  qp.send_index = 0;
+  qp.send_offset_pkts = 0;
+  qp.reads_outstanding = 0;
+  qp.timer_deadline_ns = 0;
+  qp.rnr_resume_ns = 0;
+  qp.sq_stopped = false;
+  qp.msn = 0;
+  qp.nak_sent = false;
+  qp.ack_owed = false;
+  qp.in_message = false;
+  qp.recv_active = false;
+  qp.write_remaining = 0;
+  qp.read_jobs.clear();
+  for (ReplayEntry& r : qp.replay) r.valid = false;
+  qp.access_flags = 0;
+}
+}  // namespace
+
+int Engine::modify_qp(Qp* qp, const QpModify& m) {
+  {
+    std::lock_guard lock(lock_);
+    if (m.mask & kModAccessFlags) qp->access_flags = m.access_flags;
+    if (m.mask & kModPathMtu) qp->mtu = m.mtu_bytes;
+    if (m.mask & kModDestQpn) qp->dest_qpn = m.dest_qpn;
+    if (m.mask & kModAv) qp->dest_ip_be = m.dest_ip_be;
+    if (m.mask & kModRqPsn) qp->epsn = m.rq_psn;
+    if (m.mask & kModSqPsn) {
+      qp->next_psn = m.sq_psn;
+      qp->acked_psn = m.sq_psn;
+    }
+    if (m.mask & kModTimeout) qp->timeout = m.timeout;
+    if (m.mask & kModRetryCnt) qp->retry_cnt = qp->retries_left = m.retry_cnt;
+    if (m.mask & kModRnrRetry) qp->rnr_retry = qp->rnr_retries_left = m.rnr_retry;
+    if (m.mask & kModMinRnrTimer) qp->min_rnr_timer = m.min_rnr_timer;
+    if (m.mask & kModMaxQpRdAtomic) qp->max_rd_atomic = std::max<uint32_t>(m.max_rd_atomic, 1);
+    if (m.mask & kModMaxDestRdAtomic) {
+      qp->max_dest_rd_atomic = std::max<uint32_t>(m.max_dest_rd_atomic, 1);
+      qp->replay.assign(qp->max_dest_rd_atomic, ReplayEntry{});
+      qp->replay_next = 0;
+    }
+    if (qp->replay.empty()) qp->replay.assign(qp->max_dest_rd_atomic, ReplayEntry{});
+    if (m.mask & kModState) {
+      switch (m.state) {
+        case QpState::Reset:
+          reset_transport_state(*qp);
+          break;
+        case QpState::Rtr:
+          resolve_destination(*qp);
+          break;
+        case QpState::Err:
+          move_to_error(*qp);
+          break;
+        default:
+          break;
+      }
+      if (m.state != QpState::Err) qp->state.store(m.state, std::memory_order_release);
+    }
+  }
+  doorbell();
+  return 0;
+}
+
+int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad) {
+  QpState st = qp->state.load(std::memory_order_acquire);
+  if (st == QpState::Reset || st == QpState::Init || st == QpState::Rtr) {
+    *bad = 0;
+    return EINVAL;
+  }
+  int rc = 0;
+  {
+    std::lock_guard lock(qp->sq.producer_mutex);
+    uint64_t head = qp->sq.head.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) {
+      const SendWqe& w = wqes[i];
+      bool bad_wqe = w.num_sge > qp->cfg.max_send_sge ||
+                     ((w.flags & kInline) && w.length > qp->cfg.max_inline);
+      if (bad_wqe || head - qp->sq.tail.load(std::memory_order_acquire) >= qp->sq.max_wr) {
+        *bad = i;
+        rc = bad_wqe ? EINVAL : ENOMEM;
+        break;
+      }
+      SqEntry& e = qp->sq.at(head);
+      // Copy only what the WQE uses: SGE array and inline data are large.
+      std::memcpy(&e.wqe, &w, offsetof(SendWqe, sge));
+      std::memcpy(e.wqe.sge, w.sge, sizeof(Sge) * w.num_sge);
+      if (w.flags & kInline) std::memcpy(e.wqe.inline_data, w.inline_data, w.length);
+      e.started = false;
+      e.acked = false;
+      e.status = WcStatus::Success;
+      e.read_received = 0;
+      ++head;
+    }
+    qp->sq.head.store(head, std::memory_order_release);
+  }
+  // Send from the caller's thread when the engine is free: no wake-up on the latency path.
+  if (lock_.try_lock()) {
+    if (qp->state.load() == QpState::Rts) requester_run(*qp, now_ns());
+    port_->flush();
+    lock_.unlock();
+  }
+  doorbell();
+  return rc;
+}
+
+int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
+  if (qp->state.load(std::memory_order_acquire) == QpState::Reset) {
+    *bad = 0;
+    return EINVAL;
+  }
+  int rc = 0;
+  {
+    std::lock_guard lock(qp->rq.producer_mutex);
+    uint64_t head = qp->rq.head.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) {
+      const RecvWqe& w = wqes[i];
+      if (w.num_sge > qp->cfg.max_recv_sge || head - qp->rq.tail.load(std::memory_order_acquire) >= qp->rq.max_wr) {
+        *bad = i;
+        rc = w.num_sge > qp->cfg.max_recv_sge ? EINVAL : ENOMEM;
+        break;
+      }
+      RecvWqe& slot = qp->rq.at(head);
+      slot.wr_id = w.wr_id;
+      slot.num_sge = w.num_sge;
+      slot.length = w.length;
+      std::memcpy(slot.sge, w.sge, sizeof(Sge) * w.num_sge);
+      ++head;
+    }
+    qp->rq.head.store(head, std::memory_order_release);
+  }
+  if (qp->state.load() == QpState::Err) doorbell();
+  return rc;
+}
+
+int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
+  int got = cq->poll(out, n);
+  if (got == 0 && lock_.try_lock()) {
+    progress_once();
+    lock_.unlock();
+    got = cq->poll(out, n);
+  }
+  return got;
+}
+
+}  // namespace softrdma::transport

@@ -1,0 +1,147 @@
+// The progress engine of one device context: the software HCA. It owns the packet ports, the key
+// table, the QPs of the context, and a background progress thread (DESIGN §3). Requester, responder
+// and completer (requester.cpp, responder.cpp, completer.cpp) run under its lock, one at a time, so
+// transport state needs no finer locking; applications only fill queue rings and poll CQ rings.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/cq.h"
+#include "core/event_queue.h"
+#include "core/mr.h"
+#include "net/interfaces.h"
+#include "net/udp_port.h"
+#include "transport/qp.h"
+#include "wire/headers.h"
+
+namespace softrdma::transport {
+
+// Async events, numerically identical to enum ibv_event_type.
+enum class AsyncEventType : uint32_t {
+  CqErr = 0, QpFatal = 1, QpReqErr = 2, QpAccessErr = 3, CommEst = 4, SqDrained = 5, PathMig = 6,
+  PathMigErr = 7, DeviceFatal = 8, PortActive = 9, PortErr = 10, LidChange = 11, PkeyChange = 12,
+  SmChange = 13, SrqErr = 14, SrqLimitReached = 15, QpLastWqeReached = 16, ClientReregister = 17,
+  GidChange = 18,
+};
+struct AsyncEvent {
+  AsyncEventType type;
+  Qp* qp = nullptr;
+  core::CompletionQueue* cq = nullptr;
+};
+
+// Per-engine counters (a later issue exposes them through `softrdma stat`).
+struct EngineCounters {
+  uint64_t rx_packets = 0, tx_packets = 0, retransmits = 0, duplicates = 0, out_of_sequence = 0;
+  uint64_t naks_sent = 0, naks_received = 0, rnr_naks_sent = 0, rnr_naks_received = 0, timeouts = 0;
+  uint64_t drop_malformed = 0, drop_icrc = 0, drop_unknown_qp = 0, drop_bad_state = 0, drop_pkey = 0;
+  uint64_t drop_bad_opcode = 0;
+};
+
+// Everything modify_qp may change, already validated by core::validate_modify_qp.
+struct QpModify {
+  int mask = 0;                 // enum ibv_qp_attr_mask bits
+  QpState state = QpState::Reset;
+  uint32_t access_flags = 0;
+  uint32_t mtu_bytes = 0;
+  uint32_t dest_qpn = 0;
+  uint32_t dest_ip_be = 0;
+  uint32_t rq_psn = 0, sq_psn = 0;
+  uint8_t timeout = 0, retry_cnt = 0, rnr_retry = 0, min_rnr_timer = 0;
+  uint32_t max_rd_atomic = 0, max_dest_rd_atomic = 0;
+};
+
+class Engine {
+ public:
+  explicit Engine(const net::Interface& iface);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const net::Interface& interface() const { return iface_; }
+  core::Arena& arena() { return arena_; }
+  core::EventQueue<AsyncEvent>& async_events() { return async_events_; }
+  EngineCounters counters();
+
+  // Memory regions: false when the key table is full.
+  bool register_mr(core::MrRegion& region);
+  void deregister_mr(const core::MrRegion& region);
+
+  std::unique_ptr<core::CompletionQueue> create_cq(uint32_t entries, core::CompletionQueue::NotifyFn on_completion);
+  // Drops the CQ's pending events; the CQ must have no QPs left (the verbs layer checks).
+  void destroy_cq(core::CompletionQueue* cq);
+
+  // Returns nullptr (errno set) on failure.
+  Qp* create_qp(const QpConfig& cfg);
+  void destroy_qp(Qp* qp);
+  int modify_qp(Qp* qp, const QpModify& m);
+
+  // Queue WQEs (already translated by the verbs layer). Return 0 or an errno; *bad = index of the
+  // first WQE not queued.
+  int post_send(Qp* qp, const SendWqe* wqes, int n, int* bad);
+  int post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad);
+  // ibv_poll_cq: when the CQ is empty, drives progress inline (no wake-up of the progress thread needed).
+  int poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n);
+
+ private:
+  // engine.cpp
+  void progress_loop();
+  bool progress_once();  // lock held; true when anything was done
+  void receive_from(net::UdpPort& port, bool& did);
+  void handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
+                     uint16_t local_port);
+  void doorbell();
+  uint64_t next_deadline_ns();
+  void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
+  void resolve_destination(Qp& qp);
+  void move_to_error(Qp& qp);
+  void flush_queues(Qp& qp);
+  void post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited);
+  // requester.cpp
+  bool requester_run(Qp& qp, uint64_t now_ns);
+  bool prepare_wqe(Qp& qp, SqEntry& e);
+  void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index);
+  void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
+  // completer.cpp
+  void completer_receive(Qp& qp, const wire::Packet& pkt);
+  void complete_in_order(Qp& qp);
+  void complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status);
+  void requester_error(Qp& qp, WcStatus status);
+  void rewind_to(Qp& qp, uint32_t psn);
+  void check_timers(Qp& qp, uint64_t now_ns);
+  // responder.cpp
+  void responder_receive(Qp& qp, const wire::Packet& pkt);
+  void responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn);
+  bool responder_run_reads(Qp& qp);
+  void responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status);
+  void flush_owed_acks();
+
+  net::Interface iface_;
+  core::Arena arena_;
+  core::MrTable mrs_;
+  core::EventQueue<AsyncEvent> async_events_;
+  std::unique_ptr<net::UdpPort> port_;       // ephemeral port: this context's address in the registry
+  std::unique_ptr<net::UdpPort> roce_port_;  // UDP 4791, when this process holds it
+  std::mutex lock_;                          // the engine lock
+  std::unordered_map<uint32_t, Qp*> qps_;
+  std::vector<Qp*> qp_list_;
+  std::vector<Qp*> ack_owed_;
+  EngineCounters counters_;
+
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};
+  std::atomic<uint32_t> work_hint_{0};
+  int doorbell_fd_ = -1;
+  int epoll_fd_ = -1;
+};
+
+uint64_t now_ns();
+
+}  // namespace softrdma::transport

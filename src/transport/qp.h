@@ -1,0 +1,180 @@
+// An RC queue pair as the transport sees it: attributes, the send queue of WQEs with their PSN ranges
+// (requester + completer state), and the responder's state (expected PSN, MSN, the message being
+// received, the READ/ATOMIC replay cache). All of it is owned by one Engine and touched only under
+// its lock, except the SQ/RQ producer sides, which applications fill under the queues' own locks.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/cq.h"
+#include "core/limits.h"
+
+namespace softrdma::transport {
+
+using core::WcStatus;
+
+enum class QpState : uint8_t { Reset = 0, Init, Rtr, Rts, Sqd, Sqe, Err };  // == enum ibv_qp_state
+
+enum class WrOp : uint8_t { Send, SendImm, SendInv, Write, WriteImm, Read, CompareSwap, FetchAdd };
+enum WqeFlags : uint32_t { kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8 };
+
+struct Sge {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+};
+
+struct SendWqe {
+  uint64_t wr_id;
+  WrOp op;
+  uint32_t flags;
+  uint32_t imm_be;          // immediate data (network order) or the rkey to invalidate
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint64_t compare_add;     // ATOMIC compare (CmpSwap) or add operand (FetchAdd)
+  uint64_t swap;
+  uint32_t num_sge;
+  uint64_t length;          // total bytes of the SGEs / inline data
+  Sge sge[core::DeviceLimits::kMaxSge];
+  uint8_t inline_data[core::DeviceLimits::kMaxInline];
+};
+
+struct RecvWqe {
+  uint64_t wr_id;
+  uint32_t num_sge;
+  uint64_t length;
+  Sge sge[core::DeviceLimits::kMaxSge];
+};
+
+// A WQE of the send queue together with its transport state.
+struct SqEntry {
+  SendWqe wqe;
+  uint8_t* host[core::DeviceLimits::kMaxSge];  // SGEs resolved through the key table
+  uint32_t first_psn = 0;   // PSN of the request's first packet
+  uint32_t npkts = 0;       // PSNs the message uses (READ: one per response packet)
+  bool started = false;
+  bool acked = false;       // SEND/WRITE: ACKed; READ/ATOMIC: all response data in
+  WcStatus status = WcStatus::Success;  // an error found for this WQE, reported in order
+  uint64_t read_received = 0;  // READ: response bytes placed so far
+};
+
+// Ring of SendWqe/RecvWqe slots: one producer lock, a single consumer (the engine).
+template <typename Slot>
+struct WorkQueue {
+  Slot* slots = nullptr;
+  uint32_t mask = 0;
+  uint32_t max_wr = 0;                    // what the application asked for (capacity bound)
+  std::atomic<uint64_t> head{0};          // next slot an application fills
+  std::atomic<uint64_t> tail{0};          // oldest slot not yet completed (advanced by the engine)
+  std::mutex producer_mutex;
+  static uint32_t capacity_for(uint32_t depth) {
+    uint32_t cap = 1;
+    while (cap < depth) cap <<= 1;
+    return cap;
+  }
+  void init(Slot* storage, uint32_t depth) {
+    slots = storage;
+    mask = capacity_for(depth) - 1;
+    max_wr = depth;
+  }
+  Slot& at(uint64_t index) { return slots[index & mask]; }
+  uint64_t count() const { return head.load(std::memory_order_acquire) - tail.load(std::memory_order_acquire); }
+};
+
+// Bits of a modify (numerically enum ibv_qp_attr_mask).
+enum ModifyMask : int {
+  kModState = 1 << 0, kModCurState = 1 << 1, kModAccessFlags = 1 << 3, kModPkeyIndex = 1 << 4,
+  kModPort = 1 << 5, kModQkey = 1 << 6, kModAv = 1 << 7, kModPathMtu = 1 << 8, kModTimeout = 1 << 9,
+  kModRetryCnt = 1 << 10, kModRnrRetry = 1 << 11, kModRqPsn = 1 << 12, kModMaxQpRdAtomic = 1 << 13,
+  kModMinRnrTimer = 1 << 15, kModSqPsn = 1 << 16, kModMaxDestRdAtomic = 1 << 17, kModCap = 1 << 19,
+  kModDestQpn = 1 << 20,
+};
+
+// One READ or ATOMIC the responder executed, kept so that a duplicate is answered from here:
+// READ responses are regenerated, ATOMIC results are replayed, never re-executed (IBTA 9.7.5.2.x).
+struct ReplayEntry {
+  bool valid = false;
+  bool atomic = false;
+  uint32_t psn = 0, npkts = 0;
+  uint64_t atomic_orig = 0;
+};
+
+// A READ response being streamed out by the responder.
+struct ReadResponseJob {
+  uint32_t psn;         // PSN of the next response packet
+  uint32_t first_psn;
+  uint32_t last_psn;
+  uint8_t* src;         // next byte to send
+  uint64_t remaining;
+  bool first_sent;
+};
+
+struct QpConfig {
+  uint32_t pd = 0;
+  core::CompletionQueue* send_cq = nullptr;
+  core::CompletionQueue* recv_cq = nullptr;
+  uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0, max_inline = 0;
+  bool sq_sig_all = false;
+};
+
+struct Qp {
+  void* user = nullptr;            // the verbs object that owns this QP (for async events)
+  uint32_t qpn = 0;
+  QpConfig cfg;
+  std::atomic<QpState> state{QpState::Reset};
+
+  // Attributes (set by modify_qp).
+  uint32_t access_flags = 0;
+  uint32_t mtu = 1024;
+  uint32_t dest_qpn = 0;
+  uint32_t dest_ip_be = 0;
+  uint16_t dest_port = 0;          // UDP port packets go to (4791, or a local process's port)
+  uint16_t src_port = 0;           // per-QP source port entropy (informational: sockets are shared)
+  uint8_t timeout = 14, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 0;
+  uint32_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
+
+  WorkQueue<SqEntry> sq;
+  WorkQueue<RecvWqe> rq;
+  std::vector<SqEntry> sq_storage;   // private to the requester
+  size_t rq_bytes = 0;               // the RQ ring lives in the context's shared arena
+  bool sq_stopped = false;           // a WQE failed locally: send nothing more, error follows in order
+
+  // Requester.
+  uint64_t send_index = 0;         // next SQ entry whose packets are (re)sent
+  uint64_t send_offset_pkts = 0;   // packets of sq[send_index] already sent
+  uint32_t next_psn = 0;           // PSN of the next new packet
+  uint32_t acked_psn = 0;          // every PSN before this one is acknowledged
+  uint32_t reads_outstanding = 0;  // READ/ATOMIC requests sent and not complete
+  uint32_t retries_left = 7, rnr_retries_left = 7;
+  uint64_t timer_deadline_ns = 0;  // retransmit timer, 0 = stopped
+  uint64_t rnr_resume_ns = 0;      // RNR back-off: no sending before this
+  bool rewind_pending = false;
+
+  // Responder.
+  uint32_t epsn = 0;               // expected PSN
+  uint32_t msn = 0;
+  bool nak_sent = false;           // a PSN-sequence NAK is outstanding: send no second one
+  bool ack_owed = false;
+  uint32_t ack_psn = 0;            // PSN the owed ACK acknowledges
+  uint8_t last_opcode = 0xFF;      // previous in-order request packet (to validate FIRST/MIDDLE/LAST)
+  bool in_message = false;         // between a FIRST and its LAST
+  // SEND being received
+  bool recv_active = false;
+  uint64_t recv_offset = 0;
+  uint8_t* recv_host[core::DeviceLimits::kMaxSge];  // the active receive WQE's SGEs, resolved
+  // WRITE being received
+  uint8_t* write_dst = nullptr;
+  uint64_t write_remaining = 0;
+  uint32_t write_total = 0;
+  std::vector<ReplayEntry> replay;         // ring of max_dest_rd_atomic entries
+  uint32_t replay_next = 0;
+  std::vector<ReadResponseJob> read_jobs;  // READ responses still to be sent, in order
+  // An error the responder hit and must report with a NAK once (then the QP is in error).
+  bool pending_fatal_nak = false;
+  uint8_t fatal_nak_syndrome = 0;
+};
+
+}  // namespace softrdma::transport

@@ -1,0 +1,199 @@
+// Requester (IBTA 9.5, 9.7.2): turns send-queue WQEs into request packets with consecutive PSNs,
+// segmenting by path MTU, honouring fences, the READ/ATOMIC credit (max_rd_atomic) and a PSN window.
+#include <algorithm>
+#include <cstring>
+
+#include "transport/engine.h"
+#include "wire/opcode.h"
+#include "wire/psn.h"
+
+namespace softrdma::transport {
+
+namespace {
+// Request packets in flight without an acknowledgement. Far below the 2^23 PSN half-space, and
+// small enough that a burst fits the peer's socket buffer.
+constexpr uint32_t kPsnWindow = 1024;
+// An acknowledgement is requested at the end of every message and every this many packets.
+constexpr uint32_t kAckReqInterval = 32;
+// Packets one QP may send per progress pass, so that one big message does not starve the others.
+constexpr int kBurst = 64;
+
+bool is_read_or_atomic(WrOp op) {
+  return op == WrOp::Read || op == WrOp::CompareSwap || op == WrOp::FetchAdd;
+}
+
+uint32_t packets_for(uint64_t len, uint32_t mtu) {
+  return len == 0 ? 1 : static_cast<uint32_t>((len + mtu - 1) / mtu);
+}
+
+uint8_t pick_opcode(WrOp op, bool first, bool last) {
+  using namespace wire;
+  switch (op) {
+    case WrOp::Send:
+      return first ? (last ? kRcSendOnly : kRcSendFirst) : (last ? kRcSendLast : kRcSendMiddle);
+    case WrOp::SendImm:
+      return first ? (last ? kRcSendOnlyImm : kRcSendFirst) : (last ? kRcSendLastImm : kRcSendMiddle);
+    case WrOp::SendInv:
+      return first ? (last ? kRcSendOnlyInv : kRcSendFirst) : (last ? kRcSendLastInv : kRcSendMiddle);
+    case WrOp::Write:
+      return first ? (last ? kRcWriteOnly : kRcWriteFirst) : (last ? kRcWriteLast : kRcWriteMiddle);
+    case WrOp::WriteImm:
+      return first ? (last ? kRcWriteOnlyImm : kRcWriteFirst) : (last ? kRcWriteLastImm : kRcWriteMiddle);
+    case WrOp::Read:
+      return kRcReadRequest;
+    case WrOp::CompareSwap:
+      return kRcCompareSwap;
+    case WrOp::FetchAdd:
+      return kRcFetchAdd;
+  }
+  return kRcSendOnly;
+}
+}  // namespace
+
+// Copies len bytes at message offset off out of the WQE's gather list into dst.
+static void gather(const SqEntry& e, uint64_t off, uint8_t* dst, uint32_t len) {
+  if (e.wqe.flags & kInline) {
+    std::memcpy(dst, e.wqe.inline_data + off, len);
+    return;
+  }
+  for (uint32_t i = 0; i < e.wqe.num_sge && len; ++i) {
+    uint32_t sl = e.wqe.sge[i].length;
+    if (off >= sl) {
+      off -= sl;
+      continue;
+    }
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(sl - off, len));
+    std::memcpy(dst, e.host[i] + off, n);
+    dst += n;
+    len -= n;
+    off = 0;
+  }
+}
+
+bool Engine::prepare_wqe(Qp& qp, SqEntry& e) {
+  const SendWqe& w = e.wqe;
+  e.npkts = is_read_or_atomic(w.op) && w.op != WrOp::Read ? 1 : packets_for(w.length, qp.mtu);
+  if (w.length > core::DeviceLimits::kMaxMsgSize) {
+    e.status = WcStatus::LocLenErr;
+    return false;
+  }
+  if ((w.op == WrOp::CompareSwap || w.op == WrOp::FetchAdd) && w.length != 8) {
+    e.status = WcStatus::LocLenErr;
+    return false;
+  }
+  if (w.flags & kInline) return true;
+  // The HCA writes READ and ATOMIC results into the gather list: those SGEs need LOCAL_WRITE.
+  bool write = is_read_or_atomic(w.op);
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    if (mrs_.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, write, &e.host[i]) !=
+        core::AccessResult::Ok) {
+      e.status = WcStatus::LocProtErr;
+      return false;
+    }
+  }
+  return true;
+}
+
+void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
+  const SendWqe& w = e.wqe;
+  wire::Packet pkt{};
+  pkt.bth.psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(idx));
+  uint8_t scratch[4096];
+  const uint8_t* payload = nullptr;
+  uint32_t len = 0;
+  bool last = true;
+  switch (w.op) {
+    case WrOp::Read:
+      // A re-issued READ asks only for what has not arrived yet, at that part's PSN (IBTA 9.7.4.1.4).
+      pkt.bth.opcode = wire::kRcReadRequest;
+      pkt.reth = {w.remote_addr + idx * qp.mtu, w.rkey, static_cast<uint32_t>(w.length - idx * qp.mtu)};
+      if (w.length == 0) pkt.reth.dma_len = 0;
+      break;
+    case WrOp::CompareSwap:
+    case WrOp::FetchAdd:
+      pkt.bth.opcode = pick_opcode(w.op, true, true);
+      pkt.atomic = {w.remote_addr, w.rkey, w.op == WrOp::CompareSwap ? w.swap : w.compare_add,
+                    w.op == WrOp::CompareSwap ? w.compare_add : 0};
+      break;
+    default: {
+      bool first = idx == 0;
+      last = idx + 1 == e.npkts;
+      uint64_t off = idx * qp.mtu;
+      len = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, w.length - std::min(off, w.length)));
+      pkt.bth.opcode = pick_opcode(w.op, first, last);
+      if (first && (w.op == WrOp::Write || w.op == WrOp::WriteImm))
+        pkt.reth = {w.remote_addr, w.rkey, static_cast<uint32_t>(w.length)};
+      if (last) {
+        pkt.imm_data_be = w.imm_be;
+        pkt.ieth_rkey = w.imm_be;
+        pkt.bth.solicited = (w.flags & kSolicited) != 0;
+      }
+      if (len) {
+        // One SGE covering the packet: send straight from registered memory.
+        if (!(w.flags & kInline) && w.num_sge == 1) {
+          payload = e.host[0] + off;
+        } else {
+          gather(e, off, scratch, len);
+          payload = scratch;
+        }
+      }
+    }
+  }
+  pkt.bth.ack_req = last || (idx % kAckReqInterval) == kAckReqInterval - 1;
+  send_packet(qp, pkt, payload, len);
+}
+
+void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
+  uint64_t us = wire::ack_timeout_us(qp.timeout);
+  qp.timer_deadline_ns = us ? now + us * 1000 : 0;
+}
+
+bool Engine::requester_run(Qp& qp, uint64_t now) {
+  if (qp.sq_stopped) return false;
+  if (qp.rnr_resume_ns) {
+    if (now < qp.rnr_resume_ns) return false;
+    qp.rnr_resume_ns = 0;
+  }
+  bool did = false;
+  int budget = kBurst;
+  uint64_t head = qp.sq.head.load(std::memory_order_acquire);
+  while (budget > 0 && qp.send_index < head) {
+    SqEntry& e = qp.sq.at(qp.send_index);
+    if (!e.started) {
+      // A fenced WQE waits until every earlier WQE (and so every READ/ATOMIC) has completed.
+      if ((e.wqe.flags & kFence) && qp.sq.tail.load(std::memory_order_relaxed) != qp.send_index) break;
+      if (is_read_or_atomic(e.wqe.op) && qp.reads_outstanding >= qp.max_rd_atomic) break;
+      if (!prepare_wqe(qp, e)) {
+        // Reported in order by the completer; nothing after it is sent.
+        e.started = true;
+        e.acked = true;
+        qp.sq_stopped = true;
+        complete_in_order(qp);
+        return true;
+      }
+      if (wire::psn_diff(qp.next_psn, qp.acked_psn) >= static_cast<int32_t>(kPsnWindow)) break;
+      e.first_psn = qp.next_psn;
+      qp.next_psn = wire::psn_add(qp.next_psn, e.npkts);
+      e.started = true;
+      qp.send_offset_pkts = 0;
+      if (is_read_or_atomic(e.wqe.op)) ++qp.reads_outstanding;
+    }
+    // READ and ATOMIC are one request packet however many PSNs their responses use.
+    uint64_t to_send = is_read_or_atomic(e.wqe.op) ? (e.wqe.op == WrOp::Read ? qp.send_offset_pkts + 1 : 1) : e.npkts;
+    while (qp.send_offset_pkts < to_send && budget > 0) {
+      uint32_t psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(qp.send_offset_pkts));
+      if (wire::psn_diff(psn, qp.acked_psn) >= static_cast<int32_t>(kPsnWindow)) break;
+      send_request_packet(qp, e, qp.send_offset_pkts);
+      ++qp.send_offset_pkts;
+      --budget;
+      did = true;
+      if (!qp.timer_deadline_ns) arm_retransmit_timer(qp, now);
+    }
+    if (qp.send_offset_pkts < to_send) break;
+    ++qp.send_index;
+    qp.send_offset_pkts = 0;
+  }
+  return did;
+}
+
+}  // namespace softrdma::transport

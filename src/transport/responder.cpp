@@ -1,0 +1,351 @@
+// Responder (IBTA 9.7.3-9.7.5.2, 9.9.3): executes in-order requests on registered memory and the RQ,
+// acknowledges them (coalesced), NAKs sequence errors, RNR and invalid or unauthorised requests, and
+// answers duplicates from the replay cache: READ responses regenerated, ATOMIC results replayed.
+#include <algorithm>
+#include <cstring>
+
+#include "transport/engine.h"
+#include "wire/opcode.h"
+#include "wire/psn.h"
+
+namespace softrdma::transport {
+
+namespace {
+constexpr int kReadBurst = 64;  // READ response packets per QP per progress pass
+
+uint32_t packets_for(uint64_t len, uint32_t mtu) {
+  return len == 0 ? 1 : static_cast<uint32_t>((len + mtu - 1) / mtu);
+}
+}  // namespace
+
+void Engine::responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn) {
+  wire::Packet pkt{};
+  pkt.bth.opcode = wire::kRcAck;
+  pkt.bth.psn = psn;
+  pkt.aeth = {syndrome, qp.msn};
+  send_packet(qp, pkt, nullptr, 0);
+}
+
+void Engine::flush_owed_acks() {
+  for (Qp* qp : ack_owed_) {
+    if (qp->ack_owed && qp->state.load(std::memory_order_relaxed) != QpState::Err)
+      responder_send_ack(*qp, wire::aeth_ack(), qp->ack_psn);
+    qp->ack_owed = false;
+  }
+  ack_owed_.clear();
+}
+
+void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status) {
+  ++counters_.naks_sent;
+  responder_send_ack(qp, wire::aeth_nak(nak_code), psn);
+  if (qp.recv_active) {
+    uint64_t t = qp.rq.tail.load(std::memory_order_relaxed);
+    core::Cqe c{};
+    c.wr_id = qp.rq.at(t).wr_id;
+    c.status = recv_status;
+    c.opcode = core::WcOpcode::Recv;
+    c.qp_num = qp.qpn;
+    qp.rq.tail.store(t + 1, std::memory_order_release);
+    qp.recv_active = false;
+    post_cqe(qp.cfg.recv_cq, c, false);
+  }
+  // Errors that consumed no receive WQE are reported through the async event stream (IBTA 11.6.3).
+  AsyncEventType ev = nak_code == wire::kNakRemoteAccess ? AsyncEventType::QpAccessErr
+                      : nak_code == wire::kNakInvalidRequest ? AsyncEventType::QpReqErr
+                                                              : AsyncEventType::QpFatal;
+  async_events_.push(AsyncEvent{ev, &qp, nullptr});
+  move_to_error(qp);
+}
+
+bool Engine::responder_run_reads(Qp& qp) {
+  if (qp.read_jobs.empty()) return false;
+  int budget = kReadBurst;
+  while (budget > 0 && !qp.read_jobs.empty()) {
+    ReadResponseJob& j = qp.read_jobs.front();
+    uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, j.remaining));
+    bool first = j.psn == j.first_psn;
+    bool last = j.psn == j.last_psn;
+    wire::Packet pkt{};
+    pkt.bth.opcode = first ? (last ? wire::kRcReadResponseOnly : wire::kRcReadResponseFirst)
+                           : (last ? wire::kRcReadResponseLast : wire::kRcReadResponseMiddle);
+    pkt.bth.psn = j.psn;
+    pkt.aeth = {wire::aeth_ack(), qp.msn};
+    send_packet(qp, pkt, j.src, len);
+    j.src += len;
+    j.remaining -= len;
+    j.psn = wire::psn_add(j.psn, 1);
+    --budget;
+    if (last) qp.read_jobs.erase(qp.read_jobs.begin());
+  }
+  return true;
+}
+
+// Takes the next receive WQE and resolves its SGEs; false (after the NAK) when it cannot.
+static bool take_receive(Qp& qp, core::MrTable& mrs, bool& rnr, WcStatus& err) {
+  rnr = false;
+  uint64_t t = qp.rq.tail.load(std::memory_order_relaxed);
+  if (t == qp.rq.head.load(std::memory_order_acquire)) {
+    rnr = true;
+    return false;
+  }
+  RecvWqe& w = qp.rq.at(t);
+  qp.recv_active = true;
+  qp.recv_offset = 0;
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    if (mrs.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, true, &qp.recv_host[i]) !=
+        core::AccessResult::Ok) {
+      err = WcStatus::LocProtErr;
+      return false;
+    }
+  }
+  return true;
+}
+
+void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
+  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
+  uint32_t psn = pkt.bth.psn;
+  int32_t d = wire::psn_diff(psn, qp.epsn);
+  if (d > 0) {
+    // A gap: earlier packets were lost. One NAK per gap (IBTA 9.7.5.1.2).
+    ++counters_.out_of_sequence;
+    if (!qp.nak_sent) {
+      qp.nak_sent = true;
+      ++counters_.naks_sent;
+      responder_send_ack(qp, wire::aeth_nak(wire::kNakPsnSeqErr), qp.epsn);
+    }
+    return;
+  }
+  if (d < 0) {
+    ++counters_.duplicates;
+    if (info.kind == wire::OpKind::ReadRequest || info.kind == wire::OpKind::CompareSwap ||
+        info.kind == wire::OpKind::FetchAdd) {
+      bool atomic = info.kind != wire::OpKind::ReadRequest;
+      for (ReplayEntry& r : qp.replay) {
+        int32_t off = wire::psn_diff(psn, r.psn);
+        if (!r.valid || r.atomic != atomic || off < 0 || off >= static_cast<int32_t>(r.npkts)) continue;
+        if (atomic) {
+          if (off != 0) break;
+          wire::Packet ack{};
+          ack.bth.opcode = wire::kRcAtomicAck;
+          ack.bth.psn = psn;
+          ack.aeth = {wire::aeth_ack(), qp.msn};
+          ack.atomic_ack_orig = r.atomic_orig;
+          send_packet(qp, ack, nullptr, 0);
+        } else {
+          // Regenerate from the (possibly shortened) re-issued request, re-checking its key.
+          uint8_t* host = nullptr;
+          uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
+          if (static_cast<uint32_t>(off) + n > r.npkts ||
+              mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead,
+                                &host) != core::AccessResult::Ok)
+            break;
+          // A request re-issued from its start supersedes the one being streamed out.
+          qp.read_jobs.erase(std::remove_if(qp.read_jobs.begin(), qp.read_jobs.end(),
+                                            [&](const ReadResponseJob& j) {
+                                              return wire::psn_diff(j.psn, psn) >= 0 &&
+                                                     wire::psn_diff(j.last_psn, wire::psn_add(psn, n - 1)) <= 0;
+                                            }),
+                             qp.read_jobs.end());
+          qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len, false});
+        }
+        break;
+      }
+      return;
+    }
+    // A duplicate SEND/WRITE: its ACK was lost. Acknowledge everything received so far again.
+    if (!qp.ack_owed) ack_owed_.push_back(&qp);
+    qp.ack_owed = true;
+    qp.ack_psn = wire::psn_add(qp.epsn, wire::kPsnMask);  // epsn - 1
+    return;
+  }
+
+  qp.nak_sent = false;
+  // Opcode sequence (IBTA 9.8.3): a FIRST opens a message, MIDDLE/LAST continue the same kind.
+  bool continues = !info.first;
+  if (continues != qp.in_message ||
+      (continues && wire::opcode_info(qp.last_opcode).kind != info.kind)) {
+    responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
+    return;
+  }
+  // Every packet of a multi-packet message but the last is exactly one path MTU (IBTA 9.7.4.1.x).
+  if (info.has_payload && ((!info.last && pkt.payload_len != qp.mtu) || pkt.payload_len > qp.mtu)) {
+    responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
+    return;
+  }
+
+  switch (info.kind) {
+    case wire::OpKind::Send: {
+      if (info.first) {
+        bool rnr;
+        WcStatus err = WcStatus::Success;
+        if (!take_receive(qp, mrs_, rnr, err)) {
+          if (rnr) {
+            ++counters_.rnr_naks_sent;
+            responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
+          } else {
+            responder_fatal(qp, wire::kNakRemoteOp, psn, err);
+          }
+          return;
+        }
+      }
+      RecvWqe& w = qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
+      if (qp.recv_offset + pkt.payload_len > w.length) {
+        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::LocLenErr);
+        return;
+      }
+      // Scatter into the receive WQE's SGEs.
+      uint64_t off = qp.recv_offset;
+      const uint8_t* src = pkt.payload;
+      uint32_t len = pkt.payload_len;
+      for (uint32_t i = 0; i < w.num_sge && len; ++i) {
+        if (off >= w.sge[i].length) {
+          off -= w.sge[i].length;
+          continue;
+        }
+        uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(w.sge[i].length - off, len));
+        std::memcpy(qp.recv_host[i] + off, src, n);
+        src += n;
+        len -= n;
+        off = 0;
+      }
+      qp.recv_offset += pkt.payload_len;
+      if (info.last) {
+        core::Cqe c{};
+        c.wr_id = w.wr_id;
+        c.status = WcStatus::Success;
+        c.opcode = core::WcOpcode::Recv;
+        c.byte_len = static_cast<uint32_t>(qp.recv_offset);
+        c.qp_num = qp.qpn;
+        c.src_qp = qp.dest_qpn;
+        if (info.headers & wire::kHdrImm) {
+          c.wc_flags = core::kWcWithImm;
+          c.imm_or_inv = pkt.imm_data_be;
+        } else if (info.headers & wire::kHdrIeth) {
+          c.wc_flags = core::kWcWithInv;
+          c.imm_or_inv = pkt.ieth_rkey;
+        }
+        qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+        qp.recv_active = false;
+        qp.msn = wire::psn_add(qp.msn, 1);
+        post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+      }
+      break;
+    }
+    case wire::OpKind::Write: {
+      bool imm = (info.headers & wire::kHdrImm) != 0;
+      // WRITE with immediate consumes a receive WQE: without one, RNR before touching memory.
+      if (imm && qp.rq.tail.load(std::memory_order_relaxed) == qp.rq.head.load(std::memory_order_acquire)) {
+        ++counters_.rnr_naks_sent;
+        responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
+        return;
+      }
+      if (info.first) {
+        uint8_t* host = nullptr;
+        if (!(qp.access_flags & core::kRemoteWrite) ||
+            mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteWrite,
+                              &host) != core::AccessResult::Ok) {
+          responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
+          return;
+        }
+        qp.write_dst = host;
+        qp.write_remaining = pkt.reth.dma_len;
+        qp.write_total = pkt.reth.dma_len;
+      }
+      if (pkt.payload_len > qp.write_remaining || (info.last && pkt.payload_len != qp.write_remaining)) {
+        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
+        return;
+      }
+      if (pkt.payload_len) std::memcpy(qp.write_dst, pkt.payload, pkt.payload_len);
+      qp.write_dst += pkt.payload_len;
+      qp.write_remaining -= pkt.payload_len;
+      if (info.last) {
+        qp.msn = wire::psn_add(qp.msn, 1);
+        if (imm) {
+          uint64_t t = qp.rq.tail.load(std::memory_order_relaxed);
+          core::Cqe c{};
+          c.wr_id = qp.rq.at(t).wr_id;
+          c.status = WcStatus::Success;
+          c.opcode = core::WcOpcode::RecvRdmaWithImm;
+          c.byte_len = qp.write_total;
+          c.qp_num = qp.qpn;
+          c.src_qp = qp.dest_qpn;
+          c.wc_flags = core::kWcWithImm;
+          c.imm_or_inv = pkt.imm_data_be;
+          qp.rq.tail.store(t + 1, std::memory_order_release);
+          post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+        }
+      }
+      break;
+    }
+    case wire::OpKind::ReadRequest: {
+      if (qp.read_jobs.size() >= qp.max_dest_rd_atomic) {
+        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
+        return;
+      }
+      uint8_t* host = nullptr;
+      if (!(qp.access_flags & core::kRemoteRead) ||
+          mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host) !=
+              core::AccessResult::Ok) {
+        responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
+        return;
+      }
+      uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
+      ReplayEntry& r = qp.replay[qp.replay_next++ % qp.replay.size()];
+      r = {true, false, psn, n, 0};
+      qp.msn = wire::psn_add(qp.msn, 1);
+      qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len, false});
+      qp.epsn = wire::psn_add(qp.epsn, n);
+      qp.last_opcode = pkt.bth.opcode;
+      qp.in_message = false;
+      return;
+    }
+    case wire::OpKind::CompareSwap:
+    case wire::OpKind::FetchAdd: {
+      if (pkt.atomic.va % 8 != 0) {
+        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
+        return;
+      }
+      uint8_t* host = nullptr;
+      if (!(qp.access_flags & core::kRemoteAtomic) ||
+          mrs_.check_remote(pkt.atomic.rkey, qp.cfg.pd, pkt.atomic.va, 8, core::kRemoteAtomic, &host) !=
+              core::AccessResult::Ok) {
+        responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
+        return;
+      }
+      auto* word = reinterpret_cast<uint64_t*>(host);
+      uint64_t orig;
+      if (info.kind == wire::OpKind::CompareSwap) {
+        orig = pkt.atomic.compare;
+        __atomic_compare_exchange_n(word, &orig, pkt.atomic.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+      } else {
+        orig = __atomic_fetch_add(word, pkt.atomic.swap_add, __ATOMIC_SEQ_CST);
+      }
+      ReplayEntry& r = qp.replay[qp.replay_next++ % qp.replay.size()];
+      r = {true, true, psn, 1, orig};
+      qp.msn = wire::psn_add(qp.msn, 1);
+      wire::Packet ack{};
+      ack.bth.opcode = wire::kRcAtomicAck;
+      ack.bth.psn = psn;
+      ack.aeth = {wire::aeth_ack(), qp.msn};
+      ack.atomic_ack_orig = orig;
+      send_packet(qp, ack, nullptr, 0);
+      qp.epsn = wire::psn_add(qp.epsn, 1);
+      qp.last_opcode = pkt.bth.opcode;
+      qp.in_message = false;
+      return;
+    }
+    default:
+      ++counters_.drop_bad_opcode;
+      return;
+  }
+  qp.epsn = wire::psn_add(qp.epsn, 1);
+  qp.last_opcode = pkt.bth.opcode;
+  qp.in_message = !info.last;
+  if (pkt.bth.ack_req) {
+    if (!qp.ack_owed) ack_owed_.push_back(&qp);
+    qp.ack_owed = true;
+    qp.ack_psn = psn;
+  }
+}
+
+}  // namespace softrdma::transport

@@ -1,0 +1,350 @@
+// Devices, contexts and their queries: one softrdma device per IPv4 address of the host (DESIGN §4).
+#include <arpa/inet.h>
+#include <endian.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "core/limits.h"
+#include "verbs/soft_objects.h"
+
+using namespace softrdma;
+using namespace softrdma::verbs;
+
+namespace softrdma::verbs {
+
+const std::vector<SoftDevice*>& all_devices() {
+  // Enumerated once per process and never freed: applications may keep ibv_device pointers forever.
+  static std::vector<SoftDevice*> devices = [] {
+    std::vector<SoftDevice*> out;
+    int i = 0;
+    for (const net::Interface& itf : net::list_interfaces()) {
+      auto* d = new SoftDevice{};
+      d->iface = itf;
+      d->index = i;
+      d->dev.node_type = IBV_NODE_CA;
+      d->dev.transport_type = IBV_TRANSPORT_IB;
+      snprintf(d->dev.name, sizeof d->dev.name, "softrdma_%s", itf.ifname.c_str());
+      snprintf(d->dev.dev_name, sizeof d->dev.dev_name, "uverbs%d", i);
+      snprintf(d->dev.dev_path, sizeof d->dev.dev_path, "/sys/class/infiniband_verbs/uverbs%d", i);
+      snprintf(d->dev.ibdev_path, sizeof d->dev.ibdev_path, "/sys/class/infiniband/%s", d->dev.name);
+      // EUI-64 from the MAC as RoCE NICs do; interfaces without a MAC use the IPv4 address.
+      uint64_t g = 0;
+      bool has_mac = false;
+      for (uint8_t b : itf.mac) has_mac |= b != 0;
+      if (has_mac) {
+        const auto& m = itf.mac;
+        g = (uint64_t{static_cast<uint8_t>(m[0] ^ 2)} << 56) | (uint64_t{m[1]} << 48) | (uint64_t{m[2]} << 40) |
+            (0xFFull << 32) | (0xFEull << 24) | (uint64_t{m[3]} << 16) | (uint64_t{m[4]} << 8) | m[5];
+      } else {
+        g = (0x02ull << 56) | ntohl(itf.ip_be);
+      }
+      d->guid_be = htobe64(g);
+      out.push_back(d);
+      ++i;
+    }
+    return out;
+  }();
+  return devices;
+}
+
+namespace {
+ibv_mtu ib_mtu_for(uint32_t netdev_mtu) {
+  // Largest IBTA MTU whose packets (IPv4 + UDP + BTH + the largest extension headers + ICRC) fit.
+  constexpr uint32_t overhead = 20 + 8 + 12 + 28 + 4;
+  for (int m = IBV_MTU_4096; m > IBV_MTU_256; --m)
+    if (core::mtu_bytes(m) + overhead <= netdev_mtu) return static_cast<ibv_mtu>(m);
+  return IBV_MTU_256;
+}
+
+ibv_gid gid_of(const SoftDevice& d) {
+  ibv_gid g{};
+  g.raw[10] = 0xFF;
+  g.raw[11] = 0xFF;
+  std::memcpy(&g.raw[12], &d.iface.ip_be, 4);
+  return g;
+}
+
+void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
+  using L = core::DeviceLimits;
+  std::memset(&a, 0, sizeof a);
+  snprintf(a.fw_ver, sizeof a.fw_ver, "softrdma-0.1");
+  a.node_guid = d.guid_be;
+  a.sys_image_guid = d.guid_be;
+  a.max_mr_size = L::kMaxMrSize;
+  a.page_size_cap = 0xFFFFF000;  // any power-of-two page size from 4 KiB
+  a.vendor_id = L::kVendorId;
+  a.vendor_part_id = L::kVendorPartId;
+  a.hw_ver = L::kHwVer;
+  a.max_qp = L::kMaxQp;
+  a.max_qp_wr = L::kMaxQpWr;
+  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT;
+  a.max_sge = L::kMaxSge;
+  a.max_sge_rd = L::kMaxSge;
+  a.max_cq = L::kMaxCq;
+  a.max_cqe = L::kMaxCqe;
+  a.max_mr = L::kMaxMr;
+  a.max_pd = L::kMaxPd;
+  a.max_qp_rd_atom = L::kMaxQpRdAtom;
+  a.max_qp_init_rd_atom = L::kMaxQpRdAtom;
+  a.max_res_rd_atom = L::kMaxQpRdAtom * L::kMaxQp;
+  a.atomic_cap = IBV_ATOMIC_HCA;
+  a.max_pkeys = 1;
+  a.local_ca_ack_delay = 15;
+  a.phys_port_cnt = 1;
+}
+}  // namespace
+
+int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* out, size_t size) {
+  if (port != 1) return EINVAL;
+  const SoftDevice& d = *to_ctx(ctx)->device;
+  ibv_port_attr a{};
+  a.state = IBV_PORT_ACTIVE;
+  a.max_mtu = a.active_mtu = ib_mtu_for(d.iface.mtu);
+  a.gid_tbl_len = 1;
+  a.max_msg_sz = core::DeviceLimits::kMaxMsgSize;
+  a.pkey_tbl_len = 1;
+  a.max_vl_num = 1;
+  a.active_width = 2;    // 4X
+  a.active_speed = 32;   // EDR: nominal; a software port has no signalling rate
+  a.phys_state = 5;      // LinkUp
+  a.link_layer = IBV_LINK_LAYER_ETHERNET;
+  std::memcpy(out, &a, std::min(size, sizeof a));
+  return 0;
+}
+
+int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
+                    size_t size) {
+  if (in && in->comp_mask) return EINVAL;
+  ibv_device_attr_ex a{};
+  fill_device_attr(*to_ctx(ctx)->device, a.orig_attr);
+  a.max_dm_size = 0;
+  a.raw_packet_caps = 0;
+  std::memcpy(attr, &a, std::min(size, sizeof a));
+  return 0;
+}
+
+}  // namespace softrdma::verbs
+
+SOFTRDMA_EXPORT ibv_device** ibv_get_device_list(int* num) {
+  const auto& devs = all_devices();
+  auto** list = static_cast<ibv_device**>(calloc(devs.size() + 1, sizeof(ibv_device*)));
+  if (!list) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  for (size_t i = 0; i < devs.size(); ++i) list[i] = &devs[i]->dev;
+  if (num) *num = static_cast<int>(devs.size());
+  return list;
+}
+
+SOFTRDMA_EXPORT void ibv_free_device_list(ibv_device** list) { free(list); }
+
+SOFTRDMA_EXPORT const char* ibv_get_device_name(ibv_device* dev) { return dev ? dev->name : nullptr; }
+
+SOFTRDMA_EXPORT __be64 ibv_get_device_guid(ibv_device* dev) {
+  return reinterpret_cast<SoftDevice*>(dev)->guid_be;
+}
+
+SOFTRDMA_EXPORT int ibv_get_device_index(ibv_device* dev) { return reinterpret_cast<SoftDevice*>(dev)->index; }
+
+SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
+  auto* sd = reinterpret_cast<SoftDevice*>(dev);
+  SoftContext* c = nullptr;
+  try {
+    c = new SoftContext{};
+    c->device = sd;
+    c->engine = std::make_unique<transport::Engine>(sd->iface);
+  } catch (const std::system_error& e) {
+    delete c;
+    errno = e.code().value() ? e.code().value() : ENODEV;
+    return nullptr;
+  } catch (const std::bad_alloc&) {
+    delete c;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  verbs_context& v = c->vctx;
+  v.sz = sizeof(verbs_context);
+  v.query_port = query_port_ex;
+  v.query_device_ex = query_device_ex;
+  v.create_qp_ex = create_qp_ex;
+  ibv_context& ctx = v.context;
+  ctx.device = dev;
+  ctx.ops.poll_cq = poll_cq;
+  ctx.ops.req_notify_cq = req_notify_cq;
+  ctx.ops.post_send = post_send;
+  ctx.ops.post_recv = post_recv;
+  ctx.cmd_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);  // no kernel: a harmless fd for code that closes it
+  ctx.async_fd = c->engine->async_events().fd();
+  ctx.num_comp_vectors = 1;
+  pthread_mutex_init(&ctx.mutex, nullptr);
+  ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  return &ctx;
+}
+
+SOFTRDMA_EXPORT int ibv_close_device(ibv_context* ctx) {
+  SoftContext* c = to_ctx(ctx);
+  if (ctx->cmd_fd >= 0) close(ctx->cmd_fd);
+  pthread_mutex_destroy(&ctx->mutex);
+  delete c;
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_query_device(ibv_context* ctx, ibv_device_attr* attr) {
+  fill_device_attr(*to_ctx(ctx)->device, *attr);
+  return 0;
+}
+
+#undef ibv_query_port
+SOFTRDMA_EXPORT int ibv_query_port(ibv_context* ctx, uint8_t port, _compat_ibv_port_attr* attr) {
+  return query_port_ex(ctx, port, reinterpret_cast<ibv_port_attr*>(attr), offsetof(ibv_port_attr, flags));  // the layout before flags were added
+}
+
+SOFTRDMA_EXPORT int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid) {
+  if (port != 1 || index != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  *gid = gid_of(*to_ctx(ctx)->device);
+  return 0;
+}
+
+SOFTRDMA_EXPORT int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index, ibv_gid_entry* entry,
+                                      uint32_t flags, size_t entry_size) {
+  if (flags) return EINVAL;
+  if (port != 1) return EINVAL;
+  if (index != 0) return ENODATA;
+  const SoftDevice& d = *to_ctx(ctx)->device;
+  ibv_gid_entry e{};
+  e.gid = gid_of(d);
+  e.gid_index = 0;
+  e.port_num = 1;
+  e.gid_type = IBV_GID_TYPE_ROCE_V2;
+  e.ndev_ifindex = static_cast<uint32_t>(d.iface.ifindex);
+  std::memcpy(entry, &e, std::min(entry_size, sizeof e));
+  return 0;
+}
+
+SOFTRDMA_EXPORT ssize_t _ibv_query_gid_table(ibv_context* ctx, ibv_gid_entry* entries, size_t max_entries,
+                                             uint32_t flags, size_t entry_size) {
+  if (flags) return -EINVAL;
+  if (max_entries < 1) return -EINVAL;
+  int rc = _ibv_query_gid_ex(ctx, 1, 0, entries, 0, entry_size);
+  return rc ? -rc : 1;
+}
+
+// rdma-core's private ABI (driver.h): 0 = IB/RoCE v1, 1 = RoCE v2.
+SOFTRDMA_EXPORT int ibv_query_gid_type(ibv_context* ctx, uint8_t port, unsigned int index, int* type) {
+  (void)ctx;
+  if (port != 1 || index != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  *type = 1;
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_query_pkey(ibv_context* ctx, uint8_t port, int index, __be16* pkey) {
+  (void)ctx;
+  if (port != 1 || index != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  *pkey = htons(0xFFFF);
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_get_pkey_index(ibv_context* ctx, uint8_t port, __be16 pkey) {
+  (void)ctx;
+  if (port != 1) return -1;
+  return (ntohs(pkey) & 0x7FFF) == 0x7FFF ? 0 : -1;
+}
+
+SOFTRDMA_EXPORT const char* ibv_get_sysfs_path(void) { return "/sys"; }
+
+// There is no kernel device: the few files programs read from sysfs are answered here.
+SOFTRDMA_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size) {
+  for (SoftDevice* d : all_devices()) {
+    if (strcmp(dir, d->dev.ibdev_path) != 0) continue;
+    const char* value = nullptr;
+    char tmp[64];
+    if (!strcmp(file, "node_type")) {
+      value = "1: CA";
+    } else if (!strcmp(file, "fw_ver")) {
+      value = "softrdma-0.1";
+    } else if (!strcmp(file, "node_desc")) {
+      snprintf(tmp, sizeof tmp, "softrdma %s", d->iface.ifname.c_str());
+      value = tmp;
+    }
+    if (!value) break;
+    int n = snprintf(buf, size, "%s", value);
+    return n;
+  }
+  errno = ENOENT;
+  return -1;
+}
+
+SOFTRDMA_EXPORT int ibv_get_async_event(ibv_context* ctx, ibv_async_event* event) {
+  transport::AsyncEvent e;
+  if (to_ctx(ctx)->engine->async_events().pop(e) != 0) return -1;
+  std::memset(event, 0, sizeof *event);
+  event->event_type = static_cast<ibv_event_type>(e.type);
+  if (e.qp)
+    event->element.qp = &static_cast<SoftQp*>(e.qp->user)->qpx.qp_base;
+  else if (e.cq)
+    event->element.cq = reinterpret_cast<ibv_cq*>(static_cast<SoftCq*>(e.cq->user));
+  else
+    event->element.port_num = 1;
+  return 0;
+}
+
+SOFTRDMA_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
+  switch (event->event_type) {
+    case IBV_EVENT_CQ_ERR: {
+      ibv_cq* cq = event->element.cq;
+      pthread_mutex_lock(&cq->mutex);
+      ++cq->async_events_completed;
+      pthread_cond_signal(&cq->cond);
+      pthread_mutex_unlock(&cq->mutex);
+      break;
+    }
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED: {
+      ibv_qp* qp = event->element.qp;
+      pthread_mutex_lock(&qp->mutex);
+      ++qp->events_completed;
+      pthread_cond_signal(&qp->cond);
+      pthread_mutex_unlock(&qp->mutex);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
+  auto* p = new (std::nothrow) SoftPd{};
+  if (!p) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  p->pd.context = ctx;
+  p->pd.handle = to_ctx(ctx)->next_handle.fetch_add(1);
+  return &p->pd;
+}
+
+SOFTRDMA_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  delete reinterpret_cast<SoftPd*>(pd);
+  return 0;
+}

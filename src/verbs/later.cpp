@@ -1,0 +1,46 @@
+// Verbs of later issues (UD address handles, SRQ, multicast, ECE, import): they exist so every program
+// loads, and fail cleanly with EOPNOTSUPP until their issue lands.
+#include <cerrno>
+
+#include "verbs/soft_objects.h"
+
+SOFTRDMA_EXPORT ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+SOFTRDMA_EXPORT int ibv_destroy_ah(ibv_ah*) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+SOFTRDMA_EXPORT int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*, ibv_ah_attr*) {
+  return EOPNOTSUPP;
+}
+SOFTRDMA_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+SOFTRDMA_EXPORT int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT int ibv_destroy_srq(ibv_srq*) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t*, uint16_t*) {
+  return EOPNOTSUPP;
+}
+SOFTRDMA_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+SOFTRDMA_EXPORT ibv_context* ibv_import_device(int) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+SOFTRDMA_EXPORT ibv_pd* ibv_import_pd(ibv_context*, uint32_t) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+SOFTRDMA_EXPORT ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+SOFTRDMA_EXPORT void ibv_unimport_pd(ibv_pd*) {}
+SOFTRDMA_EXPORT void ibv_unimport_mr(ibv_mr*) {}

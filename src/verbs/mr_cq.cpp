@@ -1,0 +1,244 @@
+// Memory regions, completion queues and completion channels.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "core/limits.h"
+#include "verbs/soft_objects.h"
+
+using namespace softrdma;
+using namespace softrdma::verbs;
+
+static_assert(static_cast<int>(core::WcStatus::GeneralErr) == IBV_WC_GENERAL_ERR);
+static_assert(static_cast<int>(core::WcStatus::RetryExcErr) == IBV_WC_RETRY_EXC_ERR);
+static_assert(static_cast<int>(core::WcOpcode::RecvRdmaWithImm) == IBV_WC_RECV_RDMA_WITH_IMM);
+static_assert(static_cast<int>(core::WcOpcode::FetchAdd) == IBV_WC_FETCH_ADD);
+static_assert(+core::kWcWithImm == +IBV_WC_WITH_IMM && +core::kWcWithInv == +IBV_WC_WITH_INV);
+static_assert(+core::kLocalWrite == +IBV_ACCESS_LOCAL_WRITE && +core::kRemoteWrite == +IBV_ACCESS_REMOTE_WRITE &&
+              +core::kRemoteRead == +IBV_ACCESS_REMOTE_READ && +core::kRemoteAtomic == +IBV_ACCESS_REMOTE_ATOMIC);
+
+namespace {
+// Every page of [addr, addr+len) must be mapped, as pinning would require of a real HCA.
+bool range_is_mapped(const void* addr, size_t len) {
+  long page = sysconf(_SC_PAGESIZE);
+  uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~static_cast<uintptr_t>(page - 1);
+  uintptr_t end = reinterpret_cast<uintptr_t>(addr) + len;
+  constexpr size_t kChunkPages = 4096;
+  unsigned char vec[kChunkPages];
+  for (uintptr_t p = start; p < end; p += kChunkPages * page) {
+    size_t n = std::min<uintptr_t>(end - p, kChunkPages * page);
+    if (mincore(reinterpret_cast<void*>(p), n, vec) != 0) return false;
+  }
+  return true;
+}
+}  // namespace
+
+SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+                                         unsigned int access) {
+  // REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE (IBTA 10.6.3.1; ibv_reg_mr(3)).
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (length > core::DeviceLimits::kMaxMrSize || (length && !addr)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (length && !range_is_mapped(addr, length)) {
+    errno = EFAULT;
+    return nullptr;
+  }
+  auto* m = new (std::nothrow) SoftMr{};
+  if (!m) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  m->region.addr = reinterpret_cast<uint64_t>(addr);
+  m->region.iova = iova;
+  m->region.length = length;
+  m->region.access = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                               IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND);
+  m->region.pd = pd->handle;
+  if (!engine_of(pd->context).register_mr(m->region)) {
+    delete m;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  m->mr.context = pd->context;
+  m->mr.pd = pd;
+  m->mr.addr = addr;
+  m->mr.length = length;
+  m->mr.handle = m->region.lkey;
+  m->mr.lkey = m->region.lkey;
+  m->mr.rkey = m->region.rkey;
+  return &m->mr;
+}
+
+#undef ibv_reg_mr
+SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, reinterpret_cast<uint64_t>(addr), static_cast<unsigned>(access));
+}
+
+#undef ibv_reg_mr_iova
+SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
+}
+
+SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
+  auto* m = reinterpret_cast<SoftMr*>(mr);
+  engine_of(mr->context).deregister_mr(m->region);
+  delete m;
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
+  errno = EOPNOTSUPP;
+  return IBV_REREG_MR_ERR_INPUT;
+}
+
+SOFTRDMA_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
+  SoftChannel* ch = nullptr;
+  try {
+    ch = new SoftChannel{};
+  } catch (const std::exception&) {
+    errno = EMFILE;
+    return nullptr;
+  }
+  ch->channel.context = ctx;
+  ch->channel.fd = ch->events.fd();
+  ch->channel.refcnt = 0;
+  return &ch->channel;
+}
+
+SOFTRDMA_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  if (channel->refcnt) return EBUSY;
+  delete reinterpret_cast<SoftChannel*>(channel);
+  return 0;
+}
+
+SOFTRDMA_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel,
+                                      int comp_vector) {
+  if (cqe < 1 || static_cast<uint32_t>(cqe) > core::DeviceLimits::kMaxCqe || comp_vector < 0 ||
+      comp_vector >= ctx->num_comp_vectors) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* cq = new (std::nothrow) SoftCq{};
+  if (!cq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  cq->channel = reinterpret_cast<SoftChannel*>(channel);
+  core::CompletionQueue::NotifyFn notify;
+  if (cq->channel) {
+    notify = [cq](core::CompletionQueue&) {
+      cq->events_delivered.fetch_add(1);
+      cq->channel->events.push(cq);
+    };
+  }
+  try {
+    cq->queue = engine_of(ctx).create_cq(static_cast<uint32_t>(cqe), std::move(notify));
+  } catch (const std::bad_alloc&) {
+    delete cq;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  cq->queue->user = cq;
+  ibv_cq_ex& c = cq->cq;
+  c.context = ctx;
+  c.channel = channel;
+  c.cq_context = cq_context;
+  c.handle = to_ctx(ctx)->next_handle.fetch_add(1);
+  c.cqe = static_cast<int>(cq->queue->capacity());
+  pthread_mutex_init(&c.mutex, nullptr);
+  pthread_cond_init(&c.cond, nullptr);
+  if (channel) ++channel->refcnt;
+  return reinterpret_cast<ibv_cq*>(cq);
+}
+
+SOFTRDMA_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
+  SoftCq* cq = to_cq(ibcq);
+  if (cq->qp_refs.load()) return EBUSY;
+  engine_of(ibcq->context).destroy_cq(cq->queue.get());
+  if (cq->channel) {
+    // Events not yet read by the application die with the CQ; events read must have been acked.
+    uint32_t discarded = 0;
+    cq->channel->events.discard_if([&](SoftCq* c) {
+      bool mine = c == cq;
+      discarded += mine;
+      return mine;
+    });
+    pthread_mutex_lock(&ibcq->mutex);
+    while (ibcq->comp_events_completed + discarded < cq->events_delivered.load())
+      pthread_cond_wait(&ibcq->cond, &ibcq->mutex);
+    pthread_mutex_unlock(&ibcq->mutex);
+    --cq->channel->channel.refcnt;
+  }
+  pthread_cond_destroy(&ibcq->cond);
+  pthread_mutex_destroy(&ibcq->mutex);
+  delete cq;
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
+  // The ring is sized at creation; growing within its power-of-two capacity is all that is possible.
+  if (cqe < 1 || static_cast<uint32_t>(cqe) > core::DeviceLimits::kMaxCqe) return EINVAL;
+  SoftCq* c = to_cq(cq);
+  if (static_cast<uint32_t>(cqe) > c->queue->capacity()) return EOPNOTSUPP;
+  if (static_cast<uint32_t>(cqe) < c->queue->outstanding()) return EINVAL;
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  SoftCq* c = nullptr;
+  if (reinterpret_cast<SoftChannel*>(channel)->events.pop(c) != 0) return -1;
+  *cq = reinterpret_cast<ibv_cq*>(c);
+  *cq_context = c->cq.cq_context;
+  return 0;
+}
+
+SOFTRDMA_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  pthread_mutex_lock(&cq->mutex);
+  cq->comp_events_completed += nevents;
+  pthread_cond_signal(&cq->cond);
+  pthread_mutex_unlock(&cq->mutex);
+}
+
+namespace softrdma::verbs {
+
+int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
+  SoftCq* cq = to_cq(ibcq);
+  if (n < 0) return -1;
+  int total = 0;
+  while (total < n) {
+    core::Cqe cqes[32];
+    int got = engine_of(ibcq->context).poll_cq(cq->queue.get(), cqes, std::min(n - total, 32));
+    for (int i = 0; i < got; ++i) {
+      const core::Cqe& c = cqes[i];
+      ibv_wc& w = wc[total + i];
+      std::memset(&w, 0, sizeof w);
+      w.wr_id = c.wr_id;
+      w.status = static_cast<ibv_wc_status>(c.status);
+      w.opcode = static_cast<ibv_wc_opcode>(c.opcode);
+      w.vendor_err = c.vendor_err;
+      w.byte_len = c.byte_len;
+      w.imm_data = c.imm_or_inv;
+      w.qp_num = c.qp_num;
+      w.src_qp = c.src_qp;
+      w.wc_flags = c.wc_flags;
+    }
+    total += got;
+    if (got < 32) break;
+  }
+  return total;
+}
+
+int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
+  to_cq(ibcq)->queue->arm(solicited_only != 0);
+  return 0;
+}
+
+}  // namespace softrdma::verbs

@@ -1,0 +1,469 @@
+// Queue pairs: creation, the modify/query state machine (validated per IBTA, executed by the engine),
+// and the data-path entries: classic ibv_post_send/ibv_post_recv and the ibv_qp_ex ibv_wr_* API.
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/limits.h"
+#include "core/qp_state.h"
+#include "verbs/soft_objects.h"
+
+using namespace softrdma;
+using namespace softrdma::verbs;
+using transport::SendWqe;
+using transport::WrOp;
+
+static_assert(+transport::kModDestQpn == +IBV_QP_DEST_QPN && +transport::kModMaxDestRdAtomic == +IBV_QP_MAX_DEST_RD_ATOMIC &&
+              +transport::kModAv == +IBV_QP_AV && +transport::kModSqPsn == +IBV_QP_SQ_PSN);
+static_assert(static_cast<int>(transport::QpState::Err) == IBV_QPS_ERR);
+
+namespace {
+
+void qpx_install(SoftQp* q);
+
+ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
+  if (ia.qp_type != IBV_QPT_RC) {
+    errno = EOPNOTSUPP;  // UC/UD/XRC arrive with a later issue
+    return nullptr;
+  }
+  if (ia.srq) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (!ia.send_cq || !ia.recv_cq || ia.send_cq->context != ctx || ia.recv_cq->context != ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  using L = core::DeviceLimits;
+  const ibv_qp_cap& cap = ia.cap;
+  if (cap.max_send_wr > L::kMaxQpWr || cap.max_recv_wr > L::kMaxQpWr || cap.max_send_sge > L::kMaxSge ||
+      cap.max_recv_sge > L::kMaxSge || cap.max_inline_data > L::kMaxInline) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* q = new (std::nothrow) SoftQp{};
+  if (!q) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  transport::QpConfig cfg;
+  cfg.pd = pd->handle;
+  cfg.send_cq = to_cq(ia.send_cq)->queue.get();
+  cfg.recv_cq = to_cq(ia.recv_cq)->queue.get();
+  cfg.max_send_wr = cap.max_send_wr;
+  cfg.max_recv_wr = cap.max_recv_wr;
+  cfg.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
+  cfg.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
+  cfg.max_inline = L::kMaxInline;
+  cfg.sq_sig_all = ia.sq_sig_all != 0;
+  q->tqp = engine_of(ctx).create_qp(cfg);
+  if (!q->tqp) {
+    delete q;
+    return nullptr;
+  }
+  q->tqp->user = q;
+  q->init = ia;
+  q->init.cap.max_send_sge = cfg.max_send_sge;
+  q->init.cap.max_recv_sge = cfg.max_recv_sge;
+  q->init.cap.max_inline_data = cfg.max_inline;
+  ++to_cq(ia.send_cq)->qp_refs;
+  ++to_cq(ia.recv_cq)->qp_refs;
+  ibv_qp& b = q->qpx.qp_base;
+  b.context = ctx;
+  b.qp_context = ia.qp_context;
+  b.pd = pd;
+  b.send_cq = ia.send_cq;
+  b.recv_cq = ia.recv_cq;
+  b.srq = nullptr;
+  b.handle = q->tqp->qpn;
+  b.qp_num = q->tqp->qpn;
+  b.state = IBV_QPS_RESET;
+  b.qp_type = ia.qp_type;
+  pthread_mutex_init(&b.mutex, nullptr);
+  pthread_cond_init(&b.cond, nullptr);
+  q->attr.qp_state = IBV_QPS_RESET;
+  q->attr.cap = q->init.cap;
+  qpx_install(q);
+  return &b;
+}
+
+// Translates one ibv_send_wr; 0 or EINVAL.
+int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w) {
+  w.wr_id = wr.wr_id;
+  w.flags = 0;
+  if (wr.send_flags & IBV_SEND_SIGNALED) w.flags |= transport::kSignaled;
+  if (wr.send_flags & IBV_SEND_FENCE) w.flags |= transport::kFence;
+  if (wr.send_flags & IBV_SEND_SOLICITED) w.flags |= transport::kSolicited;
+  w.imm_be = wr.imm_data;
+  switch (wr.opcode) {
+    case IBV_WR_SEND: w.op = WrOp::Send; break;
+    case IBV_WR_SEND_WITH_IMM: w.op = WrOp::SendImm; break;
+    case IBV_WR_SEND_WITH_INV: w.op = WrOp::SendInv; w.imm_be = wr.invalidate_rkey; break;
+    case IBV_WR_RDMA_WRITE: w.op = WrOp::Write; break;
+    case IBV_WR_RDMA_WRITE_WITH_IMM: w.op = WrOp::WriteImm; break;
+    case IBV_WR_RDMA_READ: w.op = WrOp::Read; break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: w.op = WrOp::CompareSwap; break;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: w.op = WrOp::FetchAdd; break;
+    default: return EINVAL;
+  }
+  if (w.op == WrOp::CompareSwap || w.op == WrOp::FetchAdd) {
+    w.remote_addr = wr.wr.atomic.remote_addr;
+    w.rkey = wr.wr.atomic.rkey;
+    w.compare_add = wr.wr.atomic.compare_add;
+    w.swap = wr.wr.atomic.swap;
+  } else {
+    w.remote_addr = wr.wr.rdma.remote_addr;
+    w.rkey = wr.wr.rdma.rkey;
+  }
+  if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > cfg.max_send_sge) return EINVAL;
+  uint64_t len = 0;
+  for (int i = 0; i < wr.num_sge; ++i) len += wr.sg_list[i].length;
+  w.length = len;
+  bool is_inline = (wr.send_flags & IBV_SEND_INLINE) &&
+                   (w.op == WrOp::Send || w.op == WrOp::SendImm || w.op == WrOp::SendInv || w.op == WrOp::Write ||
+                    w.op == WrOp::WriteImm);
+  if (is_inline) {
+    // Inline data is copied now: the buffers need no key and may be reused at once (ibv_post_send(3)).
+    if (len > cfg.max_inline) return EINVAL;
+    w.flags |= transport::kInline;
+    uint64_t off = 0;
+    for (int i = 0; i < wr.num_sge; ++i) {
+      std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(wr.sg_list[i].addr), wr.sg_list[i].length);
+      off += wr.sg_list[i].length;
+    }
+    w.num_sge = 0;
+  } else {
+    w.num_sge = static_cast<uint32_t>(wr.num_sge);
+    for (int i = 0; i < wr.num_sge; ++i)
+      w.sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+  }
+  return 0;
+}
+
+}  // namespace
+
+namespace softrdma::verbs {
+
+int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  SoftQp* q = to_qp(qp);
+  transport::Engine& eng = engine_of(qp->context);
+  constexpr int kBatch = 8;
+  SendWqe batch[kBatch];
+  ibv_send_wr* first_in_batch = wr;
+  int n = 0;
+  for (ibv_send_wr* cur = wr; cur; cur = cur->next) {
+    if (n == 0) first_in_batch = cur;
+    int rc = translate(*cur, q->tqp->cfg, batch[n]);
+    if (rc) {
+      // Queue what came before the bad one, then report it.
+      int b = 0;
+      int rc2 = n ? eng.post_send(q->tqp, batch, n, &b) : 0;
+      ibv_send_wr* fail = cur;
+      if (rc2) {
+        fail = first_in_batch;
+        for (int i = 0; i < b; ++i) fail = fail->next;
+        rc = rc2;
+      }
+      *bad = fail;
+      return rc;
+    }
+    if (++n == kBatch || !cur->next) {
+      int b = 0;
+      int rc2 = eng.post_send(q->tqp, batch, n, &b);
+      if (rc2) {
+        ibv_send_wr* fail = first_in_batch;
+        for (int i = 0; i < b; ++i) fail = fail->next;
+        *bad = fail;
+        return rc2;
+      }
+      n = 0;
+    }
+  }
+  return 0;
+}
+
+int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  SoftQp* q = to_qp(qp);
+  transport::Engine& eng = engine_of(qp->context);
+  for (ibv_recv_wr* cur = wr; cur; cur = cur->next) {
+    transport::RecvWqe w;
+    w.wr_id = cur->wr_id;
+    if (cur->num_sge < 0 || static_cast<uint32_t>(cur->num_sge) > q->tqp->cfg.max_recv_sge) {
+      *bad = cur;
+      return EINVAL;
+    }
+    w.num_sge = static_cast<uint32_t>(cur->num_sge);
+    w.length = 0;
+    for (int i = 0; i < cur->num_sge; ++i) {
+      w.sge[i] = {cur->sg_list[i].addr, cur->sg_list[i].length, cur->sg_list[i].lkey};
+      w.length += cur->sg_list[i].length;
+    }
+    int b = 0;
+    int rc = eng.post_recv(q->tqp, &w, 1, &b);
+    if (rc) {
+      *bad = cur;
+      return rc;
+    }
+  }
+  return 0;
+}
+
+ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
+  uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  if ((a->comp_mask & ~known) || !(a->comp_mask & IBV_QP_INIT_ATTR_PD) ||
+      ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  uint64_t ops = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
+                 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~ops)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_qp_init_attr ia{};
+  ia.qp_context = a->qp_context;
+  ia.send_cq = a->send_cq;
+  ia.recv_cq = a->recv_cq;
+  ia.srq = a->srq;
+  ia.cap = a->cap;
+  ia.qp_type = a->qp_type;
+  ia.sq_sig_all = a->sq_sig_all;
+  ibv_qp* qp = create(ctx, a->pd, ia);
+  if (qp) {
+    a->cap = to_qp(qp)->init.cap;
+    to_qp(qp)->qpx.comp_mask = 0;
+  }
+  return qp;
+}
+
+}  // namespace softrdma::verbs
+
+SOFTRDMA_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  ibv_qp* qp = create(pd->context, pd, *attr);
+  if (qp) attr->cap = to_qp(qp)->init.cap;
+  return qp;
+}
+
+SOFTRDMA_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) { return &to_qp(qp)->qpx; }
+
+SOFTRDMA_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  SoftQp* q = to_qp(qp);
+  auto cur = static_cast<ibv_qp_state>(q->tqp->state.load());
+  ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
+  if (core::validate_modify_qp(qp->qp_type, cur, mask, next, attr->cur_qp_state)) return EINVAL;
+  core::RdAtomicLimits lim{static_cast<int>(core::DeviceLimits::kMaxQpRdAtom),
+                           static_cast<int>(core::DeviceLimits::kMaxQpRdAtom)};
+  if (core::validate_modify_qp_values(qp->qp_type, cur, *attr, mask, lim)) return EINVAL;
+  transport::QpModify m;
+  m.mask = mask;
+  m.state = static_cast<transport::QpState>(next);
+  if (mask & IBV_QP_PATH_MTU) {
+    ibv_port_attr pa{};
+    query_port_ex(qp->context, 1, &pa, sizeof pa);
+    if (attr->path_mtu > pa.active_mtu) return EINVAL;
+    m.mtu_bytes = core::mtu_bytes(attr->path_mtu);
+  }
+  if (mask & IBV_QP_AV) {
+    // RoCE v2 over IPv4: the destination GID must be IPv4-mapped, and our only source GID is index 0.
+    const uint8_t* g = attr->ah_attr.grh.dgid.raw;
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+    if (!attr->ah_attr.is_global || std::memcmp(g, prefix, 12) != 0 || attr->ah_attr.grh.sgid_index != 0)
+      return EINVAL;
+    std::memcpy(&m.dest_ip_be, g + 12, 4);
+  }
+  m.access_flags = attr->qp_access_flags;
+  m.dest_qpn = attr->dest_qp_num;
+  m.rq_psn = attr->rq_psn;
+  m.sq_psn = attr->sq_psn;
+  m.timeout = attr->timeout;
+  m.retry_cnt = attr->retry_cnt;
+  m.rnr_retry = attr->rnr_retry;
+  m.min_rnr_timer = attr->min_rnr_timer;
+  m.max_rd_atomic = attr->max_rd_atomic;
+  m.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+  if (int rc = engine_of(qp->context).modify_qp(q->tqp, m)) return rc;
+
+  // Remember what was set, so ibv_query_qp returns it.
+  ibv_qp_attr& s = q->attr;
+  if (mask & IBV_QP_STATE) s.qp_state = next;
+  if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = attr->qp_access_flags;
+  if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = attr->pkey_index;
+  if (mask & IBV_QP_PORT) s.port_num = attr->port_num;
+  if (mask & IBV_QP_AV) s.ah_attr = attr->ah_attr;
+  if (mask & IBV_QP_PATH_MTU) s.path_mtu = attr->path_mtu;
+  if (mask & IBV_QP_TIMEOUT) s.timeout = attr->timeout;
+  if (mask & IBV_QP_RETRY_CNT) s.retry_cnt = attr->retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) s.rnr_retry = attr->rnr_retry;
+  if (mask & IBV_QP_RQ_PSN) s.rq_psn = attr->rq_psn;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = attr->max_rd_atomic;
+  if (mask & IBV_QP_MIN_RNR_TIMER) s.min_rnr_timer = attr->min_rnr_timer;
+  if (mask & IBV_QP_SQ_PSN) s.sq_psn = attr->sq_psn;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+  if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = attr->dest_qp_num;
+  if (mask & IBV_QP_STATE) qp->state = next;
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
+  (void)mask;  // everything is returned, as rdma-core providers do
+  SoftQp* q = to_qp(qp);
+  *attr = q->attr;
+  attr->qp_state = attr->cur_qp_state = static_cast<ibv_qp_state>(q->tqp->state.load());
+  attr->cap = q->init.cap;
+  attr->path_mig_state = IBV_MIG_MIGRATED;
+  if (init) *init = q->init;
+  return 0;
+}
+
+SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
+  SoftQp* q = to_qp(qp);
+  engine_of(qp->context).destroy_qp(q->tqp);
+  --to_cq(qp->send_cq)->qp_refs;
+  --to_cq(qp->recv_cq)->qp_refs;
+  pthread_cond_destroy(&qp->cond);
+  pthread_mutex_destroy(&qp->mutex);
+  delete q;
+  return 0;
+}
+
+// The ibv_wr_* API: WQEs are staged between ibv_wr_start and ibv_wr_complete, then posted at once.
+namespace {
+
+SoftQp* of(ibv_qp_ex* x) { return reinterpret_cast<SoftQp*>(x); }
+
+SendWqe* stage(ibv_qp_ex* x, WrOp op) {
+  SoftQp* q = of(x);
+  SendWqe& w = q->staged.emplace_back();
+  w.wr_id = x->wr_id;
+  w.op = op;
+  w.flags = 0;
+  if (x->wr_flags & IBV_SEND_SIGNALED) w.flags |= transport::kSignaled;
+  if (x->wr_flags & IBV_SEND_FENCE) w.flags |= transport::kFence;
+  if (x->wr_flags & IBV_SEND_SOLICITED) w.flags |= transport::kSolicited;
+  w.num_sge = 0;
+  w.length = 0;
+  return &w;
+}
+
+SendWqe* current(ibv_qp_ex* x) {
+  SoftQp* q = of(x);
+  if (q->staged.empty()) {
+    q->staged_error = EINVAL;
+    return nullptr;
+  }
+  return &q->staged.back();
+}
+
+void qpx_install(SoftQp* q) {
+  ibv_qp_ex& x = q->qpx;
+  x.wr_start = [](ibv_qp_ex* x) {
+    of(x)->staged.clear();
+    of(x)->staged_error = 0;
+  };
+  x.wr_complete = [](ibv_qp_ex* x) -> int {
+    SoftQp* q = of(x);
+    int rc = q->staged_error;
+    if (!rc && !q->staged.empty()) {
+      int bad = 0;
+      rc = engine_of(x->qp_base.context).post_send(q->tqp, q->staged.data(), static_cast<int>(q->staged.size()), &bad);
+    }
+    q->staged.clear();
+    return rc;
+  };
+  x.wr_abort = [](ibv_qp_ex* x) { of(x)->staged.clear(); };
+  x.wr_send = [](ibv_qp_ex* x) { stage(x, WrOp::Send); };
+  x.wr_send_imm = [](ibv_qp_ex* x, __be32 imm) { stage(x, WrOp::SendImm)->imm_be = imm; };
+  x.wr_send_inv = [](ibv_qp_ex* x, uint32_t rkey) { stage(x, WrOp::SendInv)->imm_be = rkey; };
+  x.wr_rdma_write = [](ibv_qp_ex* x, uint32_t rkey, uint64_t addr) {
+    SendWqe* w = stage(x, WrOp::Write);
+    w->rkey = rkey;
+    w->remote_addr = addr;
+  };
+  x.wr_rdma_write_imm = [](ibv_qp_ex* x, uint32_t rkey, uint64_t addr, __be32 imm) {
+    SendWqe* w = stage(x, WrOp::WriteImm);
+    w->rkey = rkey;
+    w->remote_addr = addr;
+    w->imm_be = imm;
+  };
+  x.wr_rdma_read = [](ibv_qp_ex* x, uint32_t rkey, uint64_t addr) {
+    SendWqe* w = stage(x, WrOp::Read);
+    w->rkey = rkey;
+    w->remote_addr = addr;
+  };
+  x.wr_atomic_cmp_swp = [](ibv_qp_ex* x, uint32_t rkey, uint64_t addr, uint64_t compare, uint64_t swap) {
+    SendWqe* w = stage(x, WrOp::CompareSwap);
+    w->rkey = rkey;
+    w->remote_addr = addr;
+    w->compare_add = compare;
+    w->swap = swap;
+  };
+  x.wr_atomic_fetch_add = [](ibv_qp_ex* x, uint32_t rkey, uint64_t addr, uint64_t add) {
+    SendWqe* w = stage(x, WrOp::FetchAdd);
+    w->rkey = rkey;
+    w->remote_addr = addr;
+    w->compare_add = add;
+  };
+  x.wr_set_sge = [](ibv_qp_ex* x, uint32_t lkey, uint64_t addr, uint32_t length) {
+    if (SendWqe* w = current(x)) {
+      w->num_sge = 1;
+      w->sge[0] = {addr, length, lkey};
+      w->length = length;
+    }
+  };
+  x.wr_set_sge_list = [](ibv_qp_ex* x, size_t n, const ibv_sge* list) {
+    SendWqe* w = current(x);
+    if (!w) return;
+    if (n > of(x)->tqp->cfg.max_send_sge) {
+      of(x)->staged_error = EINVAL;
+      return;
+    }
+    w->num_sge = static_cast<uint32_t>(n);
+    w->length = 0;
+    for (size_t i = 0; i < n; ++i) {
+      w->sge[i] = {list[i].addr, list[i].length, list[i].lkey};
+      w->length += list[i].length;
+    }
+  };
+  x.wr_set_inline_data = [](ibv_qp_ex* x, void* addr, size_t length) {
+    SendWqe* w = current(x);
+    if (!w) return;
+    if (length > of(x)->tqp->cfg.max_inline) {
+      of(x)->staged_error = EINVAL;
+      return;
+    }
+    std::memcpy(w->inline_data, addr, length);
+    w->length = length;
+    w->num_sge = 0;
+    w->flags |= transport::kInline;
+  };
+  x.wr_set_inline_data_list = [](ibv_qp_ex* x, size_t n, const ibv_data_buf* bufs) {
+    SendWqe* w = current(x);
+    if (!w) return;
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += bufs[i].length;
+    if (total > of(x)->tqp->cfg.max_inline) {
+      of(x)->staged_error = EINVAL;
+      return;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(w->inline_data + off, bufs[i].addr, bufs[i].length);
+      off += bufs[i].length;
+    }
+    w->length = total;
+    w->num_sge = 0;
+    w->flags |= transport::kInline;
+  };
+  // Not for RC (or not yet): any use fails the batch at ibv_wr_complete.
+  x.wr_bind_mw = [](ibv_qp_ex* x, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { of(x)->staged_error = EOPNOTSUPP; };
+  x.wr_local_inv = [](ibv_qp_ex* x, uint32_t) { of(x)->staged_error = EOPNOTSUPP; };
+  x.wr_send_tso = [](ibv_qp_ex* x, void*, uint16_t, uint16_t) { of(x)->staged_error = EOPNOTSUPP; };
+  x.wr_set_ud_addr = [](ibv_qp_ex* x, ibv_ah*, uint32_t, uint32_t) { of(x)->staged_error = EOPNOTSUPP; };
+  x.wr_set_xrc_srqn = [](ibv_qp_ex* x, uint32_t) { of(x)->staged_error = EOPNOTSUPP; };
+  x.wr_atomic_write = [](ibv_qp_ex* x, uint32_t, uint64_t, const void*) { of(x)->staged_error = EOPNOTSUPP; };
+}
+
+}  // namespace

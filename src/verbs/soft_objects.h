@@ -1,0 +1,87 @@
+// The libibverbs objects softrdma hands to applications. Each embeds rdma-core's public struct first,
+// so the pointer an application holds converts back with a cast; everything else is translation state.
+#pragma once
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/cq.h"
+#include "core/event_queue.h"
+#include "core/mr.h"
+#include "net/interfaces.h"
+#include "transport/engine.h"
+
+#define SOFTRDMA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace softrdma::verbs {
+
+struct SoftDevice {
+  ibv_device dev;  // first: applications hold &dev
+  net::Interface iface;
+  uint64_t guid_be;
+  int index;
+};
+
+struct SoftContext {
+  verbs_context vctx;  // ends with the ibv_context applications hold
+  SoftDevice* device;
+  std::unique_ptr<transport::Engine> engine;
+  std::atomic<uint32_t> next_handle{1};
+};
+
+struct SoftPd {
+  ibv_pd pd;
+};
+
+struct SoftMr {
+  ibv_mr mr;
+  core::MrRegion region;
+};
+
+struct SoftChannel {
+  ibv_comp_channel channel;
+  core::EventQueue<struct SoftCq*> events;
+};
+
+struct SoftCq {
+  ibv_cq_ex cq;  // an ibv_cq_ex starts with the ibv_cq fields
+  std::unique_ptr<core::CompletionQueue> queue;
+  SoftChannel* channel = nullptr;
+  std::atomic<int> qp_refs{0};
+  std::atomic<uint32_t> events_delivered{0};
+};
+
+struct SoftQp {
+  ibv_qp_ex qpx;  // starts with the ibv_qp applications hold
+  transport::Qp* tqp = nullptr;
+  ibv_qp_attr attr{};          // every attribute as last set, for ibv_query_qp
+  ibv_qp_init_attr init{};
+  std::vector<transport::SendWqe> staged;  // ibv_wr_start .. ibv_wr_complete
+  int staged_error = 0;
+};
+
+inline SoftContext* to_ctx(ibv_context* c) {
+  return reinterpret_cast<SoftContext*>(reinterpret_cast<uint8_t*>(c) - offsetof(SoftContext, vctx) -
+                                        offsetof(verbs_context, context));
+}
+inline SoftCq* to_cq(ibv_cq* c) { return reinterpret_cast<SoftCq*>(c); }
+inline SoftQp* to_qp(ibv_qp* q) { return reinterpret_cast<SoftQp*>(q); }
+inline transport::Engine& engine_of(ibv_context* c) { return *to_ctx(c)->engine; }
+
+// device.cpp
+const std::vector<SoftDevice*>& all_devices();
+// qp.cpp / cq.cpp: the data-path entries installed in every context's ops table.
+int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
+int req_notify_cq(ibv_cq* cq, int solicited_only);
+ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
+int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t size);
+int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
+                    size_t size);
+
+}  // namespace softrdma::verbs
