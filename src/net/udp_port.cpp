@@ -1,0 +1,198 @@
+#include "net/udp_port.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <system_error>
+
+namespace softrdma::net {
+namespace {
+
+constexpr int kSocketBuffer = 8 << 20;
+// How long flush() keeps waiting for socket space before it counts the rest as errors: long enough to
+// ride out a full send buffer, short enough that a wedged socket cannot hang the progress engine.
+constexpr auto kSendPatience = std::chrono::seconds(1);
+
+[[noreturn]] void throw_errno(int err, const std::string& what) {
+  throw std::system_error(err, std::generic_category(), "softrdma UdpPort: " + what);
+}
+
+// The *BUFFORCE variants pass the rmem_max/wmem_max caps but need CAP_NET_ADMIN; without it, the plain
+// option gives as much as the sysctl allows.
+void set_buffer(int fd, int force_opt, int opt) {
+  int size = kSocketBuffer;
+  if (setsockopt(fd, SOL_SOCKET, force_opt, &size, sizeof(size)) == 0) return;
+  (void)setsockopt(fd, SOL_SOCKET, opt, &size, sizeof(size));
+}
+
+}  // namespace
+
+struct UdpPort::Buffers {
+  std::unique_ptr<uint8_t[]> rx_data{new uint8_t[kBatch * kMaxDatagram]};
+  std::unique_ptr<uint8_t[]> tx_data{new uint8_t[kBatch * kMaxDatagram]};
+  mmsghdr rx_msgs[kBatch];
+  iovec rx_iov[kBatch];
+  sockaddr_in rx_addr[kBatch];
+  union Control {
+    cmsghdr align;
+    char bytes[CMSG_SPACE(sizeof(in_pktinfo))];
+  } rx_ctrl[kBatch];
+  mmsghdr tx_msgs[kBatch];
+  iovec tx_iov[kBatch];
+  sockaddr_in tx_addr[kBatch];
+};
+
+UdpPort::UdpPort(uint32_t ip_be, uint16_t port) : ip_be_(ip_be), buf_(std::make_unique<Buffers>()) {
+  fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) throw_errno(errno, "socket");
+  auto fail = [this](const char* what) {
+    int err = errno;
+    close(fd_);
+    fd_ = -1;
+    throw_errno(err, what);
+  };
+  int pmtu = IP_PMTUDISC_DO;
+  if (setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) fail("IP_MTU_DISCOVER");
+  int on = 1;
+  if (setsockopt(fd_, IPPROTO_IP, IP_PKTINFO, &on, sizeof(on)) != 0) fail("IP_PKTINFO");
+  set_buffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF);
+  set_buffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF);
+
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = ip_be;
+  addr.sin_port = htons(port);
+  if (bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) fail("bind");
+  socklen_t alen = sizeof(addr);
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) fail("getsockname");
+  port_ = ntohs(addr.sin_port);
+
+  // Message headers point at fixed storage once; receive()/send() only refresh lengths.
+  Buffers& b = *buf_;
+  for (size_t i = 0; i < kBatch; ++i) {
+    b.rx_iov[i] = {b.rx_data.get() + i * kMaxDatagram, kMaxDatagram};
+    b.rx_msgs[i] = {};
+    b.rx_msgs[i].msg_hdr.msg_name = &b.rx_addr[i];
+    b.rx_msgs[i].msg_hdr.msg_iov = &b.rx_iov[i];
+    b.rx_msgs[i].msg_hdr.msg_iovlen = 1;
+    b.rx_msgs[i].msg_hdr.msg_control = b.rx_ctrl[i].bytes;
+
+    b.tx_iov[i] = {b.tx_data.get() + i * kMaxDatagram, 0};
+    b.tx_msgs[i] = {};
+    b.tx_msgs[i].msg_hdr.msg_name = &b.tx_addr[i];
+    b.tx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+    b.tx_msgs[i].msg_hdr.msg_iov = &b.tx_iov[i];
+    b.tx_msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+}
+
+UdpPort::~UdpPort() {
+  if (fd_ < 0) return;
+  // Best effort: queued datagrams are part of what the caller already posted.
+  flush();
+  close(fd_);
+}
+
+size_t UdpPort::receive(Datagram* out, size_t max) {
+  Buffers& b = *buf_;
+  const size_t n = std::min(max, kBatch);
+  if (n == 0) return 0;
+  for (size_t i = 0; i < n; ++i) {
+    b.rx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+    b.rx_msgs[i].msg_hdr.msg_controllen = sizeof(b.rx_ctrl[i].bytes);
+    b.rx_msgs[i].msg_hdr.msg_flags = 0;
+  }
+  int got;
+  do {
+    got = recvmmsg(fd_, b.rx_msgs, static_cast<unsigned>(n), MSG_DONTWAIT, nullptr);
+  } while (got < 0 && errno == EINTR);
+  if (got <= 0) return 0;
+  for (int i = 0; i < got; ++i) {
+    msghdr& h = b.rx_msgs[i].msg_hdr;
+    Datagram& d = out[i];
+    d.data = static_cast<uint8_t*>(b.rx_iov[i].iov_base);
+    d.len = b.rx_msgs[i].msg_len;
+    d.peer_ip_be = b.rx_addr[i].sin_addr.s_addr;
+    d.peer_port = ntohs(b.rx_addr[i].sin_port);
+    d.local_ip_be = ip_be_;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
+      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+        in_pktinfo info;
+        std::memcpy(&info, CMSG_DATA(c), sizeof(info));
+        d.local_ip_be = info.ipi_addr.s_addr;
+      }
+    }
+    ++stats_.rx_packets;
+    stats_.rx_bytes += d.len;
+  }
+  return static_cast<size_t>(got);
+}
+
+void UdpPort::send(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port) {
+  if (len > kMaxDatagram) {
+    ++stats_.tx_errors;
+    return;
+  }
+  if (tx_count_ == kBatch) flush();
+  Buffers& b = *buf_;
+  const size_t i = tx_count_++;
+  std::memcpy(b.tx_iov[i].iov_base, data, len);
+  b.tx_iov[i].iov_len = len;
+  b.tx_addr[i] = {};
+  b.tx_addr[i].sin_family = AF_INET;
+  b.tx_addr[i].sin_addr.s_addr = dst_ip_be;
+  b.tx_addr[i].sin_port = htons(dst_port);
+  if (tx_count_ == kBatch) flush();
+}
+
+void UdpPort::flush() {
+  Buffers& b = *buf_;
+  size_t done = 0;
+  std::chrono::steady_clock::time_point deadline{};
+  bool waiting = false;
+  while (done < tx_count_) {
+    int r = sendmmsg(fd_, b.tx_msgs + done, static_cast<unsigned>(tx_count_ - done), 0);
+    if (r > 0) {
+      for (int k = 0; k < r; ++k) {
+        ++stats_.tx_packets;
+        stats_.tx_bytes += b.tx_msgs[done + k].msg_len;
+      }
+      done += static_cast<size_t>(r);
+      waiting = false;
+      continue;
+    }
+    const int err = errno;
+    if (r < 0 && err == EINTR) continue;
+    if (r < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS)) {
+      auto now = std::chrono::steady_clock::now();
+      if (!waiting) {
+        waiting = true;
+        deadline = now + kSendPatience;
+      }
+      if (now < deadline) {
+        // ENOBUFS can persist while POLLOUT is already set (a full device queue), so poll with a timeout
+        // and never spin on it.
+        pollfd p{fd_, POLLOUT, 0};
+        (void)poll(&p, 1, 1);
+        continue;
+      }
+      // Out of patience: give up on what is left, but count it.
+      stats_.tx_errors += tx_count_ - done;
+      break;
+    }
+    // The kernel refused the first datagram of the rest (EMSGSIZE, ENETUNREACH, EPERM...): skip it.
+    ++stats_.tx_errors;
+    ++done;
+  }
+  tx_count_ = 0;
+}
+
+}  // namespace softrdma::net

@@ -1,0 +1,62 @@
+// A packet port: batched UDP I/O for one device context (DESIGN §2, src/net).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace softrdma::net {
+
+struct Datagram {
+  uint8_t* data;
+  uint32_t len;
+  uint32_t peer_ip_be;
+  uint16_t peer_port;     // host order
+  uint32_t local_ip_be;   // destination address of the datagram (IP_PKTINFO), else the bound address
+};
+
+class UdpPort {
+ public:
+  static constexpr size_t kBatch = 64;             // datagrams per recvmmsg / sendmmsg
+  static constexpr uint32_t kMaxDatagram = 65536;  // bytes per preallocated buffer
+
+  // Binds an unconnected, nonblocking UDP socket to (ip_be, port) (port 0 = ephemeral), with DF set
+  // (IP_PMTUDISC_DO: the kernel then sends IP identification 0, which the ICRC covers), IP_PKTINFO on and
+  // 8 MiB socket buffers where allowed. Throws std::system_error on failure.
+  UdpPort(uint32_t ip_be, uint16_t port);
+  ~UdpPort();
+  UdpPort(const UdpPort&) = delete;
+  UdpPort& operator=(const UdpPort&) = delete;
+
+  int fd() const { return fd_; }
+  uint16_t port() const { return port_; }  // host order; the actual port when 0 was asked
+  uint32_t ip_be() const { return ip_be_; }
+
+  // Receives up to max (at most kBatch) datagrams with one recvmmsg into the port's own buffers.
+  // out[i].data stays valid until the next receive(). Returns the count (0 if none).
+  size_t receive(Datagram* out, size_t max);
+
+  // Queues one datagram (copied into a send slot); sends the batch when all kBatch slots are queued.
+  // A datagram longer than kMaxDatagram is dropped and counted in tx_errors.
+  void send(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port);
+  // Sends everything queued with sendmmsg, waiting briefly for socket space on EAGAIN/ENOBUFS rather than
+  // dropping. Datagrams the kernel rejects (e.g. EMSGSIZE over the path MTU) count in tx_errors.
+  void flush();
+  size_t queued() const { return tx_count_; }
+
+  struct Stats {
+    uint64_t tx_packets, tx_bytes, rx_packets, rx_bytes, tx_errors;
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Buffers;  // message headers, addresses, control space and packet storage
+  int fd_ = -1;
+  uint32_t ip_be_ = 0;
+  uint16_t port_ = 0;
+  size_t tx_count_ = 0;
+  Stats stats_{};
+  std::unique_ptr<Buffers> buf_;
+};
+
+}  // namespace softrdma::net

@@ -1,0 +1,296 @@
+#include "net/registry.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace softrdma::net {
+namespace {
+
+const uint32_t kLo = htonl(INADDR_LOOPBACK);
+
+// Each test gets its own registry file, so tests neither see host state nor each other.
+class RegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static std::atomic<int> n{0};
+    path_ = "/dev/shm/softrdma-unit-registry-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+    unlink(path_.c_str());
+  }
+  void TearDown() override { unlink(path_.c_str()); }
+  std::string path_;
+};
+
+bool valid_qpn(uint32_t q) { return q > 1 && q < 0xFFFFFF; }
+
+// Runs body in a forked child and returns its exit status (body's return value).
+template <typename F>
+int in_child(F body) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(body());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 255;
+}
+
+void write_all(int fd, const void* p, size_t n) {
+  ASSERT_EQ(write(fd, p, n), static_cast<ssize_t>(n));
+}
+void read_all(int fd, void* p, size_t n) {
+  ASSERT_EQ(read(fd, p, n), static_cast<ssize_t>(n));
+}
+
+TEST_F(RegistryTest, AllocateLookupRelease) {
+  Registry r(path_);
+  uint32_t q = r.allocate_qpn(kLo, 5000);
+  ASSERT_TRUE(valid_qpn(q));
+  auto ep = r.lookup(q);
+  ASSERT_TRUE(ep);
+  EXPECT_EQ(ep->ip_be, kLo);
+  EXPECT_EQ(ep->port, 5000);
+  EXPECT_EQ(ep->pid, getpid());
+  EXPECT_FALSE(r.lookup(q ^ 0x10000));  // same slot, different QPN
+  EXPECT_FALSE(r.lookup(0x1000000 | q));  // not a 24-bit QPN
+  r.release_qpn(q);
+  EXPECT_FALSE(r.lookup(q));
+  r.release_qpn(q);  // twice is harmless
+  EXPECT_TRUE(r.entries().empty());
+}
+
+TEST_F(RegistryTest, ManyAllocationsAreUniqueRandomAndNeverReserved) {
+  Registry r(path_);
+  constexpr int kN = 20000;
+  std::set<uint32_t> seen;
+  std::vector<uint32_t> order;
+  for (int i = 0; i < kN; ++i) {
+    uint32_t q = r.allocate_qpn(kLo, static_cast<uint16_t>(i));
+    ASSERT_TRUE(valid_qpn(q)) << q;
+    ASSERT_TRUE(seen.insert(q).second) << "duplicate QPN " << q;
+    order.push_back(q);
+  }
+  int sequential = 0;
+  for (size_t i = 1; i < order.size(); ++i) sequential += order[i] == order[i - 1] + 1;
+  EXPECT_LT(sequential, kN / 100);
+  EXPECT_GT(*seen.rbegin() - *seen.begin(), 1u << 23);  // spread over the 24-bit space
+  for (int i = 0; i < kN; ++i) {
+    auto ep = r.lookup(order[i]);
+    ASSERT_TRUE(ep);
+    EXPECT_EQ(ep->port, static_cast<uint16_t>(i));
+  }
+  auto all = r.entries();
+  ASSERT_EQ(all.size(), static_cast<size_t>(kN));
+  for (size_t i = 1; i < all.size(); ++i) EXPECT_LT(all[i - 1].first, all[i].first);
+  for (uint32_t q : order) r.release_qpn(q);
+  EXPECT_TRUE(r.entries().empty());
+}
+
+TEST_F(RegistryTest, ConcurrentThreadsGetDistinctQpns) {
+  Registry r(path_);
+  constexpr int kThreads = 4, kEach = 3000;
+  std::vector<std::vector<uint32_t>> got(kThreads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) got[t].push_back(r.allocate_qpn(kLo, static_cast<uint16_t>(t)));
+    });
+  }
+  for (auto& t : ts) t.join();
+  std::set<uint32_t> all;
+  for (int t = 0; t < kThreads; ++t) {
+    for (uint32_t q : got[t]) {
+      ASSERT_TRUE(valid_qpn(q));
+      ASSERT_TRUE(all.insert(q).second);
+      EXPECT_EQ(r.lookup(q)->port, t);
+    }
+  }
+}
+
+TEST_F(RegistryTest, TwoMappingsShareState) {
+  Registry a(path_);
+  Registry b(path_);
+  uint32_t q = a.allocate_qpn(kLo, 7);
+  ASSERT_TRUE(b.lookup(q));
+  EXPECT_EQ(b.lookup(q)->port, 7);
+  b.release_qpn(q);  // same pid: allowed
+  EXPECT_FALSE(a.lookup(q));
+}
+
+TEST_F(RegistryTest, CrossProcessVisibility) {
+  Registry r(path_);
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  ASSERT_EQ(pipe(to_child), 0);
+  const uint32_t ip = htonl(0x0a000001);
+  pid_t child = fork();
+  if (child == 0) {
+    Registry own(path_);  // a fresh open, as an unrelated process would do
+    uint32_t q = own.allocate_qpn(ip, 4791);
+    if (write(to_parent[1], &q, sizeof(q)) != sizeof(q)) _exit(2);
+    char go;
+    if (read(to_child[0], &go, 1) != 1) _exit(3);
+    own.release_qpn(q);
+    _exit(0);
+  }
+  uint32_t q = 0;
+  read_all(to_parent[0], &q, sizeof(q));
+  ASSERT_TRUE(valid_qpn(q));
+  auto ep = r.lookup(q);
+  ASSERT_TRUE(ep);
+  EXPECT_EQ(ep->pid, child);
+  EXPECT_EQ(ep->ip_be, ip);
+  EXPECT_EQ(ep->port, 4791);
+  r.release_qpn(q);  // not ours: must be ignored
+  EXPECT_TRUE(r.lookup(q));
+  EXPECT_EQ(r.reclaim_dead(), 0u);  // the child is alive
+  write_all(to_child[1], "g", 1);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_FALSE(r.lookup(q));  // the child released it
+  for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
+}
+
+TEST_F(RegistryTest, DeadProcessEntriesAreReclaimed) {
+  Registry r(path_);
+  uint32_t mine = r.allocate_qpn(kLo, 1);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  int rc = in_child([&] {
+    uint32_t qs[3];
+    for (auto& q : qs) q = r.allocate_qpn(kLo, 2);  // the inherited mapping works in the child too
+    if (write(fds[1], qs, sizeof(qs)) != sizeof(qs)) return 2;
+    return 0;  // exits without releasing
+  });
+  ASSERT_EQ(rc, 0);
+  uint32_t qs[3];
+  read_all(fds[0], qs, sizeof(qs));
+  for (uint32_t q : qs) ASSERT_TRUE(r.lookup(q)) << "entries stay until reclaimed";
+  EXPECT_EQ(r.reclaim_dead(), 3u);
+  for (uint32_t q : qs) EXPECT_FALSE(r.lookup(q));
+  EXPECT_TRUE(r.lookup(mine));  // a live owner's entry survives
+  EXPECT_EQ(r.reclaim_dead(), 0u);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+TEST_F(RegistryTest, FullRegistryReturnsZeroAndReusesDeadEntries) {
+  Registry r(path_);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  int rc = in_child([&] {
+    uint32_t n = 0;
+    while (r.allocate_qpn(kLo, 9) != 0) ++n;
+    if (write(fds[1], &n, sizeof(n)) != sizeof(n)) return 2;
+    // Full, and every entry is ours (alive): nothing to take.
+    return r.allocate_qpn(kLo, 9) == 0 ? 0 : 3;
+  });
+  ASSERT_EQ(rc, 0);
+  uint32_t n = 0;
+  read_all(fds[0], &n, sizeof(n));
+  EXPECT_EQ(n, Registry::kCapacity);
+  // The owner is dead now: allocation takes one of its slots.
+  uint32_t q = r.allocate_qpn(kLo, 10);
+  ASSERT_TRUE(valid_qpn(q));
+  EXPECT_EQ(r.lookup(q)->pid, getpid());
+  EXPECT_EQ(r.reclaim_dead(), Registry::kCapacity - 1);
+  EXPECT_EQ(r.entries().size(), 1u);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+TEST_F(RegistryTest, ChildCannotReleaseParentsEntry) {
+  Registry r(path_);
+  uint32_t q = r.allocate_qpn(kLo, 77);
+  int rc = in_child([&] {
+    r.release_qpn(q);
+    if (r.reclaim_dead() != 0) return 4;  // the parent is alive
+    auto ep = r.lookup(q);
+    return ep && ep->pid == getppid() ? 0 : 5;
+  });
+  EXPECT_EQ(rc, 0);
+  auto ep = r.lookup(q);
+  ASSERT_TRUE(ep);
+  EXPECT_EQ(ep->pid, getpid());
+  EXPECT_EQ(ep->port, 77);
+}
+
+TEST_F(RegistryTest, ConcurrentCreationByManyProcesses) {
+  constexpr int kProcs = 6, kEach = 200;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::vector<pid_t> kids;
+  for (int p = 0; p < kProcs; ++p) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      Registry own(path_);  // all children race to create and initialise the file
+      for (int i = 0; i < kEach; ++i) {
+        uint32_t q = own.allocate_qpn(kLo, static_cast<uint16_t>(p));
+        if (write(fds[1], &q, sizeof(q)) != sizeof(q)) _exit(2);
+      }
+      _exit(0);
+    }
+    kids.push_back(pid);
+  }
+  std::set<uint32_t> all;
+  for (int i = 0; i < kProcs * kEach; ++i) {
+    uint32_t q = 0;
+    read_all(fds[0], &q, sizeof(q));
+    ASSERT_TRUE(valid_qpn(q));
+    EXPECT_TRUE(all.insert(q).second) << "duplicate QPN across processes";
+  }
+  for (pid_t k : kids) {
+    int status = 0;
+    waitpid(k, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  Registry r(path_);
+  EXPECT_EQ(r.entries().size(), static_cast<size_t>(kProcs * kEach));
+  EXPECT_EQ(r.reclaim_dead(), static_cast<size_t>(kProcs * kEach));
+  close(fds[0]);
+  close(fds[1]);
+}
+
+TEST_F(RegistryTest, IncompatibleFileIsRejected) {
+  {
+    Registry r(path_);
+  }
+  int fd = open(path_.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint32_t bad_version = 999;
+  ASSERT_EQ(pwrite(fd, &bad_version, sizeof(bad_version), 8), 4);  // version follows the 8-byte magic
+  close(fd);
+  EXPECT_THROW(Registry r(path_), std::runtime_error);
+}
+
+TEST_F(RegistryTest, InstanceHonoursEnvironmentOverride) {
+  const char* old = std::getenv("SOFTRDMA_REGISTRY");
+  std::string saved = old ? old : "";
+  unsetenv("SOFTRDMA_REGISTRY");
+  EXPECT_EQ(Registry::default_path(), "/dev/shm/softrdma-registry-" + std::to_string(netns_inode()));
+  setenv("SOFTRDMA_REGISTRY", path_.substr(std::string("/dev/shm/").size()).c_str(), 1);
+  EXPECT_EQ(Registry::default_path(), path_);
+  setenv("SOFTRDMA_REGISTRY", path_.c_str(), 1);
+  EXPECT_EQ(Registry::default_path(), path_);
+  Registry& inst = Registry::instance();  // the only test that opens the singleton
+  EXPECT_EQ(inst.path(), path_);
+  EXPECT_EQ(&inst, &Registry::instance());
+  uint32_t q = inst.allocate_qpn(kLo, 3);
+  EXPECT_TRUE(Registry(path_).lookup(q));
+  inst.release_qpn(q);
+  if (old) setenv("SOFTRDMA_REGISTRY", saved.c_str(), 1); else unsetenv("SOFTRDMA_REGISTRY");
+}
+
+}  // namespace
+}  // namespace softrdma::net

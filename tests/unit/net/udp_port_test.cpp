@@ -1,0 +1,184 @@
+#include "net/udp_port.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <system_error>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace softrdma::net {
+namespace {
+
+const uint32_t kLo = htonl(INADDR_LOOPBACK);
+
+// Byte i of datagram `seq` is a function of both, so misplaced or truncated data shows.
+uint8_t pattern(uint32_t seq, uint32_t i) { return static_cast<uint8_t>(seq * 131 + i * 7 + (i >> 8)); }
+
+std::vector<uint8_t> make_datagram(uint32_t seq, uint32_t len) {
+  std::vector<uint8_t> d(len);
+  for (uint32_t i = 0; i < len; ++i) d[i] = pattern(seq, i);
+  if (len >= 4) std::memcpy(d.data(), &seq, 4);
+  return d;
+}
+
+// Collects `want` datagrams, waiting on the socket between receives (not a timing assertion: the
+// generous poll timeout only keeps a broken build from hanging).
+std::vector<std::pair<std::vector<uint8_t>, Datagram>> receive_n(UdpPort& port, size_t want) {
+  std::vector<std::pair<std::vector<uint8_t>, Datagram>> got;
+  Datagram batch[UdpPort::kBatch];
+  while (got.size() < want) {
+    pollfd p{port.fd(), POLLIN, 0};
+    if (poll(&p, 1, 5000) <= 0) break;
+    size_t n = port.receive(batch, UdpPort::kBatch);
+    for (size_t i = 0; i < n; ++i) got.emplace_back(std::vector<uint8_t>(batch[i].data, batch[i].data + batch[i].len), batch[i]);
+  }
+  return got;
+}
+
+TEST(UdpPort, BindsEphemeralPortWithDfAndPktinfo) {
+  UdpPort p(kLo, 0);
+  EXPECT_GE(p.fd(), 0);
+  EXPECT_NE(p.port(), 0);
+  EXPECT_EQ(p.ip_be(), kLo);
+  int v = -1;
+  socklen_t len = sizeof(v);
+  ASSERT_EQ(getsockopt(p.fd(), IPPROTO_IP, IP_MTU_DISCOVER, &v, &len), 0);
+  EXPECT_EQ(v, IP_PMTUDISC_DO);
+  ASSERT_EQ(getsockopt(p.fd(), IPPROTO_IP, IP_PKTINFO, &v, &len), 0);
+  EXPECT_EQ(v, 1);
+  Datagram d[4];
+  EXPECT_EQ(p.receive(d, 4), 0u);  // nothing pending: returns at once
+}
+
+TEST(UdpPort, BindConflictThrows) {
+  UdpPort a(kLo, 0);
+  EXPECT_THROW(UdpPort b(kLo, a.port()), std::system_error);
+}
+
+TEST(UdpPort, ExchangesBatchesOfVariousSizes) {
+  UdpPort a(kLo, 0), b(kLo, 0);
+  std::mt19937 rng(12345);
+  const uint32_t fixed[] = {4, 5, 63, 64, 256, 1024, 1500, 2048, 4096, 4097, 8999, 9000};
+  std::map<uint32_t, std::vector<uint8_t>> sent;
+  uint64_t bytes = 0;
+  uint32_t seq = 0;
+  // Rounds of 16 keep each burst well inside any socket receive buffer the sysctls allow.
+  for (int round = 0; round < 6; ++round) {
+    std::vector<uint32_t> this_round;
+    for (int k = 0; k < 16; ++k, ++seq) {
+      uint32_t len = seq < std::size(fixed) ? fixed[seq] : 4 + rng() % 8997;
+      auto d = make_datagram(seq, len);
+      a.send(d.data(), len, kLo, b.port());
+      bytes += len;
+      sent[seq] = std::move(d);
+      this_round.push_back(seq);
+    }
+    EXPECT_EQ(a.queued(), 16u);
+    a.flush();
+    EXPECT_EQ(a.queued(), 0u);
+    auto got = receive_n(b, this_round.size());
+    ASSERT_EQ(got.size(), this_round.size());
+    for (auto& [data, dg] : got) {
+      ASSERT_GE(data.size(), 4u);
+      uint32_t s;
+      std::memcpy(&s, data.data(), 4);
+      ASSERT_TRUE(sent.count(s)) << "unknown datagram " << s;
+      EXPECT_EQ(data, sent[s]) << "datagram " << s;
+      EXPECT_EQ(dg.peer_ip_be, kLo);
+      EXPECT_EQ(dg.peer_port, a.port());
+      EXPECT_EQ(dg.local_ip_be, kLo);
+      sent.erase(s);
+    }
+  }
+  EXPECT_TRUE(sent.empty());
+  EXPECT_EQ(a.stats().tx_packets, seq);
+  EXPECT_EQ(a.stats().tx_bytes, bytes);
+  EXPECT_EQ(a.stats().tx_errors, 0u);
+  EXPECT_EQ(b.stats().rx_packets, seq);
+  EXPECT_EQ(b.stats().rx_bytes, bytes);
+
+  // And back the other way: b answers a.
+  auto reply = make_datagram(999, 9000);
+  b.send(reply.data(), 9000, kLo, a.port());
+  b.flush();
+  auto back = receive_n(a, 1);
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].first, reply);
+  EXPECT_EQ(back[0].second.peer_port, b.port());
+}
+
+TEST(UdpPort, FullBatchFlushesItself) {
+  UdpPort a(kLo, 0), b(kLo, 0);
+  constexpr uint32_t kCount = UdpPort::kBatch + 10;
+  for (uint32_t s = 0; s < kCount; ++s) {
+    auto d = make_datagram(s, 100);
+    a.send(d.data(), 100, kLo, b.port());
+  }
+  EXPECT_EQ(a.queued(), 10u);  // the first kBatch went out on their own
+  EXPECT_EQ(a.stats().tx_packets, UdpPort::kBatch);
+  auto first = receive_n(b, UdpPort::kBatch);
+  EXPECT_EQ(first.size(), UdpPort::kBatch);
+  a.flush();
+  auto rest = receive_n(b, 10);
+  EXPECT_EQ(rest.size(), 10u);
+  for (auto& [data, dg] : rest) EXPECT_EQ(data, make_datagram(*reinterpret_cast<const uint32_t*>(data.data()), 100));
+}
+
+TEST(UdpPort, ReceiveRespectsMax) {
+  UdpPort a(kLo, 0), b(kLo, 0);
+  for (uint32_t s = 0; s < 5; ++s) {
+    auto d = make_datagram(s, 32);
+    a.send(d.data(), 32, kLo, b.port());
+  }
+  a.flush();
+  std::vector<Datagram> out(5);
+  size_t total = 0;
+  while (total < 5) {
+    pollfd p{b.fd(), POLLIN, 0};
+    ASSERT_GT(poll(&p, 1, 5000), 0);
+    size_t n = b.receive(out.data(), 2);
+    EXPECT_LE(n, 2u);
+    total += n;
+  }
+  EXPECT_EQ(total, 5u);
+}
+
+TEST(UdpPort, RejectedDatagramIsCountedAndOthersStillGo) {
+  UdpPort a(kLo, 0), b(kLo, 0);
+  auto ok1 = make_datagram(1, 200);
+  std::vector<uint8_t> too_big(UdpPort::kMaxDatagram, 0xAB);  // above the 65507-byte UDP maximum
+  auto ok2 = make_datagram(2, 300);
+  a.send(ok1.data(), 200, kLo, b.port());
+  a.send(too_big.data(), UdpPort::kMaxDatagram, kLo, b.port());
+  a.send(ok2.data(), 300, kLo, b.port());
+  a.flush();
+  EXPECT_EQ(a.stats().tx_errors, 1u);
+  EXPECT_EQ(a.stats().tx_packets, 2u);
+  auto got = receive_n(b, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].first, ok1);
+  EXPECT_EQ(got[1].first, ok2);
+}
+
+TEST(UdpPort, ReportsDestinationAddressWhenBoundToAny) {
+  UdpPort any(htonl(INADDR_ANY), 0), a(kLo, 0);
+  const uint32_t other = htonl(0x7f000002);  // 127.0.0.2 also reaches this host
+  auto d = make_datagram(5, 64);
+  a.send(d.data(), 64, other, any.port());
+  a.flush();
+  auto got = receive_n(any, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].first, d);
+  EXPECT_EQ(got[0].second.local_ip_be, other);
+  EXPECT_EQ(got[0].second.peer_port, a.port());
+}
+
+}  // namespace
+}  // namespace softrdma::net
