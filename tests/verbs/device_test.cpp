@@ -61,7 +61,8 @@ TEST_F(DeviceQuery, PortActiveEthernet) {
   EXPECT_GE(p.active_mtu, IBV_MTU_256);
   EXPECT_LE(p.active_mtu, IBV_MTU_4096);
   EXPECT_GE(p.max_mtu, p.active_mtu);
-  EXPECT_GE(p.max_msg_sz, 1u << 30);
+  // The large-message tests need 65 MiB (RoCE NICs report 1 GiB or 2 GiB).
+  EXPECT_GE(p.max_msg_sz, 65u << 20);
   ibv_port_attr none{};
   EXPECT_NE(ibv_query_port(dev.ctx, dev.attr.phys_port_cnt + 1, &none), 0) << "port past phys_port_cnt";
   uint16_t pkey = 0;

@@ -57,6 +57,8 @@ int child_main(int sock) {
   if (!buf->mr) return 12;
   std::memset(buf->data, 0, kChildBuf);
   fill_pattern(buf->data + kReadOff, kReadLen, 202);
+  // Receives can be posted from INIT on, so the SEND never meets an empty queue.
+  if (modify_to_init(s.qp, kAllAccess)) return 13;
   if (post_recv(s.qp, 1, {buf->sge(kRecvOff, kSendLen)})) return 13;
   PeerInfo me{s.qpn(), s.psn, buf->rkey(), buf->addr(), {}};
   std::memcpy(me.gid, dev.gid.raw, 16);
@@ -64,7 +66,9 @@ int child_main(int sock) {
   if (!write_full(sock, &me, sizeof(me)) || !read_full(sock, &peer, sizeof(peer))) return 14;
   ibv_gid pg{};
   std::memcpy(pg.raw, peer.gid, 16);
-  if (bring_up(s.qp, s.psn, peer.qpn, peer.psn, pg, ConnConfig{}, dev.attr)) return 15;
+  const ConnConfig conn;
+  if (modify_to_rtr(s.qp, peer.qpn, peer.psn, pg, conn, dev.attr) || modify_to_rts(s.qp, s.psn, conn, dev.attr))
+    return 15;
   ibv_wc wc{};
   if (!poll_wc(s.rcq, &wc)) return 16;
   if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV || wc.byte_len != kSendLen || wc.wr_id != 1 ||
@@ -126,6 +130,7 @@ TEST(TwoProcesses, WriteReadSendAcrossFork) {
   VT_BUF(rcv, s, 4096);
   fill_pattern(src->data, kWriteLen, 201);
   fill_pattern(src->data + kWriteLen, kSendLen, 203);
+  ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
   ASSERT_EQ(post_recv(s.qp, 9, {rcv->sge(0, 4096)}), 0);
   PeerInfo me{s.qpn(), s.psn, src->rkey(), src->addr(), {}};
   std::memcpy(me.gid, dev.gid.raw, 16);
@@ -135,7 +140,9 @@ TEST(TwoProcesses, WriteReadSendAcrossFork) {
   EXPECT_NE(peer.qpn, s.qpn()) << "QPNs are unique per host, across processes";
   ibv_gid pg{};
   std::memcpy(pg.raw, peer.gid, 16);
-  ASSERT_EQ(bring_up(s.qp, s.psn, peer.qpn, peer.psn, pg, ConnConfig{}, dev.attr), 0);
+  const ConnConfig conn;
+  ASSERT_EQ(modify_to_rtr(s.qp, peer.qpn, peer.psn, pg, conn, dev.attr), 0);
+  ASSERT_EQ(modify_to_rts(s.qp, s.psn, conn, dev.attr), 0);
 
   SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, kWriteLen)});
   w.rdma(peer.addr, peer.rkey);

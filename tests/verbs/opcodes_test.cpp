@@ -200,7 +200,7 @@ TEST_F(Opcodes, InlineSendAndWriteUpToMaxInline) {
 // Three gather SGEs on the sender, four scatter SGEs of other sizes on the receiver.
 TEST_F(Opcodes, SgeListsGatherAndScatter) {
   ASSERT_TRUE(connect());
-  VT_BUF(s1, a, 4096);
+  VT_BUF(s1, a, 8192);
   VT_BUF(s2, a, 4096);
   VT_BUF(r1, b, 4096);
   VT_BUF(r2, b, 4096);
