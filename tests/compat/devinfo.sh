@@ -28,9 +28,9 @@ check "$dev link_layer is Ethernet" "no link_layer Ethernet" grep -qE "link_laye
 # -v prints the device limits; a QP that can do nothing would make every other test pointless.
 check "$dev reports max_qp > 0" "max_qp missing or 0" \
   awk '/max_qp:/ { if ($2 + 0 > 0) f = 1 } END { exit !f }' "$PAIR_CLI_LOG"
-# ibv_devinfo prints an IPv4-mapped RoCE v2 GID as the bare IPv4 address, others in hex.
+# ibv_devinfo prints an IPv4-mapped RoCE v2 GID as ::ffff:a.b.c.d (older ones: in hex).
 check "$dev reports a RoCE v2 GID of 127.0.0.1" "no RoCE v2 GID ::ffff:127.0.0.1" \
-  grep -qE "GID\[[[:space:]]*[0-9]+\]:[[:space:]]+(127\.0\.0\.1|(0000:){5}ffff:7f00:0001), RoCE v2" "$PAIR_CLI_LOG"
+  grep -qE "GID\[[[:space:]]*[0-9]+\]:[[:space:]]+(::ffff:127\.0\.0\.1|(0000:){5}ffff:7f00:0001), RoCE v2" "$PAIR_CLI_LOG"
 
 # ibv_devices and `softrdma devices` must list the same devices.
 PAIR_CLI_LOG=$COMPAT_LOG_DIR/ibv_devices.log
