@@ -35,8 +35,8 @@ CLI_PREFIX=(taskset -c 1)
 rows=()
 
 # Iterations per size: enough for a stable figure, few enough to stay within seconds.
-lat_iters() { case $1 in 8 | 4096) echo 20000 ;; 65536) echo 5000 ;; *) echo 500 ;; esac; }
-bw_iters() { case $1 in 8 | 4096) echo 50000 ;; 65536) echo 10000 ;; *) echo 1000 ;; esac; }
+lat_iters() { case $1 in 8 | 4096) echo 5000 ;; 65536) echo 1000 ;; *) echo 200 ;; esac; }
+bw_iters() { case $1 in 8 | 4096) echo 20000 ;; 65536) echo 5000 ;; *) echo 500 ;; esac; }
 
 # perftest TOOL SIZE ITERS: runs one pair; prints the client's result row, or nothing on failure.
 perftest() {
