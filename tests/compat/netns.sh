@@ -39,7 +39,10 @@ if ! ip netns add "$nsA" || ! ip netns add "$nsB"; then
   echo "SKIP: cannot create network namespaces here (container without CAP_SYS_ADMIN?)"
   exit 77
 fi
-ip link add "$vethA" netns "$nsA" type veth peer name "$vethB" netns "$nsB"
+if ! ip link add "$vethA" netns "$nsA" type veth peer name "$vethB" netns "$nsB"; then
+  echo "SKIP: cannot create a veth pair here (no veth support or CAP_NET_ADMIN)"
+  exit 77
+fi
 ip -n "$nsA" addr add "$ipA/24" dev "$vethA"
 ip -n "$nsB" addr add "$ipB/24" dev "$vethB"
 for ns in "$nsA" "$nsB"; do ip -n "$ns" link set lo up; done
