@@ -19,8 +19,8 @@ namespace softrdma::verbs {
 
 const std::vector<SoftDevice*>& all_devices() {
   // Enumerated once per process and never freed: applications may keep ibv_device pointers forever.
-  static std::vector<SoftDevice*> devices = [] {
-    std::vector<SoftDevice*> out;
+  static const std::vector<SoftDevice*>* devices = [] {
+    auto* out = new std::vector<SoftDevice*>;
     int i = 0;
     for (const net::Interface& itf : net::list_interfaces()) {
       auto* d = new SoftDevice{};
@@ -44,12 +44,12 @@ const std::vector<SoftDevice*>& all_devices() {
         g = (0x02ull << 56) | ntohl(itf.ip_be);
       }
       d->guid_be = htobe64(g);
-      out.push_back(d);
+      out->push_back(d);
       ++i;
     }
     return out;
   }();
-  return devices;
+  return *devices;
 }
 
 namespace {
