@@ -334,8 +334,13 @@ SOFTRDMA_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
 }
 
 SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
+  if (!take_slot(to_ctx(ctx)->pds, core::DeviceLimits::kMaxPd)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* p = new (std::nothrow) SoftPd{};
   if (!p) {
+    --to_ctx(ctx)->pds;
     errno = ENOMEM;
     return nullptr;
   }
@@ -345,6 +350,7 @@ SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
 }
 
 SOFTRDMA_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  --to_ctx(pd->context)->pds;
   delete reinterpret_cast<SoftPd*>(pd);
   return 0;
 }

@@ -126,8 +126,13 @@ SOFTRDMA_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_contex
     errno = EINVAL;
     return nullptr;
   }
+  if (!take_slot(to_ctx(ctx)->cqs, core::DeviceLimits::kMaxCq)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* cq = new (std::nothrow) SoftCq{};
   if (!cq) {
+    --to_ctx(ctx)->cqs;
     errno = ENOMEM;
     return nullptr;
   }
@@ -143,6 +148,7 @@ SOFTRDMA_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_contex
     cq->queue = engine_of(ctx).create_cq(static_cast<uint32_t>(cqe), std::move(notify));
   } catch (const std::bad_alloc&) {
     delete cq;
+    --to_ctx(ctx)->cqs;
     errno = ENOMEM;
     return nullptr;
   }
@@ -179,6 +185,7 @@ SOFTRDMA_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   }
   pthread_cond_destroy(&ibcq->cond);
   pthread_mutex_destroy(&ibcq->mutex);
+  --to_ctx(ibcq->context)->cqs;
   delete cq;
   return 0;
 }

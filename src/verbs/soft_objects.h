@@ -31,7 +31,17 @@ struct SoftContext {
   SoftDevice* device;
   std::unique_ptr<transport::Engine> engine;
   std::atomic<uint32_t> next_handle{1};
+  std::atomic<uint32_t> pds{0}, cqs{0};  // against max_pd / max_cq
 };
+
+// Takes one of `limit` slots of a per-context object count; false when all are taken.
+inline bool take_slot(std::atomic<uint32_t>& count, uint32_t limit) {
+  uint32_t n = count.load();
+  do {
+    if (n >= limit) return false;
+  } while (!count.compare_exchange_weak(n, n + 1));
+  return true;
+}
 
 struct SoftPd {
   ibv_pd pd;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <set>
+#include <vector>
 
 namespace softrdma::verbs_test {
 namespace {
@@ -50,6 +51,50 @@ TEST_F(DeviceQuery, DeviceLimitsSane) {
   EXPECT_EQ(ex.orig_attr.max_sge, d.max_sge);
   EXPECT_EQ(ex.orig_attr.max_cqe, d.max_cqe);
   EXPECT_EQ(ex.orig_attr.max_mr_size, d.max_mr_size);
+}
+
+// max_pd, max_cq and max_mr are limits of one context (as on hardware with a small device): the
+// device reports them, lets exactly that many be created, and refuses one more with an error.
+TEST_F(DeviceQuery, PdCqAndMrCountsEnforcedAtTheReportedLimit) {
+  ibv_context* ctx = ibv_open_device(dev.ctx->device);
+  ASSERT_TRUE(ctx);
+  ibv_device_attr attr{};
+  ASSERT_EQ(ibv_query_device(ctx, &attr), 0);
+  if (attr.max_pd > 100000 || attr.max_cq > 100000 || attr.max_mr > 100000)
+    GTEST_SKIP() << "limits too large to exhaust in a test";
+  std::vector<ibv_pd*> pds;
+  for (int i = 0; i < attr.max_pd; ++i) {
+    ibv_pd* pd = ibv_alloc_pd(ctx);
+    ASSERT_TRUE(pd) << "PD " << i << " of max_pd " << attr.max_pd;
+    pds.push_back(pd);
+  }
+  EXPECT_EQ(ibv_alloc_pd(ctx), nullptr) << "one PD beyond max_pd";
+  std::vector<ibv_cq*> cqs;
+  for (int i = 0; i < attr.max_cq; ++i) {
+    ibv_cq* cq = ibv_create_cq(ctx, 1, nullptr, nullptr, 0);
+    ASSERT_TRUE(cq) << "CQ " << i << " of max_cq " << attr.max_cq;
+    cqs.push_back(cq);
+  }
+  EXPECT_EQ(ibv_create_cq(ctx, 1, nullptr, nullptr, 0), nullptr) << "one CQ beyond max_cq";
+  std::vector<char> page(4096);
+  std::vector<ibv_mr*> mrs;
+  for (int i = 0; i < attr.max_mr; ++i) {
+    ibv_mr* mr = ibv_reg_mr(pds[0], page.data(), page.size(), IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_TRUE(mr) << "MR " << i << " of max_mr " << attr.max_mr;
+    mrs.push_back(mr);
+  }
+  EXPECT_EQ(ibv_reg_mr(pds[0], page.data(), page.size(), IBV_ACCESS_LOCAL_WRITE), nullptr)
+      << "one MR beyond max_mr";
+  // Freeing one makes room for one.
+  ASSERT_EQ(ibv_dereg_mr(mrs.back()), 0);
+  mrs.pop_back();
+  ibv_mr* again = ibv_reg_mr(pds[0], page.data(), page.size(), IBV_ACCESS_LOCAL_WRITE);
+  EXPECT_TRUE(again);
+  if (again) mrs.push_back(again);
+  for (ibv_mr* mr : mrs) EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  for (ibv_cq* cq : cqs) EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  for (ibv_pd* pd : pds) EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+  EXPECT_EQ(ibv_close_device(ctx), 0);
 }
 
 TEST_F(DeviceQuery, PortActiveEthernet) {
