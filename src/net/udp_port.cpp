@@ -1,5 +1,7 @@
 #include "net/udp_port.h"
 
+#include "net/impairment.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -7,8 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -20,6 +24,10 @@ constexpr int kSocketBuffer = 8 << 20;
 // How long flush() keeps waiting for socket space before it counts the rest as errors: long enough to
 // ride out a full send buffer, short enough that a wedged socket cannot hang the progress engine.
 constexpr auto kSendPatience = std::chrono::seconds(1);
+
+// Ports created so far in this process: the impairment PRNG of a port is seeded with its index, not its
+// (ephemeral, run-dependent) port number, so that a seed replays the same faults.
+std::atomic<uint64_t> g_ports_created{0};
 
 [[noreturn]] void throw_errno(int err, const std::string& what) {
   throw std::system_error(err, std::generic_category(), "softrdma UdpPort: " + what);
@@ -51,6 +59,8 @@ struct UdpPort::Buffers {
 };
 
 UdpPort::UdpPort(uint32_t ip_be, uint16_t port) : ip_be_(ip_be), buf_(std::make_unique<Buffers>()) {
+  const uint64_t index = g_ports_created.fetch_add(1, std::memory_order_relaxed);
+  if (auto cfg = impairment_from_env()) impair_ = std::make_unique<PortImpairment>(*cfg, index);
   fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0) throw_errno(errno, "socket");
   auto fail = [this](const char* what) {
@@ -97,11 +107,73 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port) : ip_be_(ip_be), buf_(std::make_
 UdpPort::~UdpPort() {
   if (fd_ < 0) return;
   // Best effort: queued datagrams are part of what the caller already posted.
-  flush();
+  if (impair_) {
+    impair_->tx.release_all([this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) {
+      enqueue(d, n, m.ip_be, m.port);
+    });
+    // One line per impaired port: what a fault test's log needs to show the faults happened.
+    for (const auto* st : {&impair_->tx_stats, &impair_->rx_stats}) {
+      if (st->seen == 0) continue;
+      std::fprintf(stderr,
+                   "softrdma impair port %u %s: seen %llu dropped %llu (burst %llu in %llu) duplicated %llu "
+                   "reordered %llu corrupted %llu\n",
+                   port_, st == &impair_->tx_stats ? "tx" : "rx", static_cast<unsigned long long>(st->seen),
+                   static_cast<unsigned long long>(st->dropped), static_cast<unsigned long long>(st->burst_dropped),
+                   static_cast<unsigned long long>(st->bursts), static_cast<unsigned long long>(st->duplicated),
+                   static_cast<unsigned long long>(st->reordered), static_cast<unsigned long long>(st->corrupted));
+    }
+  }
+  send_batch();
   close(fd_);
 }
 
 size_t UdpPort::receive(Datagram* out, size_t max) {
+  if (impair_) [[unlikely]]
+    return receive_impaired(out, max);
+  return receive_raw(out, max);
+}
+
+size_t UdpPort::receive_impaired(Datagram* out, size_t max) {
+  PortImpairment& im = *impair_;
+  const size_t n = std::min(max, kBatch);
+  if (n == 0) return 0;
+  for (auto& r : im.rx_delivered) im.spare.push_back(std::move(r));
+  im.rx_delivered.clear();
+  auto emit = [&im](const uint8_t* d, uint32_t len, const DirectionImpairment::Meta& m) {
+    PortImpairment::Ready r;
+    if (!im.spare.empty()) {
+      r = std::move(im.spare.back());
+      im.spare.pop_back();
+    }
+    r.bytes.assign(d, d + len);
+    r.meta = m;
+    im.rx_ready.push_back(std::move(r));
+  };
+  // Drain the socket until a batch is ready. Held datagrams are let go as soon as the socket is empty, so
+  // this returns 0 only when nothing is held: the engine never sleeps on a datagram the impairment holds.
+  Datagram raw[kBatch];
+  while (im.rx_ready.size() < n) {
+    const size_t got = receive_raw(raw, n - im.rx_ready.size());
+    if (got == 0) {
+      im.rx.release_all(emit);
+      break;
+    }
+    for (size_t i = 0; i < got; ++i)
+      im.rx.offer(raw[i].data, raw[i].len, {raw[i].peer_ip_be, raw[i].peer_port, raw[i].local_ip_be}, emit);
+  }
+  const size_t k = std::min(n, im.rx_ready.size());
+  for (size_t i = 0; i < k; ++i) {
+    im.rx_delivered.push_back(std::move(im.rx_ready.front()));
+    im.rx_ready.pop_front();
+  }
+  for (size_t i = 0; i < k; ++i) {
+    PortImpairment::Ready& r = im.rx_delivered[i];
+    out[i] = {r.bytes.data(), static_cast<uint32_t>(r.bytes.size()), r.meta.ip_be, r.meta.port, r.meta.local_ip_be};
+  }
+  return k;
+}
+
+size_t UdpPort::receive_raw(Datagram* out, size_t max) {
   Buffers& b = *buf_;
   const size_t n = std::min(max, kBatch);
   if (n == 0) return 0;
@@ -141,7 +213,19 @@ void UdpPort::send(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16
     ++stats_.tx_errors;
     return;
   }
-  if (tx_count_ == kBatch) flush();
+  if (impair_) [[unlikely]] {
+    // Impair a copy: corruption must not touch the caller's buffer.
+    PortImpairment& im = *impair_;
+    im.tx_scratch.assign(data, data + len);
+    im.tx.offer(im.tx_scratch.data(), len, {dst_ip_be, dst_port, ip_be_},
+                [this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) { enqueue(d, n, m.ip_be, m.port); });
+    return;
+  }
+  enqueue(data, len, dst_ip_be, dst_port);
+}
+
+void UdpPort::enqueue(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port) {
+  if (tx_count_ == kBatch) send_batch();
   Buffers& b = *buf_;
   const size_t i = tx_count_++;
   std::memcpy(b.tx_iov[i].iov_base, data, len);
@@ -150,10 +234,20 @@ void UdpPort::send(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16
   b.tx_addr[i].sin_family = AF_INET;
   b.tx_addr[i].sin_addr.s_addr = dst_ip_be;
   b.tx_addr[i].sin_port = htons(dst_port);
-  if (tx_count_ == kBatch) flush();
+  if (tx_count_ == kBatch) send_batch();
 }
 
 void UdpPort::flush() {
+  if (impair_) [[unlikely]] {
+    // A flush is a batch boundary: held datagrams age, and go out after a bounded number of flushes.
+    impair_->tx.tick([this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) {
+      enqueue(d, n, m.ip_be, m.port);
+    });
+  }
+  send_batch();
+}
+
+void UdpPort::send_batch() {
   Buffers& b = *buf_;
   size_t done = 0;
   std::chrono::steady_clock::time_point deadline{};

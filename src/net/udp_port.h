@@ -7,6 +7,8 @@
 
 namespace softrdma::net {
 
+struct PortImpairment;  // net/impairment.h
+
 struct Datagram {
   uint8_t* data;
   uint32_t len;
@@ -48,8 +50,16 @@ class UdpPort {
     uint64_t tx_packets, tx_bytes, rx_packets, rx_bytes, tx_errors;
   };
   const Stats& stats() const { return stats_; }
+  // Test fault injection (SOFTRDMA_IMPAIR, read when the port is created): nullptr when off. Its tx_stats
+  // and rx_stats count every datagram dropped, duplicated, reordered or corrupted.
+  const PortImpairment* impairment() const { return impair_.get(); }
 
  private:
+  size_t receive_raw(Datagram* out, size_t max);
+  size_t receive_impaired(Datagram* out, size_t max);
+  void enqueue(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port);
+  void send_batch();
+
   struct Buffers;  // message headers, addresses, control space and packet storage
   int fd_ = -1;
   uint32_t ip_be_ = 0;
@@ -57,6 +67,7 @@ class UdpPort {
   size_t tx_count_ = 0;
   Stats stats_{};
   std::unique_ptr<Buffers> buf_;
+  std::unique_ptr<PortImpairment> impair_;
 };
 
 }  // namespace softrdma::net

@@ -1,0 +1,126 @@
+// Deterministic packet impairment for tests (issue 3): drop, duplicate, reorder, corrupt and burst-drop
+// datagrams on their way into or out of a UdpPort. Configured by the environment variable
+// SOFTRDMA_IMPAIR; off (and free: one null-pointer test in UdpPort) when it is unset.
+//
+//   SOFTRDMA_IMPAIR="seed=42,tx_drop=0.05,tx_dup=0.05,tx_reorder=0.05,reorder_depth=8,tx_corrupt=0.01,
+//                    rx_drop=0.02,burst=0,burst_len=0"
+//
+// Keys: seed; for each direction tx_/rx_ followed by drop, dup, reorder, corrupt, burst (probabilities in
+// [0,1]), reorder_depth, burst_len (counts). A key without a direction prefix sets both directions.
+// Decisions come from a PRNG seeded with `seed` mixed with the port's creation index in the process and
+// the direction, so the same seed and the same sequence of datagrams/flushes replays the same faults.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace softrdma::net {
+
+struct ImpairmentRates {
+  double drop = 0, dup = 0, reorder = 0, corrupt = 0, burst = 0;
+  uint32_t reorder_depth = 8;  // a held datagram is released after at most this many later ones
+  uint32_t burst_len = 0;      // datagrams dropped in a row once a burst starts
+  bool active() const { return drop > 0 || dup > 0 || reorder > 0 || corrupt > 0 || (burst > 0 && burst_len > 0); }
+};
+
+struct ImpairmentConfig {
+  uint64_t seed = 0;
+  ImpairmentRates tx, rx;
+  bool active() const { return tx.active() || rx.active(); }
+};
+
+// Parses the SOFTRDMA_IMPAIR syntax. On error returns nullopt and describes the problem in *error.
+std::optional<ImpairmentConfig> parse_impairment(std::string_view spec, std::string* error);
+// Reads SOFTRDMA_IMPAIR now (every call: tests change it between device opens). Unset, empty or all-zero:
+// nullopt. A parse error prints one line to stderr and is otherwise ignored (nullopt).
+std::optional<ImpairmentConfig> impairment_from_env();
+
+// What one direction of one port did to its datagrams.
+struct ImpairmentStats {
+  uint64_t seen = 0;        // datagrams offered
+  uint64_t dropped = 0;     // includes burst_dropped
+  uint64_t burst_dropped = 0;
+  uint64_t bursts = 0;
+  uint64_t duplicated = 0;
+  uint64_t reordered = 0;   // held back and released later
+  uint64_t corrupted = 0;
+};
+
+// The PRNG (splitmix64): small, fast, and the same everywhere.
+class ImpairmentRng {
+ public:
+  explicit ImpairmentRng(uint64_t seed) : state_(seed) {}
+  uint64_t next();
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  uint32_t below(uint32_t n) { return static_cast<uint32_t>(next() % n); }
+  static uint64_t mix(uint64_t a, uint64_t b);  // seed derivation
+
+ private:
+  uint64_t state_;
+};
+
+// One direction of impairment. Datagrams go in with offer(); what survives comes out, possibly later,
+// duplicated, corrupted or out of order, through the emit callback. tick() marks a batch boundary (a
+// UdpPort flush, or a receive that found nothing new): held datagrams age, and none survives more than
+// kMaxTicksHeld ticks, so nothing is held forever when traffic stops.
+class DirectionImpairment {
+ public:
+  struct Meta {
+    uint32_t ip_be = 0;
+    uint16_t port = 0;
+    uint32_t local_ip_be = 0;
+  };
+  using Emit = std::function<void(const uint8_t* data, uint32_t len, const Meta& meta)>;
+  static constexpr uint32_t kMaxTicksHeld = 2;
+
+  DirectionImpairment(const ImpairmentRates& rates, uint64_t seed, ImpairmentStats& stats)
+      : rates_(rates), rng_(seed), stats_(stats) {}
+
+  // data may be modified in place (corruption) -- it is the caller's copy.
+  void offer(uint8_t* data, uint32_t len, const Meta& meta, const Emit& emit);
+  // Ages held datagrams; emits those whose time is up. Returns the number emitted.
+  size_t tick(const Emit& emit);
+  // Emits every held datagram (shutdown).
+  size_t release_all(const Emit& emit);
+  size_t held() const { return held_.size(); }
+
+ private:
+  struct Held {
+    std::vector<uint8_t> bytes;
+    Meta meta;
+    uint32_t datagrams_left;  // released when this many later datagrams went out
+    uint32_t ticks = 0;
+  };
+  void corrupt(uint8_t* data, uint32_t len);
+  void age_held(size_t skip_newest, const Emit& emit);
+
+  ImpairmentRates rates_;
+  ImpairmentRng rng_;
+  ImpairmentStats& stats_;
+  uint32_t burst_left_ = 0;
+  std::deque<Held> held_;
+};
+
+// Both directions of one UdpPort, plus the receive-side staging that keeps delivered datagrams valid
+// until the next receive.
+struct PortImpairment {
+  PortImpairment(const ImpairmentConfig& cfg, uint64_t port_index);
+  ImpairmentStats tx_stats, rx_stats;
+  DirectionImpairment tx, rx;
+  struct Ready {
+    std::vector<uint8_t> bytes;
+    DirectionImpairment::Meta meta;
+  };
+  std::deque<Ready> rx_ready;        // emitted by rx, not yet handed to the caller
+  std::vector<Ready> rx_delivered;   // handed out by the last receive(); storage must stay valid
+  std::vector<Ready> spare;          // recycled buffers
+  std::vector<uint8_t> tx_scratch;   // the copy of a datagram being impaired on send
+};
+
+}  // namespace softrdma::net
