@@ -236,6 +236,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
       acknowledge_before(qp, psn);
       std::memcpy(e.host[0], &pkt.atomic_ack_orig, 8);
       e.acked = true;
+      qp.retries_left = qp.retry_cnt;  // new response data is forward progress, even below acked_psn
     } else {
       if (!is_read(e)) {
         ++counters_.drop_bad_opcode;
@@ -257,6 +258,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
       acknowledge_before(qp, psn);
       scatter(e, e.read_received, pkt.payload, pkt.payload_len);
       e.read_received += pkt.payload_len;
+      qp.retries_left = qp.retry_cnt;  // as for ATOMIC: later ACKs may have moved acked_psn past this READ
       if (last) e.acked = true;
     }
   }
