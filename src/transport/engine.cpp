@@ -76,6 +76,19 @@ Engine::Engine(const net::Interface& iface)
 }
 
 Engine::~Engine() {
+  if (getenv("SOFTRDMA_COUNTERS")) {
+    // A post-mortem for debugging (docs/debugging.md): what this context's engine saw.
+    const EngineCounters& c = counters_;
+    fprintf(stderr,
+            "softrdma %s: rx %lu tx %lu retransmits %lu timeouts %lu duplicates %lu out_of_sequence %lu "
+            "naks_sent %lu naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu drop_malformed %lu "
+            "drop_icrc %lu drop_unknown_qp %lu drop_bad_state %lu drop_pkey %lu drop_bad_opcode %lu "
+            "udp_tx_errors %lu\n",
+            iface_.ifname.c_str(), c.rx_packets, c.tx_packets, c.retransmits, c.timeouts, c.duplicates,
+            c.out_of_sequence, c.naks_sent, c.naks_received, c.rnr_naks_sent, c.rnr_naks_received,
+            c.drop_malformed, c.drop_icrc, c.drop_unknown_qp, c.drop_bad_state, c.drop_pkey, c.drop_bad_opcode,
+            port_->stats().tx_errors);
+  }
   stop_.store(true);
   doorbell();
   uint64_t one = 1;
