@@ -537,6 +537,13 @@ int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
   return rc;
 }
 
+void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port) {
+  std::lock_guard lock(lock_);
+  handle_packet(data, len, peer_ip_be, peer_port, port_->port());
+  flush_owed_acks();
+  port_->flush();
+}
+
 int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
   int got = cq->poll(out, n);
   if (got == 0 && lock_.try_lock()) {

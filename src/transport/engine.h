@@ -89,6 +89,12 @@ class Engine {
   // ibv_poll_cq: when the CQ is empty, drives progress inline (no wake-up of the progress thread needed).
   int poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n);
 
+  // The UDP port this context receives on (the registry's endpoint for its QPNs).
+  uint16_t udp_port() const { return port_->port(); }
+  // Feeds one datagram through the receive path as if it had arrived on udp_port() from
+  // (peer_ip_be, peer_port): for fuzzing and hostile-input tests.
+  void inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port);
+
  private:
   // engine.cpp
   void progress_loop();
