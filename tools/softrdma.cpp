@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/stats.h"
+
 namespace softrdma::tools {
 namespace {
 
@@ -509,6 +511,31 @@ int cmd_run(const std::vector<std::string>& argv_in, bool print_env) {
   return err == ENOENT ? 127 : 126;
 }
 
+// Live counters of every softrdma context on this host, read from their shared-memory stats pages.
+int cmd_stat(bool per_qp, bool all) {
+  auto snaps = core::StatsPage::read_all();
+  if (snaps.empty()) {
+    fmt::print("no running softrdma process\n");
+    return 0;
+  }
+  const auto& names = core::counter_names();
+  auto print_set = [&](const core::Counters& c) {
+    const uint64_t* v = core::counter_values(c);
+    std::string line;
+    for (size_t i = 0; i < names.size(); ++i)
+      if (all || v[i]) line += fmt::format(" {} {}", names[i], v[i]);
+    return line;
+  };
+  for (const auto& s : snaps) {
+    fmt::print("pid {} link {}/1:{}\n", s.pid, s.device, print_set(s.device_counters));
+    if (!per_qp) continue;
+    for (const auto& q : s.qps)
+      fmt::print("pid {} link {}/1 qpn {:#x} dest_qpn {:#x}:{}\n", s.pid, s.device, q.qpn, q.dest_qpn,
+                 print_set(q.counters));
+  }
+  return 0;
+}
+
 int cmd_version() {
   fmt::print("softrdma {}\n", SOFTRDMA_VERSION);
   // Which libibverbs this process really bound to: the first thing to check when a program
@@ -542,6 +569,11 @@ int main(int argc, char** argv) {
   run->footer("PROGRAM ARGS...: the program to run and its arguments (a leading -- is optional)");
 
   auto* version = app.add_subcommand("version", "Print the version and the library in use");
+
+  auto* stat = app.add_subcommand("stat", "Live counters of the running softrdma processes (as rdma statistic)");
+  bool stat_qp = false, stat_all = false;
+  stat->add_flag("-q,--qp", stat_qp, "Also print each QP's counters");
+  stat->add_flag("-a,--all", stat_all, "Print counters that are zero too");
 
   // `run` takes its own few options, then PROGRAM: everything from PROGRAM on is PROGRAM's, which
   // a general option parser would try to interpret, so `run` is split off by hand.
@@ -577,5 +609,6 @@ int main(int argc, char** argv) {
 
   if (*devices) return for_ip.empty() ? cmd_devices(verbose, only_dev) : cmd_devices_for_ip(for_ip);
   if (*version) return cmd_version();
+  if (*stat) return cmd_stat(stat_qp, stat_all);
   return 1;
 }

@@ -64,13 +64,19 @@ void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
 
 void Engine::complete_in_order(Qp& qp) {
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
-  while (tail < qp.send_index || (tail == qp.send_index && qp.sq_stopped)) {
-    if (tail >= qp.sq.head.load(std::memory_order_acquire)) break;
+  // Any started WQE that is fully acknowledged completes, also one at or beyond send_index: after a
+  // rewind, the acknowledgement of the first transmission can arrive before the retransmission.
+  while (tail < qp.sq.head.load(std::memory_order_acquire)) {
     SqEntry& e = qp.sq.at(tail);
     if (!e.started || !e.acked) break;
     if (is_read(e) || is_atomic(e)) qp.reads_outstanding -= qp.reads_outstanding ? 1 : 0;
     complete_sq_entry(qp, e, e.status);
     qp.sq.tail.store(++tail, std::memory_order_release);
+    if (tail > qp.send_index) {
+      // It completed while rewound: nothing of it is left to resend.
+      qp.send_index = tail;
+      qp.send_offset_pkts = 0;
+    }
     if (e.status != WcStatus::Success) {
       move_to_error(qp);
       return;
@@ -98,7 +104,8 @@ static void acknowledge_before(Qp& qp, uint32_t psn) {
     qp.acked_psn = psn;
     qp.retries_left = qp.retry_cnt;  // forward progress restores the retry budget
   }
-  for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i < qp.send_index || (i == qp.send_index && qp.send_offset_pkts); ++i) {
+  // Every started WQE counts, also those a rewind put back at or beyond send_index.
+  for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i < qp.sq.head.load(std::memory_order_acquire); ++i) {
     SqEntry& e = qp.sq.at(i);
     if (!e.started || wire::psn_diff(last_psn(e), psn) >= 0) break;
     if (!is_read(e) && !is_atomic(e)) e.acked = true;
@@ -122,7 +129,7 @@ void Engine::rewind_to(Qp& qp, uint32_t psn) {
     } else {
       qp.send_offset_pkts = static_cast<uint64_t>(d);
     }
-    ++counters_.retransmits;
+    count(&qp, &core::Counters::retransmits);
     return;
   }
 }
@@ -132,8 +139,9 @@ void Engine::check_timers(Qp& qp, uint64_t now) {
   qp.timer_deadline_ns = 0;
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
   if (tail == qp.send_index && qp.send_offset_pkts == 0) return;
-  ++counters_.timeouts;
+  count(&qp, &core::Counters::timeouts);
   if (qp.retries_left == 0) {
+    count(&qp, &core::Counters::retry_exceeded);
     requester_error(qp, WcStatus::RetryExcErr);
     return;
   }
@@ -159,7 +167,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   // A response to a PSN never sent, or already fully acknowledged, is stale: ignore it.
   if (wire::psn_diff(psn, qp.next_psn) >= 0) {
-    ++counters_.drop_bad_state;
+    count(&qp, &core::Counters::drop_stale_response);
     return;
   }
   uint64_t now = now_ns();
@@ -169,11 +177,12 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
         acknowledge_before(qp, wire::psn_add(psn, 1));
         break;
       case wire::AethType::RnrNak: {
-        ++counters_.rnr_naks_received;
+        count(&qp, &core::Counters::rnr_naks_rcvd);
         acknowledge_before(qp, psn);
         complete_in_order(qp);
         if (qp.rnr_retry != 7) {
           if (qp.rnr_retries_left == 0) {
+            count(&qp, &core::Counters::rnr_retry_exceeded);
             requester_error(qp, WcStatus::RnrRetryExcErr);
             return;
           }
@@ -185,13 +194,20 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
         return;
       }
       case wire::AethType::Nak: {
-        ++counters_.naks_received;
+        {
+          uint8_t c = wire::aeth_value(pkt.aeth.syndrome);
+          count(&qp, c == wire::kNakPsnSeqErr      ? &core::Counters::naks_rcvd_seq
+                     : c == wire::kNakRemoteAccess ? &core::Counters::naks_rcvd_rem_access
+                     : c == wire::kNakRemoteOp     ? &core::Counters::naks_rcvd_rem_op
+                                                   : &core::Counters::naks_rcvd_inv_req);
+        }
         acknowledge_before(qp, psn);
         complete_in_order(qp);
         uint8_t code = wire::aeth_value(pkt.aeth.syndrome);
         if (code == wire::kNakPsnSeqErr) {
           // The responder lost something: resend from the PSN it expects.
           if (qp.retries_left == 0) {
+            count(&qp, &core::Counters::retry_exceeded);
             requester_error(qp, WcStatus::RetryExcErr);
             return;
           }
@@ -207,7 +223,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
         return;
       }
       case wire::AethType::Reserved:
-        ++counters_.drop_malformed;
+        count(&qp, &core::Counters::drop_malformed);
         return;
     }
   } else {
@@ -224,13 +240,13 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
       }
     }
     if (!target || target->acked) {
-      ++counters_.duplicates;
+      count(&qp, &core::Counters::duplicates);
       return;
     }
     SqEntry& e = *target;
     if (info.kind == wire::OpKind::AtomicAck) {
       if (!is_atomic(e)) {
-        ++counters_.drop_bad_opcode;
+        count(&qp, &core::Counters::drop_bad_opcode);
         return;
       }
       acknowledge_before(qp, psn);
@@ -239,13 +255,13 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
       qp.retries_left = qp.retry_cnt;  // new response data is forward progress, even below acked_psn
     } else {
       if (!is_read(e)) {
-        ++counters_.drop_bad_opcode;
+        count(&qp, &core::Counters::drop_bad_opcode);
         return;
       }
       uint64_t expect_idx = e.read_received / qp.mtu;
       if (wire::psn_diff(psn, e.first_psn) != static_cast<int32_t>(expect_idx)) {
         // Out of order: an earlier response packet was lost. The timer re-issues the READ from there.
-        ++counters_.out_of_sequence;
+        count(&qp, &core::Counters::out_of_sequence);
         return;
       }
       uint64_t remaining = e.wqe.length - e.read_received;

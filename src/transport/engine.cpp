@@ -55,7 +55,7 @@ bool cpus_oversubscribed() {
 }  // namespace
 
 Engine::Engine(const net::Interface& iface)
-    : iface_(iface), arena_(kArenaBytes), mrs_(arena_) {
+    : iface_(iface), arena_(kArenaBytes), mrs_(arena_), stats_("softrdma_" + iface.ifname) {
   port_ = std::make_unique<net::UdpPort>(iface_.ip_be, 0);
   try {
     roce_port_ = std::make_unique<net::UdpPort>(iface_.ip_be, wire::kRoceUdpPort);
@@ -78,16 +78,12 @@ Engine::Engine(const net::Interface& iface)
 Engine::~Engine() {
   if (getenv("SOFTRDMA_COUNTERS")) {
     // A post-mortem for debugging (docs/debugging.md): what this context's engine saw.
-    const EngineCounters& c = counters_;
-    fprintf(stderr,
-            "softrdma %s: rx %lu tx %lu retransmits %lu timeouts %lu duplicates %lu out_of_sequence %lu "
-            "naks_sent %lu naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu drop_malformed %lu "
-            "drop_icrc %lu drop_unknown_qp %lu drop_bad_state %lu drop_pkey %lu drop_bad_opcode %lu "
-            "udp_tx_errors %lu\n",
-            iface_.ifname.c_str(), c.rx_packets, c.tx_packets, c.retransmits, c.timeouts, c.duplicates,
-            c.out_of_sequence, c.naks_sent, c.naks_received, c.rnr_naks_sent, c.rnr_naks_received,
-            c.drop_malformed, c.drop_icrc, c.drop_unknown_qp, c.drop_bad_state, c.drop_pkey, c.drop_bad_opcode,
-            port_->stats().tx_errors);
+    std::string line = "softrdma " + iface_.ifname + ":";
+    const auto& names = core::counter_names();
+    const uint64_t* v = core::counter_values(stats_.device());
+    for (size_t i = 0; i < names.size(); ++i)
+      if (v[i]) line += " " + std::string(names[i]) + " " + std::to_string(v[i]);
+    fprintf(stderr, "%s\n", line.c_str());
   }
   stop_.store(true);
   doorbell();
@@ -104,9 +100,9 @@ Engine::~Engine() {
   close(epoll_fd_);
 }
 
-EngineCounters Engine::counters() {
+core::Counters Engine::counters() {
   std::lock_guard lock(lock_);
-  return counters_;
+  return stats_.device();
 }
 
 void Engine::doorbell() {
@@ -203,31 +199,37 @@ void Engine::receive_from(net::UdpPort& port, bool& did) {
 
 void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
                            uint16_t local_port) {
-  ++counters_.rx_packets;
+  count(nullptr, &core::Counters::rx_packets);
+  count(nullptr, &core::Counters::rx_bytes, len);
   wire::Packet pkt;
   if (wire::parse_packet(data, len, pkt) != wire::ParseError::Ok) {
-    ++counters_.drop_malformed;
+    count(nullptr, &core::Counters::drop_malformed);
     return;
   }
   wire::Ipv4UdpAddr addr{peer_ip, iface_.ip_be, peer_port, local_port};
   if (!wire::check_icrc(addr, data, len)) {
-    ++counters_.drop_icrc;
+    count(nullptr, &core::Counters::drop_icrc);
     return;
   }
   // A single P_Key (the default, full or limited member) is all a softrdma port has.
   if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
-    ++counters_.drop_pkey;
+    count(nullptr, &core::Counters::drop_pkey);
     return;
   }
   auto it = qps_.find(pkt.bth.dest_qp);
   if (it == qps_.end()) {
-    ++counters_.drop_unknown_qp;
+    count(nullptr, &core::Counters::drop_unknown_qp);
     return;
   }
   Qp& qp = *it->second;
+  // From here on the packet is this QP's: count it in the QP's set too.
+  if (qp.stats) {
+    ++qp.stats->rx_packets;
+    qp.stats->rx_bytes += len;
+  }
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   if (info.qp_class != wire::QpClass::RC) {
-    ++counters_.drop_bad_opcode;
+    count(&qp, &core::Counters::drop_bad_opcode);
     return;
   }
   QpState st = qp.state.load(std::memory_order_relaxed);
@@ -236,14 +238,14 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
     case wire::OpKind::AtomicAck:
     case wire::OpKind::ReadResponse:
       if (st != QpState::Rts && st != QpState::Sqd) {
-        ++counters_.drop_bad_state;
+        count(&qp, &core::Counters::drop_bad_state);
         return;
       }
       completer_receive(qp, pkt);
       break;
     default:
       if (st != QpState::Rtr && st != QpState::Rts && st != QpState::Sqd) {
-        ++counters_.drop_bad_state;
+        count(&qp, &core::Counters::drop_bad_state);
         return;
       }
       responder_receive(qp, pkt);
@@ -264,7 +266,8 @@ void Engine::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint
   wire::append_icrc(addr, buf, n);
   n += wire::kIcrcLen;
   port_->send(buf, static_cast<uint32_t>(n), qp.dest_ip_be, qp.dest_port);
-  ++counters_.tx_packets;
+  count(&qp, &core::Counters::tx_packets);
+  count(&qp, &core::Counters::tx_bytes, n);
 }
 
 void Engine::resolve_destination(Qp& qp) {
@@ -379,6 +382,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     return nullptr;
   }
   qp->src_port = static_cast<uint16_t>(0xC000 | (qp->qpn & 0x3FFF));
+  qp->stats = stats_.attach_qp(qp->qpn);
   Qp* raw = qp.release();
   qps_[raw->qpn] = raw;
   qp_list_.push_back(raw);
@@ -392,6 +396,7 @@ void Engine::destroy_qp(Qp* qp) {
     qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
     ack_owed_.erase(std::remove(ack_owed_.begin(), ack_owed_.end(), qp), ack_owed_.end());
     net::Registry::instance().release_qpn(qp->qpn);
+    stats_.detach_qp(qp->qpn);
     arena_.release(qp->rq.slots, qp->rq_bytes);
   }
   async_events_.discard_if([qp](const AsyncEvent& e) { return e.qp == qp; });
@@ -427,7 +432,10 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
     std::lock_guard lock(lock_);
     if (m.mask & kModAccessFlags) qp->access_flags = m.access_flags;
     if (m.mask & kModPathMtu) qp->mtu = m.mtu_bytes;
-    if (m.mask & kModDestQpn) qp->dest_qpn = m.dest_qpn;
+    if (m.mask & kModDestQpn) {
+      qp->dest_qpn = m.dest_qpn;
+      stats_.set_dest(qp->qpn, m.dest_qpn);
+    }
     if (m.mask & kModAv) qp->dest_ip_be = m.dest_ip_be;
     if (m.mask & kModRqPsn) qp->epsn = m.rq_psn;
     if (m.mask & kModSqPsn) {

@@ -16,6 +16,7 @@
 #include "core/cq.h"
 #include "core/event_queue.h"
 #include "core/mr.h"
+#include "core/stats.h"
 #include "net/interfaces.h"
 #include "net/udp_port.h"
 #include "transport/qp.h"
@@ -36,13 +37,6 @@ struct AsyncEvent {
   core::CompletionQueue* cq = nullptr;
 };
 
-// Per-engine counters (a later issue exposes them through `softrdma stat`).
-struct EngineCounters {
-  uint64_t rx_packets = 0, tx_packets = 0, retransmits = 0, duplicates = 0, out_of_sequence = 0;
-  uint64_t naks_sent = 0, naks_received = 0, rnr_naks_sent = 0, rnr_naks_received = 0, timeouts = 0;
-  uint64_t drop_malformed = 0, drop_icrc = 0, drop_unknown_qp = 0, drop_bad_state = 0, drop_pkey = 0;
-  uint64_t drop_bad_opcode = 0;
-};
 
 // Everything modify_qp may change, already validated by core::validate_modify_qp.
 struct QpModify {
@@ -67,7 +61,8 @@ class Engine {
   const net::Interface& interface() const { return iface_; }
   core::Arena& arena() { return arena_; }
   core::EventQueue<AsyncEvent>& async_events() { return async_events_; }
-  EngineCounters counters();
+  // The device's counters (all QPs, and drops before a QP is known).
+  core::Counters counters();
 
   // Memory regions: false when the key table is full.
   bool register_mr(core::MrRegion& region);
@@ -109,6 +104,11 @@ class Engine {
   void move_to_error(Qp& qp);
   void flush_queues(Qp& qp);
   void post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited);
+  // Adds n to a counter of the device and, when the packet belongs to a QP, of that QP.
+  void count(Qp* qp, uint64_t core::Counters::*field, uint64_t n = 1) {
+    stats_.device().*field += n;
+    if (qp && qp->stats) qp->stats->*field += n;
+  }
   // requester.cpp
   bool requester_run(Qp& qp, uint64_t now_ns);
   bool prepare_wqe(Qp& qp, SqEntry& e);
@@ -138,7 +138,7 @@ class Engine {
   std::unordered_map<uint32_t, Qp*> qps_;
   std::vector<Qp*> qp_list_;
   std::vector<Qp*> ack_owed_;
-  EngineCounters counters_;
+  core::StatsPage stats_;
 
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -11,6 +11,7 @@
 
 #include "core/cq.h"
 #include "core/limits.h"
+#include "core/stats.h"
 
 namespace softrdma::transport {
 
@@ -122,6 +123,7 @@ struct QpConfig {
 
 struct Qp {
   void* user = nullptr;            // the verbs object that owns this QP (for async events)
+  core::Counters* stats = nullptr; // this QP's counters in the stats page (nullptr: device only)
   uint32_t qpn = 0;
   QpConfig cfg;
   std::atomic<QpState> state{QpState::Reset};

@@ -36,7 +36,9 @@ void Engine::flush_owed_acks() {
 }
 
 void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status) {
-  ++counters_.naks_sent;
+  count(&qp, nak_code == wire::kNakRemoteAccess ? &core::Counters::naks_sent_rem_access
+             : nak_code == wire::kNakRemoteOp   ? &core::Counters::naks_sent_rem_op
+                                                : &core::Counters::naks_sent_inv_req);
   responder_send_ack(qp, wire::aeth_nak(nak_code), psn);
   if (qp.recv_active) {
     uint64_t t = qp.rq.tail.load(std::memory_order_relaxed);
@@ -107,16 +109,16 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   int32_t d = wire::psn_diff(psn, qp.epsn);
   if (d > 0) {
     // A gap: earlier packets were lost. One NAK per gap (IBTA 9.7.5.1.2).
-    ++counters_.out_of_sequence;
+    count(&qp, &core::Counters::out_of_sequence);
     if (!qp.nak_sent) {
       qp.nak_sent = true;
-      ++counters_.naks_sent;
+      count(&qp, &core::Counters::naks_sent_seq);
       responder_send_ack(qp, wire::aeth_nak(wire::kNakPsnSeqErr), qp.epsn);
     }
     return;
   }
   if (d < 0) {
-    ++counters_.duplicates;
+    count(&qp, &core::Counters::duplicates);
     if (info.kind == wire::OpKind::ReadRequest || info.kind == wire::OpKind::CompareSwap ||
         info.kind == wire::OpKind::FetchAdd) {
       bool atomic = info.kind != wire::OpKind::ReadRequest;
@@ -180,7 +182,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         WcStatus err = WcStatus::Success;
         if (!take_receive(qp, mrs_, rnr, err)) {
           if (rnr) {
-            ++counters_.rnr_naks_sent;
+            count(&qp, &core::Counters::rnr_naks_sent);
             responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
           } else {
             responder_fatal(qp, wire::kNakRemoteOp, psn, err);
@@ -235,7 +237,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       bool imm = (info.headers & wire::kHdrImm) != 0;
       // WRITE with immediate consumes a receive WQE: without one, RNR before touching memory.
       if (imm && qp.rq.tail.load(std::memory_order_relaxed) == qp.rq.head.load(std::memory_order_acquire)) {
-        ++counters_.rnr_naks_sent;
+        count(&qp, &core::Counters::rnr_naks_sent);
         responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
         return;
       }
@@ -335,7 +337,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       return;
     }
     default:
-      ++counters_.drop_bad_opcode;
+      count(&qp, &core::Counters::drop_bad_opcode);
       return;
   }
   qp.epsn = wire::psn_add(qp.epsn, 1);

@@ -1,0 +1,80 @@
+// Counters of one device context, in a shared-memory file so `softrdma stat` can read them live
+// from another process (in the spirit of `rdma statistic`). Written only by the owning engine
+// under its lock; readers take a racy snapshot, which is fine for monotonic counters.
+#pragma once
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace softrdma::core {
+
+// One set of counters, kept for the device and for each QP. Fields that happen before a packet is
+// matched to a QP (malformed, ICRC, P_Key, unknown QP) stay zero in a QP's set.
+#define SOFTRDMA_COUNTERS(X)                                                                   \
+  X(rx_packets) X(rx_bytes) X(tx_packets) X(tx_bytes) X(retransmits) X(timeouts) X(duplicates)  \
+  X(out_of_sequence) X(naks_sent_seq) X(naks_sent_inv_req) X(naks_sent_rem_access)              \
+  X(naks_sent_rem_op) X(rnr_naks_sent) X(naks_rcvd_seq) X(naks_rcvd_inv_req)                    \
+  X(naks_rcvd_rem_access) X(naks_rcvd_rem_op) X(rnr_naks_rcvd) X(retry_exceeded)                \
+  X(rnr_retry_exceeded) X(drop_malformed) X(drop_icrc) X(drop_pkey) X(drop_unknown_qp)          \
+  X(drop_bad_opcode) X(drop_bad_state) X(drop_stale_response)
+
+struct Counters {
+#define SOFTRDMA_FIELD(name) uint64_t name;
+  SOFTRDMA_COUNTERS(SOFTRDMA_FIELD)
+#undef SOFTRDMA_FIELD
+};
+// Names in field order, for printing.
+const std::vector<const char*>& counter_names();
+inline const uint64_t* counter_values(const Counters& c) { return reinterpret_cast<const uint64_t*>(&c); }
+
+struct QpStatsSlot {
+  uint32_t qpn;  // 0: free slot
+  uint32_t dest_qpn;
+  Counters counters;
+};
+
+class StatsPage {
+ public:
+  static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
+  static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
+
+  // Creates /dev/shm/softrdma-stats-<pid>-<n>; falls back to private memory if that fails.
+  explicit StatsPage(const std::string& device);
+  ~StatsPage();
+  StatsPage(const StatsPage&) = delete;
+  StatsPage& operator=(const StatsPage&) = delete;
+
+  Counters& device() { return page_->device; }
+  // A zeroed slot for a new QP, or nullptr when all are taken.
+  Counters* attach_qp(uint32_t qpn);
+  void set_dest(uint32_t qpn, uint32_t dest_qpn);
+  void detach_qp(uint32_t qpn);
+  const std::string& path() const { return path_; }
+
+  // What `softrdma stat` shows: every live context's counters on this host.
+  struct Snapshot {
+    pid_t pid;
+    std::string device;
+    Counters device_counters;
+    std::vector<QpStatsSlot> qps;
+  };
+  static std::vector<Snapshot> read_all();
+
+ private:
+  struct Page {
+    uint32_t magic;
+    uint32_t version;
+    int32_t pid;
+    char device_name[64];
+    Counters device;
+    QpStatsSlot qps[kQpSlots];
+  };
+  Page* page_ = nullptr;
+  bool shared_ = false;
+  std::string path_;
+};
+
+}  // namespace softrdma::core

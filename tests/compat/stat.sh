@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# compat.stat: `softrdma stat` shows live counters of running programs (an unmodified ib_write_bw
+# pair, from another process), per device and per QP, and forgets the processes once they exit.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/compat_lib.sh"
+compat_require_softrdma
+
+dev=$(compat_device 127.0.0.1)
+port=$(compat_free_port)
+srv_log=$COMPAT_LOG_DIR/stat_server.log
+cli_log=$COMPAT_LOG_DIR/stat_client.log
+stat_log=$COMPAT_LOG_DIR/stat.log
+# -D: run for a fixed time, long enough to look at the counters while data flows.
+timeout -k 5 60 "$SOFTRDMA" run ib_write_bw -d "$dev" -p "$port" -D 4 >"$srv_log" 2>&1 &
+srv=$!
+compat_wait_listen "$port" "$srv"
+timeout -k 5 60 "$SOFTRDMA" run ib_write_bw -d "$dev" -p "$port" -D 4 127.0.0.1 >"$cli_log" 2>&1 &
+cli=$!
+sleep 3
+"$SOFTRDMA" stat --qp >"$stat_log" 2>&1 || true
+wait "$cli" || true
+wait "$srv" || true
+
+# Both processes appear, each with a device line and a QP line, and the writer's QP has sent data.
+check_line() { # NAME REGEX
+  if grep -qE "$2" "$stat_log"; then compat_result "$1" 1; else compat_result "$1" 0 "no line matching: $2"; fi
+}
+check_line "the writer has device counters" "^pid [0-9]+ link $dev/1: .*tx_packets [1-9]"
+check_line "a QP line with counters" "^pid [0-9]+ link $dev/1 qpn 0x[0-9a-f]+ dest_qpn 0x[0-9a-f]+: .*(rx|tx)_packets [1-9]"
+check_line "the reader saw data arrive (rx_bytes)" "link $dev/1 qpn .* rx_bytes [1-9][0-9]{6,}"
+n=$(grep -cE "^pid [0-9]+ link $dev/1:" "$stat_log" || true)
+if ((n >= 2)); then compat_result "two processes listed" 1; else compat_result "two processes listed" 0 "$n listed"; fi
+
+# Once they have exited, their stats pages are gone.
+after=$("$SOFTRDMA" stat 2>&1)
+pids=$(awk '/^pid [0-9]+ link .*\/1:/ { print $2 }' "$stat_log" | sort -u)
+gone=1
+for p in $pids; do grep -q "^pid $p " <<<"$after" && gone=0; done
+if ((gone)); then compat_result "exited processes are no longer listed" 1; else compat_result "exited processes are no longer listed" 0 "$after"; fi
+compat_finish
