@@ -49,6 +49,7 @@ bool set_rate(ImpairmentRates& r, std::string_view key, std::string_view value, 
   else if (key == "burst") prob = &r.burst;
   else if (key == "reorder_depth") count = &r.reorder_depth;
   else if (key == "burst_len") count = &r.burst_len;
+  else if (key == "burst_at") count = &r.burst_at;
   else {
     *error = "unknown key '" + std::string(key) + "'";
     return false;
@@ -160,7 +161,8 @@ void DirectionImpairment::offer(uint8_t* data, uint32_t len, const Meta& meta, c
   const double u_burst = rng_.uniform(), u_drop = rng_.uniform(), u_corrupt = rng_.uniform();
   const double u_reorder = rng_.uniform(), u_dup = rng_.uniform();
   const uint64_t r = rng_.next();
-  if (burst_left_ == 0 && rates_.burst_len > 0 && u_burst < rates_.burst) {
+  if (burst_left_ == 0 && rates_.burst_len > 0 &&
+      (u_burst < rates_.burst || (rates_.burst_at && stats_.seen == rates_.burst_at))) {
     burst_left_ = rates_.burst_len;
     ++stats_.bursts;
   }

@@ -6,7 +6,8 @@
 //                    rx_drop=0.02,burst=0,burst_len=0"
 //
 // Keys: seed; for each direction tx_/rx_ followed by drop, dup, reorder, corrupt, burst (probabilities in
-// [0,1]), reorder_depth, burst_len (counts). A key without a direction prefix sets both directions.
+// [0,1]), reorder_depth, burst_len, burst_at (counts; burst_at=N drops burst_len datagrams from the N-th on, a
+// fault at a known place). A key without a direction prefix sets both directions.
 // Decisions come from a PRNG seeded with `seed` mixed with the port's creation index in the process and
 // the direction, so the same seed and the same sequence of datagrams/flushes replays the same faults.
 #pragma once
@@ -26,7 +27,10 @@ struct ImpairmentRates {
   double drop = 0, dup = 0, reorder = 0, corrupt = 0, burst = 0;
   uint32_t reorder_depth = 8;  // a held datagram is released after at most this many later ones
   uint32_t burst_len = 0;      // datagrams dropped in a row once a burst starts
-  bool active() const { return drop > 0 || dup > 0 || reorder > 0 || corrupt > 0 || (burst > 0 && burst_len > 0); }
+  uint32_t burst_at = 0;       // if not 0: a burst also starts at this datagram (1-based), once
+  bool active() const {
+    return drop > 0 || dup > 0 || reorder > 0 || corrupt > 0 || ((burst > 0 || burst_at > 0) && burst_len > 0);
+  }
 };
 
 struct ImpairmentConfig {

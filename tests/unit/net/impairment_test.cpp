@@ -175,6 +175,18 @@ TEST(Impairment, RatesRoughlyAsConfigured) {
   EXPECT_LE(seen.size(), kN - s.dropped + s.corrupted);
 }
 
+TEST(Impairment, BurstAtDropsAKnownRun) {
+  auto c = parse_impairment("tx_burst_at=3,tx_burst_len=4", nullptr);
+  ASSERT_TRUE(c && c->active());
+  Harness h(c->tx, 1);
+  for (uint32_t i = 1; i <= 20; ++i) h.offer(i);
+  std::vector<uint32_t> got;
+  for (const Out& o : h.out) got.push_back(o.seq);
+  EXPECT_EQ(got, (std::vector<uint32_t>{1, 2, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}));
+  EXPECT_EQ(h.stats.bursts, 1u);
+  EXPECT_EQ(h.stats.burst_dropped, 4u);
+}
+
 TEST(Impairment, ReorderDelayIsBounded) {
   ImpairmentRates r;
   r.reorder = 0.3;
