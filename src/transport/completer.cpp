@@ -2,6 +2,7 @@
 // order; the retransmit timer, RNR back-off and the retry counters.
 #include <algorithm>
 #include <cstring>
+#include <cstdio>
 
 #include "transport/engine.h"
 #include "wire/opcode.h"
@@ -134,12 +135,24 @@ void Engine::rewind_to(Qp& qp, uint32_t psn) {
   }
 }
 
+void Engine::reissue_read(Qp& qp, SqEntry& e) {
+  // Once per point reached: a stream of out-of-order responses triggers one re-issue, not one each.
+  if (e.reissued_at == e.read_received) return;
+  e.reissued_at = e.read_received;
+  rewind_to(qp, wire::psn_add(e.first_psn, static_cast<uint32_t>(e.read_received / qp.mtu)));
+}
+
 void Engine::check_timers(Qp& qp, uint64_t now) {
   if (!qp.timer_deadline_ns || now < qp.timer_deadline_ns) return;
   qp.timer_deadline_ns = 0;
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
   if (tail == qp.send_index && qp.send_offset_pkts == 0) return;
   count(&qp, &core::Counters::timeouts);
+  {
+    SqEntry& t = qp.sq.at(tail);
+    fprintf(stderr, "DBG timeout acked %x next %x left %u tail %lu sidx %lu soff %lu | op %d first %x npkts %u started %d acked %d rr %lu len %lu ro %u\n", qp.acked_psn, qp.next_psn, qp.retries_left,
+            (unsigned long)tail, (unsigned long)qp.send_index, (unsigned long)qp.send_offset_pkts, (int)t.wqe.op, t.first_psn, t.npkts, t.started, t.acked, (unsigned long)t.read_received, (unsigned long)t.wqe.length, qp.reads_outstanding);
+  }
   if (qp.retries_left == 0) {
     count(&qp, &core::Counters::retry_exceeded);
     requester_error(qp, WcStatus::RetryExcErr);
@@ -173,9 +186,18 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
   uint64_t now = now_ns();
   if (info.kind == wire::OpKind::Ack) {
     switch (wire::aeth_type(pkt.aeth.syndrome)) {
-      case wire::AethType::Ack:
+      case wire::AethType::Ack: {
         acknowledge_before(qp, wire::psn_add(psn, 1));
+        // The responder answers in PSN order: an ACK beyond a READ whose data has not all arrived
+        // means the rest of its responses were lost.
+        uint64_t t = qp.sq.tail.load(std::memory_order_relaxed);
+        if (t < qp.sq.head.load(std::memory_order_acquire)) {
+          SqEntry& first = qp.sq.at(t);
+          if (first.started && !first.acked && is_read(first) && wire::psn_diff(psn, last_psn(first)) > 0)
+            reissue_read(qp, first);
+        }
         break;
+      }
       case wire::AethType::RnrNak: {
         count(&qp, &core::Counters::rnr_naks_rcvd);
         acknowledge_before(qp, psn);
@@ -259,9 +281,15 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
         return;
       }
       uint64_t expect_idx = e.read_received / qp.mtu;
-      if (wire::psn_diff(psn, e.first_psn) != static_cast<int32_t>(expect_idx)) {
-        // Out of order: an earlier response packet was lost. The timer re-issues the READ from there.
+      int32_t idx = wire::psn_diff(psn, e.first_psn);
+      if (idx != static_cast<int32_t>(expect_idx)) {
+        if (idx < static_cast<int32_t>(expect_idx)) {
+          count(&qp, &core::Counters::duplicates);
+          return;
+        }
+        // Responses come in PSN order: a later one means earlier ones were lost. Ask again now.
         count(&qp, &core::Counters::out_of_sequence);
+        reissue_read(qp, e);
         return;
       }
       uint64_t remaining = e.wqe.length - e.read_received;

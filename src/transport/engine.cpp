@@ -502,6 +502,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad) {
       e.acked = false;
       e.status = WcStatus::Success;
       e.read_received = 0;
+      e.reissued_at = ~0ull;
       ++head;
     }
     qp->sq.head.store(head, std::memory_order_release);

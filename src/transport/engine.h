@@ -120,11 +120,13 @@ class Engine {
   void complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status);
   void requester_error(Qp& qp, WcStatus status);
   void rewind_to(Qp& qp, uint32_t psn);
+  void reissue_read(Qp& qp, SqEntry& e);
   void check_timers(Qp& qp, uint64_t now_ns);
   // responder.cpp
   void responder_receive(Qp& qp, const wire::Packet& pkt);
   void responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn);
   bool responder_run_reads(Qp& qp);
+  void send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig);
   void responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status);
   void flush_owed_acks();
 

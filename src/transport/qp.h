@@ -60,6 +60,7 @@ struct SqEntry {
   bool acked = false;       // SEND/WRITE: ACKed; READ/ATOMIC: all response data in
   WcStatus status = WcStatus::Success;  // an error found for this WQE, reported in order
   uint64_t read_received = 0;  // READ: response bytes placed so far
+  uint64_t reissued_at = ~0ull;  // READ: read_received when it was last re-issued early
 };
 
 // Ring of SendWqe/RecvWqe slots: one producer lock, a single consumer (the engine).
@@ -103,14 +104,16 @@ struct ReplayEntry {
   uint64_t atomic_orig = 0;
 };
 
-// A READ response being streamed out by the responder.
+// A response the responder still owes, in PSN order: READ response packets streamed out, or an
+// ATOMIC acknowledge that must not overtake the READ responses before it.
 struct ReadResponseJob {
   uint32_t psn;         // PSN of the next response packet
   uint32_t first_psn;
   uint32_t last_psn;
   uint8_t* src;         // next byte to send
   uint64_t remaining;
-  bool first_sent;
+  bool atomic = false;  // an ATOMIC acknowledge carrying atomic_orig
+  uint64_t atomic_orig = 0;
 };
 
 struct QpConfig {

@@ -159,6 +159,12 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
   uint64_t head = qp.sq.head.load(std::memory_order_acquire);
   while (budget > 0 && qp.send_index < head) {
     SqEntry& e = qp.sq.at(qp.send_index);
+    if (e.started && e.acked && e.status == WcStatus::Success) {
+      // Rewound past a request that is already acknowledged: nothing of it needs resending.
+      ++qp.send_index;
+      qp.send_offset_pkts = 0;
+      continue;
+    }
     if (!e.started) {
       // A fenced WQE waits until every earlier WQE (and so every READ/ATOMIC) has completed.
       if ((e.wqe.flags & kFence) && qp.sq.tail.load(std::memory_order_relaxed) != qp.send_index) break;

@@ -27,12 +27,28 @@ void Engine::responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn) {
 }
 
 void Engine::flush_owed_acks() {
+  size_t kept = 0;
   for (Qp* qp : ack_owed_) {
+    // Responses go out in PSN order (IBTA 9.5): an ACK of a later request waits for the READ
+    // responses before it, or the requester would take those for lost.
+    if (qp->ack_owed && !qp->read_jobs.empty() && qp->state.load(std::memory_order_relaxed) != QpState::Err) {
+      ack_owed_[kept++] = qp;
+      continue;
+    }
     if (qp->ack_owed && qp->state.load(std::memory_order_relaxed) != QpState::Err)
       responder_send_ack(*qp, wire::aeth_ack(), qp->ack_psn);
     qp->ack_owed = false;
   }
-  ack_owed_.clear();
+  ack_owed_.resize(kept);
+}
+
+void Engine::send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig) {
+  wire::Packet ack{};
+  ack.bth.opcode = wire::kRcAtomicAck;
+  ack.bth.psn = psn;
+  ack.aeth = {wire::aeth_ack(), qp.msn};
+  ack.atomic_ack_orig = orig;
+  send_packet(qp, ack, nullptr, 0);
 }
 
 void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status) {
@@ -64,6 +80,12 @@ bool Engine::responder_run_reads(Qp& qp) {
   int budget = kReadBurst;
   while (budget > 0 && !qp.read_jobs.empty()) {
     ReadResponseJob& j = qp.read_jobs.front();
+    if (j.atomic) {
+      send_atomic_ack(qp, j.psn, j.atomic_orig);
+      qp.read_jobs.erase(qp.read_jobs.begin());
+      --budget;
+      continue;
+    }
     uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, j.remaining));
     bool first = j.psn == j.first_psn;
     bool last = j.psn == j.last_psn;
@@ -127,12 +149,10 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         if (!r.valid || r.atomic != atomic || off < 0 || off >= static_cast<int32_t>(r.npkts)) continue;
         if (atomic) {
           if (off != 0) break;
-          wire::Packet ack{};
-          ack.bth.opcode = wire::kRcAtomicAck;
-          ack.bth.psn = psn;
-          ack.aeth = {wire::aeth_ack(), qp.msn};
-          ack.atomic_ack_orig = r.atomic_orig;
-          send_packet(qp, ack, nullptr, 0);
+          if (qp.read_jobs.empty())
+            send_atomic_ack(qp, psn, r.atomic_orig);
+          else
+            qp.read_jobs.push_back({psn, psn, psn, nullptr, 0, true, r.atomic_orig});
         } else {
           // Regenerate from the (possibly shortened) re-issued request, re-checking its key.
           uint8_t* host = nullptr;
@@ -144,11 +164,11 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           // A request re-issued from its start supersedes the one being streamed out.
           qp.read_jobs.erase(std::remove_if(qp.read_jobs.begin(), qp.read_jobs.end(),
                                             [&](const ReadResponseJob& j) {
-                                              return wire::psn_diff(j.psn, psn) >= 0 &&
+                                              return !j.atomic && wire::psn_diff(j.psn, psn) >= 0 &&
                                                      wire::psn_diff(j.last_psn, wire::psn_add(psn, n - 1)) <= 0;
                                             }),
                              qp.read_jobs.end());
-          qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len, false});
+          qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len});
         }
         break;
       }
@@ -295,7 +315,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       ReplayEntry& r = qp.replay[qp.replay_next++ % qp.replay.size()];
       r = {true, false, psn, n, 0};
       qp.msn = wire::psn_add(qp.msn, 1);
-      qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len, false});
+      qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len});
       qp.epsn = wire::psn_add(qp.epsn, n);
       qp.last_opcode = pkt.bth.opcode;
       qp.in_message = false;
@@ -325,12 +345,10 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       ReplayEntry& r = qp.replay[qp.replay_next++ % qp.replay.size()];
       r = {true, true, psn, 1, orig};
       qp.msn = wire::psn_add(qp.msn, 1);
-      wire::Packet ack{};
-      ack.bth.opcode = wire::kRcAtomicAck;
-      ack.bth.psn = psn;
-      ack.aeth = {wire::aeth_ack(), qp.msn};
-      ack.atomic_ack_orig = orig;
-      send_packet(qp, ack, nullptr, 0);
+      if (qp.read_jobs.empty())
+        send_atomic_ack(qp, psn, orig);
+      else
+        qp.read_jobs.push_back({psn, psn, psn, nullptr, 0, true, orig});
       qp.epsn = wire::psn_add(qp.epsn, 1);
       qp.last_opcode = pkt.bth.opcode;
       qp.in_message = false;
