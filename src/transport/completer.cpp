@@ -40,7 +40,7 @@ void scatter(SqEntry& e, uint64_t off, const uint8_t* src, uint32_t len) {
       continue;
     }
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(sl - off, len));
-    std::memcpy(e.host[i] + off, src, n);
+    if (e.host[i]) std::memcpy(e.host[i] + off, src, n);  // null: deregistered in flight (LOC_PROT_ERR)
     src += n;
     len -= n;
     off = 0;
@@ -272,7 +272,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
         return;
       }
       acknowledge_before(qp, psn);
-      std::memcpy(e.host[0], &pkt.atomic_ack_orig, 8);
+      if (e.host[0]) std::memcpy(e.host[0], &pkt.atomic_ack_orig, 8);
       e.acked = true;
       qp.retries_left = qp.retry_cnt;  // new response data is forward progress, even below acked_psn
     } else {

@@ -333,6 +333,31 @@ bool Engine::register_mr(core::MrRegion& region) {
 void Engine::deregister_mr(const core::MrRegion& region) {
   std::lock_guard lock(lock_);
   mrs_.remove(region);
+  // The application may unmap the memory as soon as we return: forget every pointer into it that an
+  // operation in flight still holds, so a late packet finds an error instead of freed memory.
+  const uint8_t* lo = reinterpret_cast<const uint8_t*>(region.addr);
+  const uint8_t* hi = lo + region.length;
+  auto inside = [&](const uint8_t* p) { return p && p >= lo && p < hi; };
+  for (Qp* qp : qp_list_) {
+    if (qp->write_remaining && inside(qp->write_dst)) qp->write_dst = nullptr;
+    if (qp->recv_active) {
+      const RecvWqe& w = qp->rq.at(qp->rq.tail.load(std::memory_order_relaxed));
+      for (uint32_t i = 0; i < w.num_sge; ++i)
+        if (inside(qp->recv_host[i])) qp->recv_host[i] = nullptr;
+    }
+    std::erase_if(qp->read_jobs, [&](const ReadResponseJob& j) {
+      return !j.atomic && j.remaining && j.src < hi && j.src + j.remaining > lo;
+    });
+    for (uint64_t i = qp->sq.tail.load(); i < qp->sq.head.load(std::memory_order_acquire); ++i) {
+      SqEntry& e = qp->sq.at(i);
+      if (!e.started || (e.wqe.flags & kInline)) continue;
+      for (uint32_t k = 0; k < e.wqe.num_sge; ++k) {
+        if (!inside(e.host[k])) continue;
+        e.host[k] = nullptr;
+        e.status = WcStatus::LocProtErr;
+      }
+    }
+  }
 }
 
 std::unique_ptr<core::CompletionQueue> Engine::create_cq(uint32_t entries,

@@ -184,6 +184,13 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
       qp.send_offset_pkts = 0;
       if (is_read_or_atomic(e.wqe.op)) ++qp.reads_outstanding;
     }
+    if (e.status != WcStatus::Success) {
+      // Its memory was deregistered while it was in flight: it completes in error, in order.
+      e.acked = true;
+      qp.sq_stopped = true;
+      complete_in_order(qp);
+      return true;
+    }
     // READ and ATOMIC are one request packet however many PSNs their responses use.
     uint64_t to_send = is_read_or_atomic(e.wqe.op) ? (e.wqe.op == WrOp::Read ? qp.send_offset_pkts + 1 : 1) : e.npkts;
     while (qp.send_offset_pkts < to_send && budget > 0) {

@@ -225,6 +225,11 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           continue;
         }
         uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(w.sge[i].length - off, len));
+        if (!qp.recv_host[i]) {
+          // The receive buffer's MR was deregistered while this message arrived.
+          responder_fatal(qp, wire::kNakRemoteOp, psn, WcStatus::LocProtErr);
+          return;
+        }
         std::memcpy(qp.recv_host[i] + off, src, n);
         src += n;
         len -= n;
@@ -272,6 +277,11 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         qp.write_dst = host;
         qp.write_remaining = pkt.reth.dma_len;
         qp.write_total = pkt.reth.dma_len;
+      }
+      if (!qp.write_dst && qp.write_remaining) {
+        // The target MR was deregistered between the packets of this WRITE.
+        responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
+        return;
       }
       if (pkt.payload_len > qp.write_remaining || (info.last && pkt.payload_len != qp.write_remaining)) {
         responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);

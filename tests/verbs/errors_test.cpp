@@ -1,6 +1,7 @@
 // Error completions, each provoked, then the QP in ERR with later WRs flushed.
 #include "helpers.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -404,6 +405,71 @@ TEST_F(Errors, WrFlushErrOnModifyToErr) {
   for (int i = 0; i < 3; ++i)
     expect_wc(wcs[i], {.wr_id = uint64_t(400 + i), .status = IBV_WC_WR_FLUSH_ERR, .qp_num = a.qpn()});
   EXPECT_EQ(qp_state(a.qp), IBV_QPS_ERR);
+}
+
+// Deregistering an MR while a large operation on it is in flight, then unmapping its pages at once:
+// the operation either finished first or ends with the protection error of its side, and nothing
+// touches the unmapped memory (a touch would kill the test process).
+class DeregInFlight : public RcPair {
+ protected:
+  static constexpr size_t kLen = 24 << 20;
+  struct Region {
+    uint8_t* mem = nullptr;
+    ibv_mr* mr = nullptr;
+  };
+  Region map_and_register(ibv_pd* pd) {
+    Region r;
+    void* p = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return r;
+    r.mem = static_cast<uint8_t*>(p);
+    std::memset(r.mem, 0x5A, kLen);
+    r.mr = ibv_reg_mr(pd, r.mem, kLen, kAllAccess);
+    return r;
+  }
+  void release(Region& r) {
+    if (r.mr) {
+      EXPECT_EQ(ibv_dereg_mr(r.mr), 0);
+    }
+    if (r.mem) munmap(r.mem, kLen);
+    r = {};
+  }
+  // Posts op from a's region to b's, then pulls the MR of `victim` away and unmaps it.
+  void run(ibv_wr_opcode op, bool victim_is_remote, std::initializer_list<ibv_wc_status> allowed) {
+    ASSERT_TRUE(connect());
+    Region local = map_and_register(a.pd), remote = map_and_register(b.pd);
+    ASSERT_TRUE(local.mr && remote.mr);
+    SendWr w(77, op, {ibv_sge{reinterpret_cast<uint64_t>(local.mem), static_cast<uint32_t>(kLen), local.mr->lkey}});
+    w.rdma(reinterpret_cast<uint64_t>(remote.mem), remote.mr->rkey);
+    ASSERT_EQ(post_send(a.qp, w), 0);
+    release(victim_is_remote ? remote : local);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_wc(a.scq, &wc)) << "the operation never completed";
+    bool ok = false;
+    for (ibv_wc_status s : allowed) ok |= wc.status == s;
+    EXPECT_TRUE(ok) << "status " << ibv_wc_status_str(wc.status);
+    EXPECT_EQ(wc.wr_id, 77u);
+    if (wc.status != IBV_WC_SUCCESS) {
+      EXPECT_TRUE(wait_qp_state(a.qp, IBV_QPS_ERR));
+    }
+    release(local);
+    release(remote);
+  }
+};
+
+TEST_F(DeregInFlight, TargetOfWriteDeregisteredAndUnmapped) {
+  run(IBV_WR_RDMA_WRITE, true, {IBV_WC_SUCCESS, IBV_WC_REM_ACCESS_ERR});
+}
+
+TEST_F(DeregInFlight, SourceOfWriteDeregisteredAndUnmapped) {
+  run(IBV_WR_RDMA_WRITE, false, {IBV_WC_SUCCESS, IBV_WC_LOC_PROT_ERR});
+}
+
+TEST_F(DeregInFlight, DestinationOfReadDeregisteredAndUnmapped) {
+  run(IBV_WR_RDMA_READ, false, {IBV_WC_SUCCESS, IBV_WC_LOC_PROT_ERR});
+}
+
+TEST_F(DeregInFlight, SourceOfReadDeregisteredAndUnmapped) {
+  run(IBV_WR_RDMA_READ, true, {IBV_WC_SUCCESS, IBV_WC_REM_ACCESS_ERR, IBV_WC_RETRY_EXC_ERR});
 }
 
 }  // namespace
