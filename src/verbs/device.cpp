@@ -350,6 +350,7 @@ SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
 }
 
 SOFTRDMA_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  if (to_pd(pd)->users.load()) return EBUSY;
   --to_ctx(pd->context)->pds;
   delete reinterpret_cast<SoftPd*>(pd);
   return 0;

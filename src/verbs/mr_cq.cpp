@@ -67,6 +67,7 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
     errno = ENOMEM;
     return nullptr;
   }
+  ++to_pd(pd)->users;
   m->mr.context = pd->context;
   m->mr.pd = pd;
   m->mr.addr = addr;
@@ -90,6 +91,7 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, u
 SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   auto* m = reinterpret_cast<SoftMr*>(mr);
   engine_of(mr->context).deregister_mr(m->region);
+  --to_pd(mr->pd)->users;
   delete m;
   return 0;
 }

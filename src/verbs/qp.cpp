@@ -67,6 +67,7 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
   q->init.cap.max_send_sge = cfg.max_send_sge;
   q->init.cap.max_recv_sge = cfg.max_recv_sge;
   q->init.cap.max_inline_data = cfg.max_inline;
+  ++to_pd(pd)->users;
   ++to_cq(ia.send_cq)->qp_refs;
   ++to_cq(ia.recv_cq)->qp_refs;
   ibv_qp& b = q->qpx.qp_base;
@@ -321,6 +322,7 @@ SOFTRDMA_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp
 SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   SoftQp* q = to_qp(qp);
   engine_of(qp->context).destroy_qp(q->tqp);
+  --to_pd(qp->pd)->users;
   --to_cq(qp->send_cq)->qp_refs;
   --to_cq(qp->recv_cq)->qp_refs;
   pthread_cond_destroy(&qp->cond);

@@ -45,7 +45,9 @@ inline bool take_slot(std::atomic<uint32_t>& count, uint32_t limit) {
 
 struct SoftPd {
   ibv_pd pd;
+  std::atomic<int> users{0};  // MRs and QPs created in it: dealloc is refused while any remain
 };
+inline SoftPd* to_pd(ibv_pd* p) { return reinterpret_cast<SoftPd*>(p); }
 
 struct SoftMr {
   ibv_mr mr;

@@ -91,6 +91,7 @@ TEST_F(DeviceQuery, PdCqAndMrCountsEnforcedAtTheReportedLimit) {
   ibv_mr* again = ibv_reg_mr(pds[0], page.data(), page.size(), IBV_ACCESS_LOCAL_WRITE);
   EXPECT_TRUE(again);
   if (again) mrs.push_back(again);
+  EXPECT_EQ(ibv_dealloc_pd(pds[0]), EBUSY) << "a PD with MRs in it cannot be deallocated";
   for (ibv_mr* mr : mrs) EXPECT_EQ(ibv_dereg_mr(mr), 0);
   for (ibv_cq* cq : cqs) EXPECT_EQ(ibv_destroy_cq(cq), 0);
   for (ibv_pd* pd : pds) EXPECT_EQ(ibv_dealloc_pd(pd), 0);
