@@ -2,7 +2,6 @@
 // order; the retransmit timer, RNR back-off and the retry counters.
 #include <algorithm>
 #include <cstring>
-#include <cstdio>
 
 #include "transport/engine.h"
 #include "wire/opcode.h"
@@ -148,11 +147,6 @@ void Engine::check_timers(Qp& qp, uint64_t now) {
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
   if (tail == qp.send_index && qp.send_offset_pkts == 0) return;
   count(&qp, &core::Counters::timeouts);
-  {
-    SqEntry& t = qp.sq.at(tail);
-    fprintf(stderr, "DBG timeout acked %x next %x left %u tail %lu sidx %lu soff %lu | op %d first %x npkts %u started %d acked %d rr %lu len %lu ro %u\n", qp.acked_psn, qp.next_psn, qp.retries_left,
-            (unsigned long)tail, (unsigned long)qp.send_index, (unsigned long)qp.send_offset_pkts, (int)t.wqe.op, t.first_psn, t.npkts, t.started, t.acked, (unsigned long)t.read_received, (unsigned long)t.wqe.length, qp.reads_outstanding);
-  }
   if (qp.retries_left == 0) {
     count(&qp, &core::Counters::retry_exceeded);
     requester_error(qp, WcStatus::RetryExcErr);
