@@ -19,7 +19,7 @@ uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len) {
   ip[3] = static_cast<uint8_t>(ip_len);
   ip[4] = static_cast<uint8_t>(addr.ip_id >> 8);
   ip[5] = static_cast<uint8_t>(addr.ip_id);
-  ip[6] = 0x40;  // DF, fragment offset 0
+  ip[6] = addr.ip_flags;  // DF (normally), fragment offset 0
   ip[7] = 0x00;
   ip[8] = 0xFF;  // TTL
   ip[9] = 17;    // UDP
@@ -60,6 +60,67 @@ bool check_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icr
   const uint8_t* p = bth + len;
   const uint32_t stored = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
   return stored == compute_icrc(addr, bth, len);
+}
+
+namespace {
+uint32_t stored_icrc(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+}  // namespace
+
+bool check_icrc_unknown_ip_id(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
+  if (len_with_icrc < kBthLen + kIcrcLen) return false;
+  const size_t len = len_with_icrc - kIcrcLen;
+  Ipv4UdpAddr a = addr;
+  a.ip_id = 0;
+  a.ip_flags = 0x40;
+  const uint32_t c0 = compute_icrc(a, bth, len);
+  const uint32_t delta = stored_icrc(bth + len) ^ c0;
+  if (delta == 0) return true;
+  // Effect of each unknown bit on the ICRC: 16 identification bits, then DF. It depends only on the
+  // packet length, so a few recent lengths are remembered.
+  constexpr int kBits = 17;
+  struct Basis {
+    size_t len = 0;
+    uint32_t v[kBits];
+  };
+  thread_local Basis cache[4];
+  thread_local unsigned next = 0;
+  Basis* basis = nullptr;
+  for (Basis& b : cache)
+    if (b.len == len) basis = &b;
+  if (!basis) {
+    basis = &cache[next++ % 4];
+    for (int i = 0; i < 16; ++i) {
+      Ipv4UdpAddr t = a;
+      t.ip_id = static_cast<uint16_t>(1u << i);
+      basis->v[i] = compute_icrc(t, bth, len) ^ c0;
+    }
+    Ipv4UdpAddr t = a;
+    t.ip_flags = 0;
+    basis->v[16] = compute_icrc(t, bth, len) ^ c0;
+    basis->len = len;
+  }
+  // Gaussian elimination over GF(2): is delta in the span of the basis vectors?
+  uint32_t pivot[32] = {};
+  for (int i = 0; i < kBits; ++i) {
+    uint32_t v = basis->v[i];
+    for (int bit = 31; bit >= 0 && v; --bit) {
+      if (!(v >> bit & 1)) continue;
+      if (!pivot[bit]) {
+        pivot[bit] = v;
+        break;
+      }
+      v ^= pivot[bit];
+    }
+  }
+  uint32_t d = delta;
+  for (int bit = 31; bit >= 0 && d; --bit) {
+    if (!(d >> bit & 1)) continue;
+    if (!pivot[bit]) return false;
+    d ^= pivot[bit];
+  }
+  return d == 0;
 }
 
 }  // namespace softrdma::wire

@@ -13,6 +13,7 @@ struct Ipv4UdpAddr {
   // what softrdma does; a receiver that knows the real value (raw capture) may set it, since the ICRC
   // covers it.
   uint16_t ip_id = 0;
+  uint8_t ip_flags = 0x40;  // high byte of the IPv4 flags/fragment word: DF set
 };
 
 // ICRC over: 8 bytes of 0xFF (LRH stand-in); the IPv4 header as sent (version/IHL 0x45, TOS masked 0xFF,
@@ -26,5 +27,10 @@ uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len);
 void append_icrc(const Ipv4UdpAddr& addr, uint8_t* bth, size_t len);
 // True when the last 4 bytes hold the ICRC of the bytes before them. False if len_with_icrc < 16.
 bool check_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc);
+// The same check for a packet whose IPv4 identification and DF flag the receiver cannot see (a UDP
+// socket does not report them; Linux rxe and RoCE NICs set a non-zero identification). The CRC is
+// affine in those 17 bits, so the ICRC difference to the all-zero case is solved for them: true if
+// some value makes the ICRC match. This leaves 15 of the 32 bits of error detection for such peers.
+bool check_icrc_unknown_ip_id(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc);
 
 }  // namespace softrdma::wire

@@ -195,3 +195,68 @@ TEST(Icrc, CheckRejectsCorruptionAndShortInput) {
 
 }  // namespace
 }  // namespace softrdma::wire
+
+namespace softrdma::wire {
+namespace {
+
+// A packet as Linux rxe or a RoCE NIC sends it: IP identification not 0 (and DF set or not). The
+// receiver, which cannot see those header bits, still accepts it, and still rejects corruption.
+class UnknownIpId : public ::testing::Test {
+ protected:
+  std::vector<uint8_t> make(size_t payload, uint16_t ip_id, uint8_t flags, Ipv4UdpAddr& addr) {
+    Packet p{};
+    p.bth.opcode = kRcWriteOnly;
+    p.bth.pkey = 0xFFFF;
+    p.bth.dest_qp = 0x123456;
+    p.bth.psn = 0xABCDEF;
+    p.reth = {0x1000, 0x11223344, static_cast<uint32_t>(payload)};
+    std::vector<uint8_t> buf(64 + payload + 8);
+    size_t n = write_headers(p, buf.data());
+    for (size_t i = 0; i < payload; ++i) buf[n + i] = static_cast<uint8_t>(i * 7 + 3);
+    n += payload;
+    addr = {0x0100007F, 0x0200007F, 50000, 4791};
+    Ipv4UdpAddr sender = addr;
+    sender.ip_id = ip_id;
+    sender.ip_flags = flags;
+    append_icrc(sender, buf.data(), n);
+    buf.resize(n + kIcrcLen);
+    return buf;
+  }
+};
+
+TEST_F(UnknownIpId, AcceptsAnyIdentificationAndDf) {
+  for (uint16_t id : {uint16_t{0}, uint16_t{1}, uint16_t{0x1234}, uint16_t{0xFFFF}, uint16_t{0x8001}}) {
+    for (uint8_t flags : {uint8_t{0x40}, uint8_t{0x00}}) {
+      for (size_t payload : {size_t{0}, size_t{4}, size_t{1024}, size_t{4096}}) {
+        Ipv4UdpAddr addr;
+        auto pkt = make(payload, id, flags, addr);
+        EXPECT_EQ(check_icrc(addr, pkt.data(), pkt.size()), id == 0 && flags == 0x40)
+            << "the plain check assumes identification 0 and DF";
+        EXPECT_TRUE(check_icrc_unknown_ip_id(addr, pkt.data(), pkt.size()))
+            << "id " << id << " flags " << int(flags) << " payload " << payload;
+      }
+    }
+  }
+}
+
+TEST_F(UnknownIpId, RejectsCorruptedPackets) {
+  // Each corruption below is caught unless it happens to equal an identification change
+  // (probability 2^-15 each); with these fixed flips none does.
+  Ipv4UdpAddr addr;
+  auto good = make(1024, 0x4321, 0x40, addr);
+  int rejected = 0, tried = 0;
+  for (size_t pos = 0; pos < good.size() - kIcrcLen; pos += 37) {
+    if (pos == 4) continue;  // resv8a is masked by design
+    auto bad = good;
+    bad[pos] ^= 0x10;
+    ++tried;
+    rejected += !check_icrc_unknown_ip_id(addr, bad.data(), bad.size());
+  }
+  EXPECT_EQ(rejected, tried);
+  auto other = addr;
+  other.src_port = 50001;
+  EXPECT_FALSE(check_icrc_unknown_ip_id(other, good.data(), good.size())) << "ports stay covered";
+}
+
+}  // namespace
+}  // namespace softrdma::wire
