@@ -32,18 +32,11 @@ core::WcOpcode wc_opcode(WrOp op) {
 
 // Scatters len bytes at message offset off into the WQE's SGEs (READ responses).
 void scatter(SqEntry& e, uint64_t off, const uint8_t* src, uint32_t len) {
-  for (uint32_t i = 0; i < e.wqe.num_sge && len; ++i) {
-    uint32_t sl = e.wqe.sge[i].length;
-    if (off >= sl) {
-      off -= sl;
-      continue;
-    }
-    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(sl - off, len));
-    if (e.host[i]) std::memcpy(e.host[i] + off, src, n);  // null: deregistered in flight (LOC_PROT_ERR)
+  for_each_sge_piece(e.wqe.sge, e.host, e.wqe.num_sge, off, len, [&](uint8_t* p, uint64_t n) {
+    if (p) std::memcpy(p, src, n);  // null: deregistered in flight, the WQE ends in LOC_PROT_ERR
     src += n;
-    len -= n;
-    off = 0;
-  }
+    return true;
+  });
 }
 }  // namespace
 

@@ -3,6 +3,7 @@
 // received, the READ/ATOMIC replay cache). All of it is owned by one Engine and touched only under
 // its lock, except the SQ/RQ producer sides, which applications fill under the queues' own locks.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -27,6 +28,25 @@ struct Sge {
   uint32_t length;
   uint32_t lkey;
 };
+
+// Visits the bytes [off, off + len) of a scatter/gather list piece by piece, in order. fn(p, n) gets
+// the host address of each piece (null when that SGE's memory was deregistered) and returns false to
+// stop the walk; the result says whether the walk ran to the end.
+template <typename Fn>
+bool for_each_sge_piece(const Sge* sge, uint8_t* const* host, uint32_t num_sge, uint64_t off, uint64_t len,
+                        Fn&& fn) {
+  for (uint32_t i = 0; i < num_sge && len; ++i) {
+    if (off >= sge[i].length) {
+      off -= sge[i].length;
+      continue;
+    }
+    uint64_t n = std::min<uint64_t>(sge[i].length - off, len);
+    if (!fn(host[i] ? host[i] + off : nullptr, n)) return false;
+    len -= n;
+    off = 0;
+  }
+  return true;
+}
 
 struct SendWqe {
   uint64_t wr_id;

@@ -56,18 +56,12 @@ static void gather(const SqEntry& e, uint64_t off, uint8_t* dst, uint32_t len) {
     std::memcpy(dst, e.wqe.inline_data + off, len);
     return;
   }
-  for (uint32_t i = 0; i < e.wqe.num_sge && len; ++i) {
-    uint32_t sl = e.wqe.sge[i].length;
-    if (off >= sl) {
-      off -= sl;
-      continue;
-    }
-    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(sl - off, len));
-    std::memcpy(dst, e.host[i] + off, n);
+  // A WQE whose memory was deregistered is stopped before it is sent, so every piece is mapped.
+  for_each_sge_piece(e.wqe.sge, e.host, e.wqe.num_sge, off, len, [&](uint8_t* p, uint64_t n) {
+    std::memcpy(dst, p, n);
     dst += n;
-    len -= n;
-    off = 0;
-  }
+    return true;
+  });
 }
 
 bool Engine::prepare_wqe(Qp& qp, SqEntry& e) {

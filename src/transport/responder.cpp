@@ -215,25 +215,18 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::LocLenErr);
         return;
       }
-      // Scatter into the receive WQE's SGEs.
-      uint64_t off = qp.recv_offset;
       const uint8_t* src = pkt.payload;
-      uint32_t len = pkt.payload_len;
-      for (uint32_t i = 0; i < w.num_sge && len; ++i) {
-        if (off >= w.sge[i].length) {
-          off -= w.sge[i].length;
-          continue;
-        }
-        uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(w.sge[i].length - off, len));
-        if (!qp.recv_host[i]) {
-          // The receive buffer's MR was deregistered while this message arrived.
-          responder_fatal(qp, wire::kNakRemoteOp, psn, WcStatus::LocProtErr);
-          return;
-        }
-        std::memcpy(qp.recv_host[i] + off, src, n);
-        src += n;
-        len -= n;
-        off = 0;
+      bool placed = for_each_sge_piece(w.sge, qp.recv_host, w.num_sge, qp.recv_offset, pkt.payload_len,
+                                       [&](uint8_t* p, uint64_t n) {
+                                         if (!p) return false;
+                                         std::memcpy(p, src, n);
+                                         src += n;
+                                         return true;
+                                       });
+      if (!placed) {
+        // The receive buffer's MR was deregistered while this message arrived.
+        responder_fatal(qp, wire::kNakRemoteOp, psn, WcStatus::LocProtErr);
+        return;
       }
       qp.recv_offset += pkt.payload_len;
       if (info.last) {
