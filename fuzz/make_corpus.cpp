@@ -1,0 +1,215 @@
+// Writes the seed corpora of the fuzz targets: valid RoCEv2 packets built with wire::write_headers for
+// every RC opcode (plus a few UC/UD ones), and, for fuzz_responder, short conversations in its input
+// format (see fuzz_responder.cpp) that reach each responder and completer path.
+//   make_corpus <dir>   -> <dir>/fuzz_parser/*, <dir>/fuzz_responder/*
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "wire/headers.h"
+#include "wire/icrc.h"
+#include "wire/opcode.h"
+#include "wire/psn.h"
+
+using namespace softrdma::wire;
+using Bytes = std::vector<uint8_t>;
+
+namespace {
+
+struct Fields {
+  uint32_t psn = 0;
+  uint64_t va = 0;
+  uint32_t rkey = 0x1234;
+  uint32_t dma_len = 0;
+  uint8_t syndrome = 0x1F;  // ACK, no credit information
+  uint64_t swap_add = 1, compare = 0;
+  bool ack_req = true;
+};
+
+// One packet: headers, payload (a byte pattern), pad and an ICRC over fixed addresses.
+Bytes packet(uint8_t opcode, uint32_t payload_len, const Fields& f) {
+  Packet p{};
+  p.bth.opcode = opcode;
+  p.bth.pkey = kDefaultPkey;
+  p.bth.dest_qp = 0x000102;
+  p.bth.psn = f.psn & kPsnMask;
+  p.bth.ack_req = f.ack_req;
+  p.bth.pad_count = pad_for(payload_len);
+  p.reth = {f.va, f.rkey, f.dma_len};
+  p.atomic = {f.va, f.rkey, f.swap_add, f.compare};
+  p.aeth = {f.syndrome, 1};
+  p.atomic_ack_orig = 0x1122334455667788ull;
+  p.imm_data_be = 0xDDCCBBAA;
+  p.ieth_rkey = 0x5678;
+  p.deth = {0x11111111, 0x000203};
+  Bytes b(kBthLen + kAtomicEthLen + kRethLen + 16);
+  size_t n = write_headers(p, b.data());
+  b.resize(n);
+  for (uint32_t i = 0; i < payload_len; ++i) b.push_back(static_cast<uint8_t>(i * 13 + 7));
+  b.resize(b.size() + p.bth.pad_count + kIcrcLen, 0);
+  Ipv4UdpAddr addr{0x0100007F, 0x0100007F, 49152, kRoceUdpPort};
+  append_icrc(addr, b.data(), b.size() - kIcrcLen);
+  return b;
+}
+
+// fuzz_responder framing: [ctl][len_hi][len_lo][bytes]. ctl 0x04: patch dest QP, PSN, P_Key, rkey/VA
+// and ICRC, so the packet reaches the transport. The PSN's low nibble is 4 + the offset from the
+// expected PSN (requests) or from the oldest unacknowledged PSN (responses).
+void frame(Bytes& out, const Bytes& pkt, uint8_t ctl = 0x04) {
+  out.push_back(ctl);
+  out.push_back(static_cast<uint8_t>(pkt.size() >> 8));
+  out.push_back(static_cast<uint8_t>(pkt.size()));
+  out.insert(out.end(), pkt.begin(), pkt.end());
+}
+
+void write_file(const std::filesystem::path& dir, const std::string& name, const Bytes& b) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / name, std::ios::binary).write(reinterpret_cast<const char*>(b.data()),
+                                                   static_cast<std::streamsize>(b.size()));
+}
+
+Fields at(int32_t off, uint32_t dma_len = 0, uint64_t va = 0) {
+  Fields f;
+  f.psn = static_cast<uint32_t>(4 + off);
+  f.dma_len = dma_len;
+  f.va = va;
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path root = argv[1];
+
+  // fuzz_parser: one valid packet per opcode.
+  const std::filesystem::path pdir = root / "fuzz_parser";
+  for (unsigned op = 0; op < 256; ++op) {
+    const OpcodeInfo& info = opcode_info(static_cast<uint8_t>(op));
+    if (!info.valid) continue;
+    if (info.qp_class != QpClass::RC && op != kUcSendOnly && op != kUcWriteOnly && op != kUdSendOnlyImm) continue;
+    Fields f;
+    f.psn = 0xABCDEF;
+    f.va = 0x40001000;
+    f.dma_len = 37;
+    write_file(pdir, info.name, packet(static_cast<uint8_t>(op), info.has_payload ? 37 : 0, f));
+  }
+
+  const std::filesystem::path rdir = root / "fuzz_responder";
+  // Header bytes: post flags (bits 5..7 = receive WQEs), config (0: MTU 1024, PSNs 0x100/0x200).
+  auto conv = [](uint8_t post, uint8_t cfg) { return Bytes{post, cfg}; };
+  const uint8_t rq4 = 4 << 5;
+  Bytes b;
+
+  b = conv(rq4, 0);
+  frame(b, packet(kRcSendOnly, 100, at(0)));
+  frame(b, packet(kRcSendOnlyImm, 0, at(0)));
+  frame(b, packet(kRcSendOnlyInv, 3, at(0)));
+  write_file(rdir, "send_only", b);
+
+  b = conv(rq4, 0);
+  frame(b, packet(kRcSendFirst, 1024, at(0)));
+  frame(b, packet(kRcSendMiddle, 1024, at(0)));
+  frame(b, packet(kRcSendLast, 200, at(0)));
+  frame(b, packet(kRcSendFirst, 1024, at(0)));
+  frame(b, packet(kRcSendLastImm, 1, at(0)));
+  frame(b, packet(kRcSendFirst, 1024, at(0)));
+  frame(b, packet(kRcSendLastInv, 2, at(0)));
+  write_file(rdir, "send_multi", b);
+
+  b = conv(0, 0);  // no receive WQE: RNR NAK
+  frame(b, packet(kRcSendOnly, 10, at(0)));
+  write_file(rdir, "send_rnr", b);
+
+  b = conv(7 << 5, 0);  // WQE #5 has a bad lkey, #6 is too small
+  for (int i = 0; i < 7; ++i) frame(b, packet(kRcSendOnly, 100, at(0)));
+  write_file(rdir, "send_bad_wqes", b);
+
+  b = conv(rq4, 0);
+  frame(b, packet(kRcWriteOnly, 512, at(0, 512, 0x100)));
+  frame(b, packet(kRcWriteFirst, 1024, at(0, 2500, 0x2000)));
+  frame(b, packet(kRcWriteMiddle, 1024, at(0)));
+  frame(b, packet(kRcWriteLast, 452, at(0)));
+  frame(b, packet(kRcWriteOnlyImm, 8, at(0, 8, 0xFFF8)));
+  frame(b, packet(kRcWriteFirst, 1024, at(0, 1030, 0x3000)));
+  frame(b, packet(kRcWriteLastImm, 6, at(0)));
+  frame(b, packet(kRcWriteOnly, 0, at(0, 0, 0x10000)));
+  write_file(rdir, "write", b);
+
+  b = conv(rq4, 0);
+  frame(b, packet(kRcWriteOnly, 16, at(0, 16, 0xFFF8)));  // runs past the end of the MR
+  write_file(rdir, "write_out_of_range", b);
+
+  b = conv(rq4, 8);  // the QP grants REMOTE_READ only
+  frame(b, packet(kRcWriteOnly, 16, at(0, 16, 0x40)));
+  write_file(rdir, "write_no_access", b);
+
+  b = conv(rq4, 0);
+  frame(b, packet(kRcReadRequest, 0, at(0, 3000, 0x100)));
+  frame(b, packet(kRcReadRequest, 0, at(-3, 3000, 0x100)));  // duplicate: regenerated
+  frame(b, packet(kRcReadRequest, 0, at(0, 0, 0x200)));
+  write_file(rdir, "read", b);
+
+  b = conv(rq4, 0);
+  frame(b, packet(kRcCompareSwap, 0, at(0, 0, 0x40)));
+  frame(b, packet(kRcFetchAdd, 0, at(0, 0, 0x48)));
+  frame(b, packet(kRcFetchAdd, 0, at(-1, 0, 0x48)));  // duplicate: replayed, not re-executed
+  write_file(rdir, "atomic", b);
+
+  b = conv(rq4, 0);
+  frame(b, packet(kRcSendOnly, 8, at(0)));
+  frame(b, packet(kRcSendOnly, 8, at(-1)));  // duplicate: re-ACK
+  frame(b, packet(kRcSendOnly, 8, at(2)));   // gap: PSN sequence NAK
+  frame(b, packet(kRcSendMiddle, 8, at(0)));  // MIDDLE without FIRST: invalid request
+  frame(b, packet(kRcSendOnly, 8, at(0)));    // after the QP is brought up again
+  write_file(rdir, "sequence_errors", b);
+
+  // Completer: every WQE kind posted (READ 2500 B = 3 PSNs, FETCH_ADD, CMP_SWAP, SEND, WRITE 2 PSNs).
+  b = conv(0x1F | rq4, 0);
+  frame(b, packet(kRcReadResponseFirst, 1024, at(0)));
+  frame(b, packet(kRcReadResponseMiddle, 1024, at(1)));
+  frame(b, packet(kRcReadResponseLast, 452, at(1)));
+  frame(b, packet(kRcAtomicAck, 0, at(1)));
+  frame(b, packet(kRcAtomicAck, 0, at(1)));
+  frame(b, packet(kRcAck, 0, at(2)));
+  write_file(rdir, "completer_all", b);
+
+  b = conv(0x19, 0);  // READ, SEND, WRITE
+  Fields rnr = at(3);
+  rnr.syndrome = aeth_rnr_nak(1);
+  frame(b, packet(kRcAck, 0, rnr));
+  Fields seq = at(3);
+  seq.syndrome = aeth_nak(kNakPsnSeqErr);
+  frame(b, packet(kRcAck, 0, seq));
+  Fields acc = at(3);
+  acc.syndrome = aeth_nak(kNakRemoteAccess);
+  frame(b, packet(kRcAck, 0, acc));
+  write_file(rdir, "completer_naks", b);
+
+  b = conv(0x01, 0);
+  frame(b, packet(kRcReadResponseOnly, 1024, at(0)));  // ONLY but 2500 B asked: BadRespErr
+  write_file(rdir, "completer_bad_response", b);
+
+  b = conv(rq4 | 0x01, 1);  // PSNs across the 24-bit wrap
+  frame(b, packet(kRcSendFirst, 1024, at(0)));
+  frame(b, packet(kRcSendMiddle, 1024, at(0)));
+  frame(b, packet(kRcSendLast, 10, at(0)));
+  frame(b, packet(kRcWriteOnly, 4, at(0, 4, 0x80)));
+  frame(b, packet(kRcReadResponseFirst, 1024, at(0)));
+  frame(b, packet(kRcReadResponseMiddle, 1024, at(1)));
+  frame(b, packet(kRcReadResponseLast, 452, at(1)));
+  write_file(rdir, "psn_wrap", b);
+
+  b = conv(rq4, 2);  // MTU 256
+  frame(b, packet(kRcSendFirst, 256, at(0)));
+  frame(b, packet(kRcSendLast, 256, at(0)));
+  frame(b, packet(kRcReadRequest, 0, at(0, 1000, 0)));
+  write_file(rdir, "mtu256", b);
+  return 0;
+}
