@@ -170,6 +170,17 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
     count(&qp, &core::Counters::drop_stale_response);
     return;
   }
+  // A NAK names a PSN of a request still outstanding: from the oldest incomplete WQE on. One for an
+  // older PSN (nothing outstanding at all included) is a ghost, a delayed duplicate or a forgery, and
+  // must not error the QP or use up its retries.
+  if (info.kind == wire::OpKind::Ack && wire::aeth_type(pkt.aeth.syndrome) != wire::AethType::Ack) {
+    uint64_t t = qp.sq.tail.load(std::memory_order_relaxed);
+    if (t == qp.sq.head.load(std::memory_order_acquire) || !qp.sq.at(t).started ||
+        wire::psn_diff(psn, qp.sq.at(t).first_psn) < 0) {
+      count(&qp, &core::Counters::drop_stale_response);
+      return;
+    }
+  }
   uint64_t now = now_ns();
   if (info.kind == wire::OpKind::Ack) {
     switch (wire::aeth_type(pkt.aeth.syndrome)) {

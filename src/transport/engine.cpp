@@ -57,22 +57,33 @@ bool cpus_oversubscribed() {
 Engine::Engine(const net::Interface& iface)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), stats_("softrdma_" + iface.ifname) {
   port_ = std::make_unique<net::UdpPort>(iface_.ip_be, 0);
-  try {
-    roce_port_ = std::make_unique<net::UdpPort>(iface_.ip_be, wire::kRoceUdpPort);
-  } catch (const std::system_error&) {
-    // Another process of this host holds 4791 for this address; our peers reach us on port_.
-  }
   doorbell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (doorbell_fd_ < 0 || epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
-  for (int fd : {port_->fd(), doorbell_fd_, roce_port_ ? roce_port_->fd() : -1}) {
-    if (fd < 0) continue;
+  for (int fd : {port_->fd(), doorbell_fd_}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   }
+  try_take_roce_port(0);
   thread_ = std::thread([this] { progress_loop(); });
+}
+
+void Engine::try_take_roce_port(uint64_t now) {
+  // One process of the host holds UDP 4791 for an address and forwards what is not its own; when it
+  // exits, the next one to try takes over. Tried at most once a second.
+  if (roce_port_ || now < next_roce_try_ns_) return;
+  next_roce_try_ns_ = now + 1000000000ull;
+  try {
+    roce_port_ = std::make_unique<net::UdpPort>(iface_.ip_be, wire::kRoceUdpPort);
+  } catch (const std::system_error&) {
+    return;  // held by another process: our peers reach us through it, or on port_ directly
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = roce_port_->fd();
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, roce_port_->fd(), &ev);
 }
 
 Engine::~Engine() {
@@ -145,6 +156,7 @@ void Engine::progress_loop() {
       std::lock_guard lock(lock_);
       did = progress_once();
       deadline = next_deadline_ns();
+      if (!roce_port_ && (!deadline || next_roce_try_ns_ < deadline)) deadline = next_roce_try_ns_;
     }
     if (!did) {
       epoll_event evs[4];
@@ -167,8 +179,9 @@ void Engine::progress_loop() {
 bool Engine::progress_once() {
   bool did = false;
   receive_from(*port_, did);
-  if (roce_port_) receive_from(*roce_port_, did);
   uint64_t now = now_ns();
+  try_take_roce_port(now);
+  if (roce_port_) receive_from(*roce_port_, did);
   for (Qp* qp : qp_list_) {
     if (qp->state.load(std::memory_order_relaxed) == QpState::Err) {
       if (qp->sq.count() || qp->rq.count() || qp->recv_active) {
@@ -183,6 +196,7 @@ bool Engine::progress_once() {
   }
   flush_owed_acks();
   port_->flush();
+  if (roce_port_) roce_port_->flush();
   return did;
 }
 
@@ -207,8 +221,10 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
     return;
   }
   wire::Ipv4UdpAddr addr{peer_ip, iface_.ip_be, peer_port, local_port};
+  // Forwarded by this host's 4791 holder, which checked the ICRC against the original addresses.
+  bool forwarded = peer_ip == iface_.ip_be && peer_port == wire::kRoceUdpPort && local_port != wire::kRoceUdpPort;
   // softrdma peers send IP identification 0; other RoCE stacks do not, and a UDP socket cannot see it.
-  if (!wire::check_icrc(addr, data, len) && !wire::check_icrc_unknown_ip_id(addr, data, len)) {
+  if (!forwarded && !wire::check_icrc(addr, data, len) && !wire::check_icrc_unknown_ip_id(addr, data, len)) {
     count(nullptr, &core::Counters::drop_icrc);
     return;
   }
@@ -218,6 +234,15 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
     return;
   }
   auto it = qps_.find(pkt.bth.dest_qp);
+  if (it == qps_.end() && local_port == wire::kRoceUdpPort && roce_port_) {
+    // From another host, for a QP of another process here: hand it over (DESIGN §4).
+    auto ep = net::Registry::instance().lookup(pkt.bth.dest_qp);
+    if (ep && ep->ip_be == iface_.ip_be && ep->port != port_->port()) {
+      roce_port_->send(data, len, ep->ip_be, ep->port);
+      count(nullptr, &core::Counters::forwarded);
+      return;
+    }
+  }
   if (it == qps_.end()) {
     count(nullptr, &core::Counters::drop_unknown_qp);
     return;

@@ -98,6 +98,7 @@ class Engine {
   void handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
                      uint16_t local_port);
   void doorbell();
+  void try_take_roce_port(uint64_t now_ns);
   uint64_t next_deadline_ns();
   void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
   void resolve_destination(Qp& qp);
@@ -136,6 +137,7 @@ class Engine {
   core::EventQueue<AsyncEvent> async_events_;
   std::unique_ptr<net::UdpPort> port_;       // ephemeral port: this context's address in the registry
   std::unique_ptr<net::UdpPort> roce_port_;  // UDP 4791, when this process holds it
+  uint64_t next_roce_try_ns_ = 0;
   std::mutex lock_;                          // the engine lock
   std::unordered_map<uint32_t, Qp*> qps_;
   std::vector<Qp*> qp_list_;

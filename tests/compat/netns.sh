@@ -90,4 +90,23 @@ netns_pair ib_send_bw
 netns_pair ib_atomic_bw
 netns_pair ib_write_lat
 
+# Two processes in namespace A: the first to open the device holds UDP 4791 for its address, so
+# packets from B for the second one's QP arrive at the first and are handed over (DESIGN §4).
+squat_port=$(compat_free_port)
+"${inA[@]}" timeout -k 5 120 "$SOFTRDMA" run ib_write_bw -d "$devA" -p "$squat_port" \
+  >"$COMPAT_LOG_DIR/squatter.log" 2>&1 &
+squatter=$!
+compat_wait_listen "$squat_port" "$squatter" "${inA[@]}"
+if "${inA[@]}" ss -uln | grep -q ":4791 "; then
+  netns_pair ib_write_bw -n 2000
+  netns_pair ib_read_bw -n 2000
+  netns_pair ib_send_lat -n 500
+else
+  compat_result "a second process in A holds UDP 4791" 0 "nobody bound 4791 in namespace A"
+fi
+kill "$squatter" 2>/dev/null || true
+wait "$squatter" 2>/dev/null || true
+# With the holder gone, the next process takes the port over.
+netns_pair ib_write_bw -n 2000
+
 compat_finish
