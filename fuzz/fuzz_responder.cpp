@@ -5,7 +5,8 @@
 //   byte 0  WQEs posted before the packets: bit0 READ (2500 B), bit1 FETCH_ADD, bit2 CMP_SWAP,
 //           bit3 SEND (100 B), bit4 WRITE (1500 B); bits 5..7: receive WQEs to post (0..7)
 //   byte 1  bit0: PSNs just below the 24-bit wrap; bits 1..2: path MTU 1024/256/4096/512;
-//           bit3: QP grants only REMOTE_READ (remote write/atomic must be refused)
+//           bit3: QP grants only REMOTE_READ (remote write/atomic must be refused: then only the
+//           receive WQEs' SGEs and the posted READ/ATOMIC destinations may change)
 //   then packets, each [ctl][len_hi][len_lo][len bytes] (len capped by what is left):
 //     ctl bit0  keep BTH dest QP (else patched to the QP's QPN)
 //     ctl bit1  keep PSN (else base + (psn & 0xF) - 4; base = expected PSN for requests, oldest
@@ -14,10 +15,14 @@
 //     ctl bit3  keep TVer and P_Key (else TVer 0, P_Key 0xFFFF)
 //     ctl bit4  keep the ICRC bytes (else recomputed, so the packet reaches the transport)
 //     ctl bit5  with bit2: leave the atomic VA unaligned
+//     ctl bit6  before this packet: deregister the MR and poison its buffer (ASan), so any later
+//               access through a pointer the engine kept is reported (use after deregistration)
+//     ctl bit7  before this packet: register the buffer again (fresh keys)
 // Each input starts from a fresh QP (RESET -> INIT -> RTR -> RTS, WQEs re-posted); a QP that goes to
 // error is brought up again the same way, so later packets still reach deep states.
 //
-// Invariants: no sanitizer report, and the guard bytes around the registered buffer never change.
+// Invariants: no sanitizer report; the guard bytes around the registered buffer never change; with
+// config bit3, no byte outside what the local WQEs name changes (remote write/atomic are refused).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -31,6 +36,7 @@
 #include <memory>
 #include <vector>
 #include <algorithm>
+#include <sanitizer/asan_interface.h>
 #include <sched.h>
 
 #include "core/cq.h"
@@ -70,6 +76,8 @@ struct Harness {
   uint32_t peer_qpn = 0;  // registered at the sink, so the engine resolves it there and not to 4791
   uint32_t loopback_be = htonl(INADDR_LOOPBACK);
 
+  bool mr_live = true;
+  uint32_t deregistrations = 0;
   uint8_t post_flags = 0, cfg_flags = 0;
 };
 
@@ -96,6 +104,23 @@ void drain() {
   }
 }
 
+// ibv_dereg_mr while operations are in flight: the application may unmap the memory at once, so
+// from here on the engine must not touch it. Poisoning makes ASan report any access it still makes.
+void deregister() {
+  if (!h->mr_live) return;
+  h->engine->deregister_mr(h->mr);
+  h->mr_live = false;
+  ++h->deregistrations;
+  ASAN_POISON_MEMORY_REGION(h->buf, kBufLen);
+}
+
+void reregister() {
+  if (h->mr_live) return;
+  ASAN_UNPOISON_MEMORY_REGION(h->buf, kBufLen);
+  if (!h->engine->register_mr(h->mr)) fail("register_mr again");
+  h->mr_live = true;
+}
+
 transport::SendWqe send_wqe(transport::WrOp op, uint64_t local_off, uint32_t len) {
   transport::SendWqe w{};
   w.wr_id = static_cast<uint64_t>(op);
@@ -120,6 +145,7 @@ void bring_up() {
   m.state = QpState::Reset;
   e.modify_qp(h->qp, m);
   drain();
+  reregister();
 
   m = {};
   m.mask = transport::kModState | transport::kModAccessFlags | transport::kModPkeyIndex | transport::kModPort;
@@ -252,6 +278,32 @@ void check_guards() {
   }
 }
 
+// Config bit3: the QP has no REMOTE_WRITE/REMOTE_ATOMIC, so only local WQEs may have put data in the
+// (zeroed) buffer: receive SGEs, and READ/ATOMIC result buffers of posted send WQEs.
+void check_untouched() {
+  static bool allowed[kBufLen];
+  std::memset(allowed, 0, sizeof allowed);
+  auto allow = [](uint64_t off, uint64_t len) { std::memset(allowed + off, 1, len); };
+  const int nrecv = h->post_flags >> 5;
+  for (int i = 0; i < nrecv; ++i) {
+    uint64_t base = static_cast<uint64_t>(i) * 4096;
+    if (i == 6) {
+      allow(base, 64);
+    } else {
+      allow(base, 1024);
+      allow(base + 2048, 2048);
+    }
+  }
+  if (h->post_flags & 1) allow(0x8000, 2500);
+  if (h->post_flags & 2) allow(0x9000, 8);
+  if (h->post_flags & 4) allow(0x9008, 8);
+  for (size_t i = 0; i < kBufLen; ++i)
+    if (h->buf[i] != 0 && !allowed[i]) {
+      std::fprintf(stderr, "offset 0x%zx changed\n", i);
+      fail("a QP without REMOTE_WRITE/ATOMIC had memory outside its local WQEs changed");
+    }
+}
+
 void setup() {
   // A private registry: our QPNs and the sink's never mix with other softrdma processes' traffic.
   setenv("SOFTRDMA_REGISTRY", "softrdma-registry-fuzz", 0);
@@ -291,20 +343,39 @@ void setup() {
   cfg.max_recv_sge = 4;
   h->qp = h->engine->create_qp(cfg);
   if (!h->qp) fail("create_qp");
-  atexit([] {
-    h->engine->destroy_qp(h->qp);
-    net::Registry::instance().release_qpn(h->peer_qpn);
-    h->engine.reset();  // joins the progress thread before the CQs go away
-  });
+}
+
+void teardown() {
+  h->engine->destroy_qp(h->qp);
+  net::Registry::instance().release_qpn(h->peer_qpn);
+  close(h->sink_fd);
+  h->send_cq.reset();
+  h->recv_cq.reset();
+  h->engine.reset();  // joins the progress thread
+  ASAN_UNPOISON_MEMORY_REGION(h->buf, kBufLen);
+  free(h->storage);
+  delete h;
+  h = nullptr;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (!h) setup();
+  if (!h) {
+    setup();
+    static bool once = [] { return atexit([] { if (h) teardown(); }) == 0; }();
+    (void)once;
+  }
+  // The key table keeps a tombstone per deregistered key and never reclaims them, so lookups slow
+  // down after ~10^5 deregistrations (see the report): start over with a fresh engine now and then.
+  if (h->deregistrations >= 20000) {
+    teardown();
+    setup();
+  }
   if (size < 2) return 0;
   h->post_flags = data[0];
   h->cfg_flags = data[1];
+  reregister();
   std::memset(h->buf, 0, kBufLen);
   bring_up();
 
@@ -317,6 +388,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Exactly len bytes on the heap, so ASan sees any read past the datagram.
     std::vector<uint8_t> pkt(data + pos, data + pos + len);
     pos += len;
+    if (ctl & 64) deregister();
+    if (ctl & 128) reregister();
     patch_and_inject(ctl, pkt.data(), static_cast<uint32_t>(len));
     if (h->send_cq->in_error() || h->recv_cq->in_error()) fail("CQ overrun (harness drains too rarely)");
     if (h->qp->state.load() == QpState::Err) {
@@ -325,6 +398,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   check_guards();
+  reregister();
+  if (h->cfg_flags & 8) check_untouched();
   drain();
   return 0;
 }

@@ -211,5 +211,23 @@ int main(int argc, char** argv) {
   frame(b, packet(kRcSendLast, 256, at(0)));
   frame(b, packet(kRcReadRequest, 0, at(0, 1000, 0)));
   write_file(rdir, "mtu256", b);
+
+  // Deregistration with operations in flight (ctl bit6: deregister + poison before the packet).
+  b = conv(rq4, 0);
+  frame(b, packet(kRcReadRequest, 0, at(0, 3000, 0x100)));  // responses still streaming
+  frame(b, packet(kRcWriteFirst, 1024, at(0, 2048, 0x2000)));
+  frame(b, packet(kRcWriteLast, 1024, at(0)), 0x04 | 0x40);  // its target is gone
+  write_file(rdir, "dereg_write_read", b);
+
+  b = conv(rq4, 0);
+  frame(b, packet(kRcSendFirst, 1024, at(0)));
+  frame(b, packet(kRcSendLast, 10, at(0)), 0x04 | 0x40);  // the receive buffer is gone
+  write_file(rdir, "dereg_send", b);
+
+  b = conv(0x07, 0);  // READ, FETCH_ADD, CMP_SWAP posted; their result buffers go away
+  frame(b, packet(kRcReadResponseFirst, 1024, at(0)), 0x04 | 0x40);
+  frame(b, packet(kRcReadResponseMiddle, 1024, at(1)));
+  frame(b, packet(kRcAtomicAck, 0, at(3)), 0x04 | 0x80);
+  write_file(rdir, "dereg_completer", b);
   return 0;
 }
