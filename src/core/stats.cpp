@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -43,7 +44,7 @@ StatsPage::StatsPage(const std::string& device) {
     shared_ = true;
   }
   page_ = static_cast<Page*>(m);
-  page_->version = 1;
+  page_->version = kVersion;
   page_->pid = getpid();
   std::strncpy(page_->device_name, device.c_str(), sizeof page_->device_name - 1);
   __atomic_store_n(&page_->magic, kMagic, __ATOMIC_RELEASE);
@@ -89,11 +90,18 @@ std::vector<StatsPage::Snapshot> StatsPage::read_all() {
     }
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
+    // Any local user can leave a file here, and older builds wrote smaller pages: reading past the
+    // end of a short file would raise SIGBUS, so only full-size pages of this layout are mapped.
+    struct stat st{};
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != sizeof(Page)) {
+      close(fd);
+      continue;
+    }
     void* m = mmap(nullptr, sizeof(Page), PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED) continue;
     const Page* p = static_cast<const Page*>(m);
-    if (__atomic_load_n(&p->magic, __ATOMIC_ACQUIRE) == kMagic) {
+    if (__atomic_load_n(&p->magic, __ATOMIC_ACQUIRE) == kMagic && p->version == kVersion) {
       Snapshot s;
       s.pid = p->pid;
       s.device.assign(p->device_name, strnlen(p->device_name, sizeof p->device_name));
