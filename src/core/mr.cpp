@@ -27,7 +27,7 @@ const MrTable::Slot* MrTable::find(uint32_t key, bool remote) const {
   for (uint32_t i = slot_hash(key), n = 0; n < kCapacity; i = (i + 1) & (kCapacity - 1), ++n) {
     const Slot& s = slots_[i];
     if (s.used == 0) return nullptr;
-    if (s.used == 1 && s.key == key && s.remote == remote) return &s;
+    if (s.key == key && s.remote == remote) return &s;
   }
   return nullptr;
 }
@@ -35,7 +35,7 @@ const MrTable::Slot* MrTable::find(uint32_t key, bool remote) const {
 bool MrTable::insert(uint32_t key, bool remote, const MrRegion& region) {
   for (uint32_t i = slot_hash(key), n = 0; n < kCapacity; i = (i + 1) & (kCapacity - 1), ++n) {
     Slot& s = slots_[i];
-    if (s.used != 1) {
+    if (!s.used) {
       s.key = key;
       s.remote = remote;
       s.region = region;
@@ -47,7 +47,22 @@ bool MrTable::insert(uint32_t key, bool remote, const MrRegion& region) {
 }
 
 void MrTable::erase(uint32_t key, bool remote) {
-  if (Slot* s = const_cast<Slot*>(find(key, remote))) s->used = 2;
+  const Slot* found = find(key, remote);
+  if (!found) return;
+  constexpr uint32_t mask = kCapacity - 1;
+  uint32_t hole = static_cast<uint32_t>(found - slots_);
+  // Backward-shift deletion: later members of the probe chain move into the hole, so lookups can
+  // keep stopping at the first empty slot. (Tombstones would make a miss -- any packet with a
+  // guessed rkey -- scan the whole table once registrations have churned.)
+  for (uint32_t j = (hole + 1) & mask; slots_[j].used; j = (j + 1) & mask) {
+    uint32_t home = slot_hash(slots_[j].key);
+    // The entry at j may fill the hole only if its home slot is not cyclically within (hole, j].
+    bool home_after_hole = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+    if (home_after_hole) continue;
+    slots_[hole] = slots_[j];
+    hole = j;
+  }
+  slots_[hole].used = 0;
 }
 
 bool MrTable::add(MrRegion& region) {

@@ -49,7 +49,7 @@ class MrTable {
  private:
   struct Slot {
     uint32_t key;
-    uint8_t used;    // 0 empty, 1 live, 2 tombstone
+    uint8_t used;    // 0 empty, 1 live (deletion shifts entries back: there are no tombstones)
     uint8_t remote;  // 1: this slot is the rkey of its region
     uint16_t pad;
     MrRegion region;

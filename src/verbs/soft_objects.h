@@ -76,9 +76,9 @@ struct SoftQp {
   int staged_error = 0;
 };
 
+// vctx is SoftContext's first member, so the ibv_context inside it is at this offset in SoftContext.
 inline SoftContext* to_ctx(ibv_context* c) {
-  return reinterpret_cast<SoftContext*>(reinterpret_cast<uint8_t*>(c) - offsetof(SoftContext, vctx) -
-                                        offsetof(verbs_context, context));
+  return reinterpret_cast<SoftContext*>(reinterpret_cast<uint8_t*>(c) - offsetof(verbs_context, context));
 }
 inline SoftCq* to_cq(ibv_cq* c) { return reinterpret_cast<SoftCq*>(c); }
 inline SoftQp* to_qp(ibv_qp* q) { return reinterpret_cast<SoftQp*>(q); }

@@ -12,6 +12,10 @@
 namespace softrdma::verbs_test {
 namespace {
 
+// An int, not the enum: ibv_reg_mr's macro masks it with another enum type, which C++20 compilers
+// warn about for two enum operands.
+constexpr int kLocalWriteOnly = IBV_ACCESS_LOCAL_WRITE;
+
 using DeviceQuery = RcPair;
 
 TEST_F(DeviceQuery, DeviceListAndName) {
@@ -79,16 +83,16 @@ TEST_F(DeviceQuery, PdCqAndMrCountsEnforcedAtTheReportedLimit) {
   std::vector<char> page(4096);
   std::vector<ibv_mr*> mrs;
   for (int i = 0; i < attr.max_mr; ++i) {
-    ibv_mr* mr = ibv_reg_mr(pds[0], page.data(), page.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_mr* mr = ibv_reg_mr(pds[0], page.data(), page.size(), kLocalWriteOnly);
     ASSERT_TRUE(mr) << "MR " << i << " of max_mr " << attr.max_mr;
     mrs.push_back(mr);
   }
-  EXPECT_EQ(ibv_reg_mr(pds[0], page.data(), page.size(), IBV_ACCESS_LOCAL_WRITE), nullptr)
+  EXPECT_EQ(ibv_reg_mr(pds[0], page.data(), page.size(), kLocalWriteOnly), nullptr)
       << "one MR beyond max_mr";
   // Freeing one makes room for one.
   ASSERT_EQ(ibv_dereg_mr(mrs.back()), 0);
   mrs.pop_back();
-  ibv_mr* again = ibv_reg_mr(pds[0], page.data(), page.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* again = ibv_reg_mr(pds[0], page.data(), page.size(), kLocalWriteOnly);
   EXPECT_TRUE(again);
   if (again) mrs.push_back(again);
   EXPECT_EQ(ibv_dealloc_pd(pds[0]), EBUSY) << "a PD with MRs in it cannot be deallocated";
@@ -143,7 +147,7 @@ TEST_F(DeviceQuery, MrLimitsAndAccessRules) {
   ASSERT_TRUE(pd);
   Buffer b(4096);
   if (dev.attr.max_mr_size < UINT64_MAX) {
-    ibv_mr* mr = ibv_reg_mr(pd, b.data, dev.attr.max_mr_size + 1, IBV_ACCESS_LOCAL_WRITE);
+    ibv_mr* mr = ibv_reg_mr(pd, b.data, dev.attr.max_mr_size + 1, kLocalWriteOnly);
     EXPECT_EQ(mr, nullptr) << "MR beyond max_mr_size";
     if (mr) ibv_dereg_mr(mr);
   }
