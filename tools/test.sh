@@ -53,7 +53,7 @@ run_build() {
   # Unit, verbs and tools tests are independent and run in parallel; compat tests one at a time,
   # since each already runs two spinning processes on a 2-core machine.
   echo "=== $name: ctest (unit, verbs, tools) ==="
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE compat "${extra[@]}" \
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE "compat|interop" "${extra[@]}" \
     2>&1 | tee "$logs/$name.ctest1.log" || true
   count "$logs/$name.ctest1.log"
   echo "=== $name: ctest (compat) ==="
