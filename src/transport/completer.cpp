@@ -136,10 +136,16 @@ void Engine::reissue_read(Qp& qp, SqEntry& e) {
 
 void Engine::check_timers(Qp& qp, uint64_t now) {
   if (!qp.timer_deadline_ns || now < qp.timer_deadline_ns) return;
+  // A timer that fires a whole timeout (and at least 10 ms) late means this engine itself was not
+  // scheduled: on a busy 2-core host that is no evidence of a lost packet, so it resends without
+  // spending a retry. A dead or silent peer still exhausts retry_cnt on time.
+  uint64_t timeout_ns = wire::ack_timeout_us(qp.timeout) * 1000;
+  bool starved = now - qp.timer_deadline_ns > std::max<uint64_t>(timeout_ns, 10000000);
   qp.timer_deadline_ns = 0;
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
   if (tail == qp.send_index && qp.send_offset_pkts == 0) return;
   count(&qp, &core::Counters::timeouts);
+  if (starved) ++qp.retries_left;  // undone below: this expiry is not counted
   if (qp.retries_left == 0) {
     count(&qp, &core::Counters::retry_exceeded);
     requester_error(qp, WcStatus::RetryExcErr);
