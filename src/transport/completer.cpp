@@ -93,7 +93,9 @@ void Engine::requester_error(Qp& qp, WcStatus status) {
 
 // All request PSNs before psn are acknowledged (explicitly, or implicitly by a later response).
 static void acknowledge_before(Qp& qp, uint32_t psn) {
-  if (wire::psn_diff(psn, qp.acked_psn) > 0) {
+  if (int32_t n = wire::psn_diff(psn, qp.acked_psn); n > 0) {
+    // Each acknowledged PSN lets one more out: the window doubles per round trip back to the maximum.
+    qp.cwnd = std::min(kPsnWindow, qp.cwnd + static_cast<uint32_t>(n));
     qp.acked_psn = psn;
     qp.retries_left = qp.retry_cnt;  // forward progress restores the retry budget
   }
@@ -152,6 +154,7 @@ void Engine::check_timers(Qp& qp, uint64_t now) {
     return;
   }
   --qp.retries_left;
+  qp.cwnd = kMinCwnd;  // nothing came back for a whole timeout: restart from the floor
   // The peer may have come up (or moved) since RTR: look its port up again.
   resolve_destination(qp);
   // Go back to the oldest unacknowledged request.
@@ -238,6 +241,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
             return;
           }
           --qp.retries_left;
+          qp.cwnd = std::max(kMinCwnd, qp.cwnd / 2);  // a loss: resend less at once
           rewind_to(qp, psn);
           arm_retransmit_timer(qp, now);
           return;

@@ -144,6 +144,14 @@ struct QpConfig {
   bool sq_sig_all = false;
 };
 
+// Request packets in flight without an acknowledgement. Far below the 2^23 PSN half-space, and
+// small enough that a burst fits the peer's socket buffer.
+inline constexpr uint32_t kPsnWindow = 1024;
+// The congestion window never goes below this: one acknowledgement request interval, so that every
+// window holds a packet that asks for an ACK. (128, kernel rxe's fixed window, still overran a
+// TCG guest at MTU 4096.)
+inline constexpr uint32_t kMinCwnd = 32;
+
 struct Qp {
   void* user = nullptr;            // the verbs object that owns this QP (for async events)
   core::Counters* stats = nullptr; // this QP's counters in the stats page (nullptr: device only)
@@ -173,6 +181,10 @@ struct Qp {
   uint32_t next_psn = 0;           // PSN of the next new packet
   uint32_t acked_psn = 0;          // every PSN before this one is acknowledged
   uint32_t reads_outstanding = 0;  // READ/ATOMIC requests sent and not complete
+  // PSNs that may be unacknowledged now (<= the requester's fixed window). Loss shrinks it and
+  // acknowledgements grow it back, so a slow or lossy path is not flooded with whole-window
+  // go-back-N resends (seen against kernel rxe under emulation: 30x amplification, RETRY_EXC).
+  uint32_t cwnd = kPsnWindow;
   uint32_t retries_left = 7, rnr_retries_left = 7;
   uint64_t timer_deadline_ns = 0;  // retransmit timer, 0 = stopped
   uint64_t rnr_resume_ns = 0;      // RNR back-off: no sending before this

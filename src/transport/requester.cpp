@@ -10,11 +10,10 @@
 namespace softrdma::transport {
 
 namespace {
-// Request packets in flight without an acknowledgement. Far below the 2^23 PSN half-space, and
-// small enough that a burst fits the peer's socket buffer.
-constexpr uint32_t kPsnWindow = 1024;
-// An acknowledgement is requested at the end of every message and every this many packets.
+// An acknowledgement is requested at the end of every message and every this many packets (the
+// congestion window's floor, kMinCwnd, relies on it).
 constexpr uint32_t kAckReqInterval = 32;
+static_assert(kMinCwnd >= kAckReqInterval);
 // Packets one QP may send per progress pass, so that one big message does not starve the others.
 constexpr int kBurst = 64;
 
@@ -171,7 +170,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
         complete_in_order(qp);
         return true;
       }
-      if (wire::psn_diff(qp.next_psn, qp.acked_psn) >= static_cast<int32_t>(kPsnWindow)) break;
+      if (wire::psn_diff(qp.next_psn, qp.acked_psn) >= static_cast<int32_t>(qp.cwnd)) break;
       e.first_psn = qp.next_psn;
       qp.next_psn = wire::psn_add(qp.next_psn, e.npkts);
       e.started = true;
@@ -189,7 +188,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
     uint64_t to_send = is_read_or_atomic(e.wqe.op) ? (e.wqe.op == WrOp::Read ? qp.send_offset_pkts + 1 : 1) : e.npkts;
     while (qp.send_offset_pkts < to_send && budget > 0) {
       uint32_t psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(qp.send_offset_pkts));
-      if (wire::psn_diff(psn, qp.acked_psn) >= static_cast<int32_t>(kPsnWindow)) break;
+      if (wire::psn_diff(psn, qp.acked_psn) >= static_cast<int32_t>(qp.cwnd)) break;
       send_request_packet(qp, e, qp.send_offset_pkts);
       ++qp.send_offset_pkts;
       --budget;
