@@ -134,6 +134,9 @@ struct ReadResponseJob {
   uint64_t remaining;
   bool atomic = false;  // an ATOMIC acknowledge carrying atomic_orig
   uint64_t atomic_orig = 0;
+  // Answers a duplicate request: the requester has already seen later responses overtake it, so it
+  // holds back nothing (ACKs, new responses) and does not count against max_dest_rd_atomic.
+  bool regenerated = false;
 };
 
 struct QpConfig {

@@ -26,12 +26,26 @@ void Engine::responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn) {
   send_packet(qp, pkt, nullptr, 0);
 }
 
+// Responses go out in PSN order (IBTA 9.5): an ACK must not overtake the responses of an earlier
+// READ or ATOMIC, or the requester would take those for lost. Regenerated responses (answers to
+// duplicates) hold nothing back: the requester already saw later traffic.
+static bool ack_must_wait(const Qp& qp, uint32_t ack_psn) {
+  for (const ReadResponseJob& j : qp.read_jobs)
+    if (!j.regenerated && wire::psn_diff(ack_psn, j.first_psn) > 0) return true;
+  return false;
+}
+
+static bool original_job_pending(const Qp& qp) {
+  for (const ReadResponseJob& j : qp.read_jobs)
+    if (!j.regenerated) return true;
+  return false;
+}
+
 void Engine::flush_owed_acks() {
   size_t kept = 0;
   for (Qp* qp : ack_owed_) {
-    // Responses go out in PSN order (IBTA 9.5): an ACK of a later request waits for the READ
-    // responses before it, or the requester would take those for lost.
-    if (qp->ack_owed && !qp->read_jobs.empty() && qp->state.load(std::memory_order_relaxed) != QpState::Err) {
+    if (qp->ack_owed && ack_must_wait(*qp, qp->ack_psn) &&
+        qp->state.load(std::memory_order_relaxed) != QpState::Err) {
       ack_owed_[kept++] = qp;
       continue;
     }
@@ -149,10 +163,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         if (!r.valid || r.atomic != atomic || off < 0 || off >= static_cast<int32_t>(r.npkts)) continue;
         if (atomic) {
           if (off != 0) break;
-          if (qp.read_jobs.empty())
-            send_atomic_ack(qp, psn, r.atomic_orig);
-          else
-            qp.read_jobs.push_back({psn, psn, psn, nullptr, 0, true, r.atomic_orig});
+          send_atomic_ack(qp, psn, r.atomic_orig);  // a replay: nothing waits for it, it waits for nothing
         } else {
           // Regenerate from the (possibly shortened) re-issued request, re-checking its key.
           uint8_t* host = nullptr;
@@ -168,7 +179,9 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
                                                      wire::psn_diff(j.last_psn, wire::psn_add(psn, n - 1)) <= 0;
                                             }),
                              qp.read_jobs.end());
-          qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len});
+          // Bounded: a requester that keeps re-issuing cannot grow the queue without limit.
+          if (qp.read_jobs.size() < 4 * qp.max_dest_rd_atomic + 16)
+            qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len, false, 0, true});
         }
         break;
       }
@@ -303,7 +316,9 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       break;
     }
     case wire::OpKind::ReadRequest: {
-      if (qp.read_jobs.size() >= qp.max_dest_rd_atomic) {
+      size_t outstanding = 0;
+      for (const ReadResponseJob& j : qp.read_jobs) outstanding += !j.regenerated;
+      if (outstanding >= qp.max_dest_rd_atomic) {
         responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
         return;
       }
@@ -348,7 +363,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       ReplayEntry& r = qp.replay[qp.replay_next++ % qp.replay.size()];
       r = {true, true, psn, 1, orig};
       qp.msn = wire::psn_add(qp.msn, 1);
-      if (qp.read_jobs.empty())
+      if (!original_job_pending(qp))
         send_atomic_ack(qp, psn, orig);
       else
         qp.read_jobs.push_back({psn, psn, psn, nullptr, 0, true, orig});
