@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <memory>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -227,10 +228,10 @@ struct WorkItem {
   uint32_t imm;
 };
 
-constexpr size_t kRegion = 5u << 20;  // per region: room for a window of operations
+constexpr size_t kRegion = 20u << 20;  // per region: room for a window of operations
 constexpr size_t kGuard = 64;         // bytes left untouched after each destination slice
 constexpr uint8_t kGuardByte = 0xEE;
-constexpr uint32_t kMaxLen = 1u << 20;
+constexpr uint32_t kMaxLen = 8u << 20;  // messages of 0 B .. 8 MiB
 constexpr size_t kWindowOps = 32;
 
 // Runs `total` bytes of mixed operations from a to b in windows; every completion and every byte is
@@ -252,7 +253,7 @@ void run_mixed(Qp& a, Qp& b, uint64_t seed, uint64_t total, size_t* nops) {
     while (w.size() < kWindowOps && done_bytes < total) {
       WorkItem it{};
       it.op = static_cast<Op>(rng.next() % 5);
-      const uint32_t bits = static_cast<uint32_t>(rng.next() % 21);
+      const uint32_t bits = static_cast<uint32_t>(rng.next() % 24);
       it.len = rng.next() % 10 == 0 ? 0 : static_cast<uint32_t>(rng.next() % ((1ull << bits) + 1));
       it.len = std::min(it.len, kMaxLen);
       it.imm = static_cast<uint32_t>(rng.next());
@@ -396,16 +397,27 @@ class Faults : public ::testing::Test {
   uint64_t seed = 0;
 };
 
+// FAULT_MIXED_MIB sets the total (default 1 GiB), spread over kPairs QP pairs running at once.
 TEST_F(Faults, MixedOperationsUnderLossDupReorderCorruption) {
+  const int kPairs = std::getenv("FAULT_PAIRS") ? std::atoi(std::getenv("FAULT_PAIRS")) : 3;
+  const char* mib_env = std::getenv("FAULT_MIXED_MIB");
+  const uint64_t total = (mib_env && *mib_env ? std::strtoull(mib_env, nullptr, 10) : 1024) << 20;
   const std::string spec_a = impair_spec(seed), spec_b = impair_spec(seed + 1);
   Context ca(spec_a.c_str()), cb(spec_b.c_str());
   ASSERT_TRUE(ca.ctx && cb.ctx) << "softrdma_lo did not open";
-  Qp a(ca, 64), b(cb, 64);
-  ASSERT_TRUE(a.qp && b.qp);
-  ASSERT_TRUE(connect(a, b, 0x100, 0x200, Timing{}));
-  size_t ops = 0;
-  run_mixed(a, b, seed, 64ull << 20, &ops);
-  EXPECT_GT(ops, 100u);
+  std::vector<std::unique_ptr<Qp>> as, bs;
+  for (int i = 0; i < kPairs; ++i) {
+    as.push_back(std::make_unique<Qp>(ca, 64));
+    bs.push_back(std::make_unique<Qp>(cb, 64));
+    ASSERT_TRUE(as.back()->qp && bs.back()->qp);
+    ASSERT_TRUE(connect(*as.back(), *bs.back(), 0x100 + i, 0x200 + i, Timing{}));
+  }
+  std::vector<size_t> ops(kPairs);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kPairs; ++i)
+    threads.emplace_back([&, i] { run_mixed(*as[i], *bs[i], seed * 31 + i, total / kPairs, &ops[i]); });
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kPairs; ++i) EXPECT_GT(ops[i], 20u) << "pair " << i;
 }
 
 TEST_F(Faults, PsnWrapUnderFaults) {
