@@ -1,6 +1,8 @@
 #include "transport/engine.h"
 
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -67,7 +69,13 @@ Engine::Engine(const net::Interface& iface)
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   }
   try_take_roce_port(0);
+  // The progress thread takes none of the application's signals (SIGALRM timers, SIGINT handlers):
+  // they must reach the application's own threads. It inherits the mask it is created with.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
   thread_ = std::thread([this] { progress_loop(); });
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 void Engine::try_take_roce_port(uint64_t now) {

@@ -17,8 +17,9 @@ compat_wait_listen "$port" "$srv"
 timeout -k 5 60 "$SOFTRDMA" run ib_write_bw -d "$dev" -p "$port" -D 4 127.0.0.1 >"$cli_log" 2>&1 &
 cli=$!
 sleep 3
-# The two ib_write_bw processes (children of the timeout wrappers; `softrdma run` execs in place).
-pair_pids=$(pgrep -P "$srv"; pgrep -P "$cli")
+# The two ib_write_bw processes of this test (`softrdma run` execs in place, so their command
+# lines start with the program name; the wrappers' start with timeout/softrdma).
+pair_pids=$(pgrep -f "^ib_write_bw .*-p $port( |\$)" || true)
 "$SOFTRDMA" stat --qp >"$stat_log" 2>&1 || true
 wait "$cli" || true
 wait "$srv" || true
