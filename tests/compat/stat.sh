@@ -10,17 +10,23 @@ port=$(compat_free_port)
 srv_log=$COMPAT_LOG_DIR/stat_server.log
 cli_log=$COMPAT_LOG_DIR/stat_client.log
 stat_log=$COMPAT_LOG_DIR/stat.log
-# -D: run for a fixed time, long enough to look at the counters while data flows.
-timeout -k 5 60 "$SOFTRDMA" run ib_write_bw -d "$dev" -p "$port" -D 4 >"$srv_log" 2>&1 &
+# A long run, stopped by this script once the counters have been seen: no duration mode (-D),
+# whose SIGALRM handling made runs end early under ASan now and then.
+timeout -k 5 60 "$SOFTRDMA" run ib_write_bw -d "$dev" -p "$port" -n 100000000 >"$srv_log" 2>&1 &
 srv=$!
 compat_wait_listen "$port" "$srv"
-timeout -k 5 60 "$SOFTRDMA" run ib_write_bw -d "$dev" -p "$port" -D 4 127.0.0.1 >"$cli_log" 2>&1 &
+timeout -k 5 60 "$SOFTRDMA" run ib_write_bw -d "$dev" -p "$port" -n 100000000 127.0.0.1 >"$cli_log" 2>&1 &
 cli=$!
-sleep 3
 # The two ib_write_bw processes of this test (`softrdma run` execs in place, so their command
 # lines start with the program name; the wrappers' start with timeout/softrdma).
-pair_pids=$(pgrep -f "^ib_write_bw .*-p $port( |\$)" || true)
-"$SOFTRDMA" stat --qp >"$stat_log" 2>&1 || true
+pair_pids=""
+for ((i = 0; i < 40; i++)); do
+  sleep 0.5
+  pair_pids=$(pgrep -f "^ib_write_bw .*-p $port( |\$)" || true)
+  "$SOFTRDMA" stat --qp >"$stat_log" 2>&1 || true
+  if (($(wc -w <<<"$pair_pids") == 2)) && grep -qE "rx_bytes [1-9][0-9]{6,}" "$stat_log"; then break; fi
+done
+for p in $pair_pids; do kill "$p" 2>/dev/null || true; done
 wait "$cli" || true
 wait "$srv" || true
 
