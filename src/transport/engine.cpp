@@ -375,7 +375,7 @@ void Engine::deregister_mr(const core::MrRegion& region) {
   for (Qp* qp : qp_list_) {
     if (qp->write_remaining && inside(qp->write_dst)) qp->write_dst = nullptr;
     if (qp->recv_active) {
-      const RecvWqe& w = qp->rq.at(qp->rq.tail.load(std::memory_order_relaxed));
+      const RecvWqe& w = qp->recv_queue().at(qp->recv_queue().tail.load(std::memory_order_relaxed));
       for (uint32_t i = 0; i < w.num_sge; ++i)
         if (inside(qp->recv_host[i])) qp->recv_host[i] = nullptr;
     }

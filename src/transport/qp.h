@@ -139,7 +139,11 @@ struct ReadResponseJob {
   bool regenerated = false;
 };
 
+// Transport service of a QP (numerically enum ibv_qp_type).
+enum class QpType : uint8_t { Rc = 2, Uc = 3, Ud = 4 };
+
 struct QpConfig {
+  QpType type = QpType::Rc;
   uint32_t pd = 0;
   core::CompletionQueue* send_cq = nullptr;
   core::CompletionQueue* recv_cq = nullptr;
@@ -174,6 +178,9 @@ struct Qp {
 
   WorkQueue<SqEntry> sq;
   WorkQueue<RecvWqe> rq;
+  // Receive WQEs come from a shared receive queue instead of rq when set (ibv_qp_init_attr.srq).
+  WorkQueue<RecvWqe>* shared_rq = nullptr;
+  WorkQueue<RecvWqe>& recv_queue() { return shared_rq ? *shared_rq : rq; }
   std::vector<SqEntry> sq_storage;   // private to the requester
   size_t rq_bytes = 0;               // the RQ ring lives in the context's shared arena
   bool sq_stopped = false;           // a WQE failed locally: send nothing more, error follows in order

@@ -71,13 +71,13 @@ void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus re
                                                 : &core::Counters::naks_sent_inv_req);
   responder_send_ack(qp, wire::aeth_nak(nak_code), psn);
   if (qp.recv_active) {
-    uint64_t t = qp.rq.tail.load(std::memory_order_relaxed);
+    uint64_t t = qp.recv_queue().tail.load(std::memory_order_relaxed);
     core::Cqe c{};
-    c.wr_id = qp.rq.at(t).wr_id;
+    c.wr_id = qp.recv_queue().at(t).wr_id;
     c.status = recv_status;
     c.opcode = core::WcOpcode::Recv;
     c.qp_num = qp.qpn;
-    qp.rq.tail.store(t + 1, std::memory_order_release);
+    qp.recv_queue().tail.store(t + 1, std::memory_order_release);
     qp.recv_active = false;
     post_cqe(qp.cfg.recv_cq, c, false);
   }
@@ -121,12 +121,12 @@ bool Engine::responder_run_reads(Qp& qp) {
 // Takes the next receive WQE and resolves its SGEs; false (after the NAK) when it cannot.
 static bool take_receive(Qp& qp, core::MrTable& mrs, bool& rnr, WcStatus& err) {
   rnr = false;
-  uint64_t t = qp.rq.tail.load(std::memory_order_relaxed);
-  if (t == qp.rq.head.load(std::memory_order_acquire)) {
+  uint64_t t = qp.recv_queue().tail.load(std::memory_order_relaxed);
+  if (t == qp.recv_queue().head.load(std::memory_order_acquire)) {
     rnr = true;
     return false;
   }
-  RecvWqe& w = qp.rq.at(t);
+  RecvWqe& w = qp.recv_queue().at(t);
   qp.recv_active = true;
   qp.recv_offset = 0;
   for (uint32_t i = 0; i < w.num_sge; ++i) {
@@ -223,7 +223,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           return;
         }
       }
-      RecvWqe& w = qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
+      RecvWqe& w = qp.recv_queue().at(qp.recv_queue().tail.load(std::memory_order_relaxed));
       if (qp.recv_offset + pkt.payload_len > w.length) {
         responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::LocLenErr);
         return;
@@ -257,7 +257,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           c.wc_flags = core::kWcWithInv;
           c.imm_or_inv = pkt.ieth_rkey;
         }
-        qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+        qp.recv_queue().tail.store(qp.recv_queue().tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
         qp.recv_active = false;
         qp.msn = wire::psn_add(qp.msn, 1);
         post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
@@ -267,7 +267,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
     case wire::OpKind::Write: {
       bool imm = (info.headers & wire::kHdrImm) != 0;
       // WRITE with immediate consumes a receive WQE: without one, RNR before touching memory.
-      if (imm && qp.rq.tail.load(std::memory_order_relaxed) == qp.rq.head.load(std::memory_order_acquire)) {
+      if (imm && qp.recv_queue().tail.load(std::memory_order_relaxed) == qp.recv_queue().head.load(std::memory_order_acquire)) {
         count(&qp, &core::Counters::rnr_naks_sent);
         responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
         return;
@@ -299,9 +299,9 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       if (info.last) {
         qp.msn = wire::psn_add(qp.msn, 1);
         if (imm) {
-          uint64_t t = qp.rq.tail.load(std::memory_order_relaxed);
+          uint64_t t = qp.recv_queue().tail.load(std::memory_order_relaxed);
           core::Cqe c{};
-          c.wr_id = qp.rq.at(t).wr_id;
+          c.wr_id = qp.recv_queue().at(t).wr_id;
           c.status = WcStatus::Success;
           c.opcode = core::WcOpcode::RecvRdmaWithImm;
           c.byte_len = qp.write_total;
@@ -309,7 +309,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           c.src_qp = qp.dest_qpn;
           c.wc_flags = core::kWcWithImm;
           c.imm_or_inv = pkt.imm_data_be;
-          qp.rq.tail.store(t + 1, std::memory_order_release);
+          qp.recv_queue().tail.store(t + 1, std::memory_order_release);
           post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
         }
       }
