@@ -15,6 +15,7 @@
 #include <ctime>
 
 #include "net/registry.h"
+#include "wire/cm_mad.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
@@ -239,6 +240,10 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
   // A single P_Key (the default, full or limited member) is all a softrdma port has.
   if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
     count(nullptr, &core::Counters::drop_pkey);
+    return;
+  }
+  if (pkt.bth.dest_qp == wire::kGsiQpn) {
+    handle_gsi(data, len, peer_ip, local_port);
     return;
   }
   auto it = qps_.find(pkt.bth.dest_qp);

@@ -97,6 +97,8 @@ class Engine {
   void receive_from(net::UdpPort& port, bool& did);
   void handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
                      uint16_t local_port);
+  // gsi.cpp: a datagram for QP1 (CM MADs): routed to the process it belongs to.
+  void handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port);
   void doorbell();
   void try_take_roce_port(uint64_t now_ns);
   uint64_t next_deadline_ns();
