@@ -1,5 +1,7 @@
 #include "core/cq.h"
 
+#include <time.h>
+
 #include <new>
 
 namespace softrdma::core {
@@ -21,6 +23,12 @@ CompletionQueue::~CompletionQueue() {
   arena_.release(ring_, ring_bytes_);
 }
 
+uint64_t CompletionQueue::clock_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   if (overrun_.load(std::memory_order_relaxed)) return false;
   uint64_t head = ring_->head.load(std::memory_order_relaxed);
@@ -29,7 +37,10 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
     if (on_overrun_) on_overrun_(*this);
     return false;
   }
-  ring_->slots[head & mask_] = cqe;
+  Cqe& slot = ring_->slots[head & mask_];
+  slot = cqe;
+  // Taken here, by the ring's only producer: timestamps are nondecreasing in completion order.
+  if (timestamps_) slot.timestamp_ns = clock_ns();
   ring_->head.store(head + 1, std::memory_order_release);
   int armed = armed_.load(std::memory_order_acquire);
   bool fire = armed == kArmedAll ||

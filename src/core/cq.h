@@ -33,7 +33,7 @@ struct Cqe {
   uint32_t qp_num;
   uint32_t src_qp;
   uint32_t wc_flags;
-  uint64_t timestamp_ns;
+  uint64_t timestamp_ns;  // CompletionQueue::clock_ns() when written, on CQs with timestamps enabled
 };
 
 class CompletionQueue {
@@ -62,6 +62,12 @@ class CompletionQueue {
     on_overrun_ = std::move(overrun);
   }
   bool in_error() const { return overrun_.load(std::memory_order_acquire); }
+  // ibv_create_cq_ex with completion timestamps: each CQE is stamped as it is written. Called before any
+  // QP completes into this CQ.
+  void enable_timestamps() { timestamps_ = true; }
+  // The device clock behind completion timestamps and ibv_query_rt_values_ex: CLOCK_MONOTONIC in ns,
+  // i.e. a 1 GHz counter that never jumps.
+  static uint64_t clock_ns();
   uint32_t outstanding() const;   // CQEs present, for resize checks
 
  private:
@@ -79,6 +85,7 @@ class CompletionQueue {
   std::mutex consumer_mutex_;
   std::atomic<int> armed_{kUnarmed};
   std::atomic<bool> overrun_{false};
+  bool timestamps_ = false;
   NotifyFn on_completion_, on_overrun_;
 };
 

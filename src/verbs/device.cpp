@@ -120,10 +120,19 @@ int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* out, size_t siz
 int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
                     size_t size) {
   if (in && in->comp_mask) return EINVAL;
+  // Callers built against an older verbs.h pass a shorter struct: they get the fields they know.
+  if (size < sizeof(ibv_device_attr)) return EINVAL;
   ibv_device_attr_ex a{};
   fill_device_attr(*to_ctx(ctx)->device, a.orig_attr);
-  a.max_dm_size = 0;
-  a.raw_packet_caps = 0;
+  // The extended flags are a superset of the classic ones; no bit above 31 applies (no scatter-FCS,
+  // no end padding, no on-demand paging...).
+  a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+  // Completion timestamps count CompletionQueue::clock_ns(): 64 valid bits at 1 GHz (in kHz here).
+  a.completion_timestamp_mask = ~uint64_t{0};
+  a.hca_core_clock = 1000000;
+  // Everything else is zero because it does not exist here: ODP, TSO, RSS, WQs, packet pacing,
+  // raw packet QPs, tag matching, CQ moderation, device memory, PCIe atomics, XRC.
+  a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
   std::memcpy(attr, &a, std::min(size, sizeof a));
   return 0;
 }
@@ -172,6 +181,8 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   v.sz = sizeof(verbs_context);
   v.query_port = query_port_ex;
   v.query_device_ex = query_device_ex;
+  v.create_cq_ex = create_cq_ex;
+  v.query_rt_values = query_rt_values;
   v.create_qp_ex = create_qp_ex;
   ibv_context& ctx = v.context;
   ctx.device = dev;

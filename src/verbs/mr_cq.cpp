@@ -121,8 +121,9 @@ SOFTRDMA_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   return 0;
 }
 
-SOFTRDMA_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel,
-                                      int comp_vector) {
+namespace softrdma::verbs {
+
+SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
   if (cqe < 1 || static_cast<uint32_t>(cqe) > core::DeviceLimits::kMaxCqe || comp_vector < 0 ||
       comp_vector >= ctx->num_comp_vectors) {
     errno = EINVAL;
@@ -164,7 +165,14 @@ SOFTRDMA_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_contex
   pthread_mutex_init(&c.mutex, nullptr);
   pthread_cond_init(&c.cond, nullptr);
   if (channel) ++channel->refcnt;
-  return reinterpret_cast<ibv_cq*>(cq);
+  return cq;
+}
+
+}  // namespace softrdma::verbs
+
+SOFTRDMA_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel,
+                                      int comp_vector) {
+  return reinterpret_cast<ibv_cq*>(create_cq(ctx, cqe, cq_context, channel, comp_vector));
 }
 
 SOFTRDMA_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {

@@ -65,6 +65,11 @@ struct SoftCq {
   SoftChannel* channel = nullptr;
   std::atomic<int> qp_refs{0};
   std::atomic<uint32_t> events_delivered{0};
+  // ibv_create_cq_ex (cq_ex.cpp): the CQE between ibv_start_poll and ibv_end_poll that the
+  // ibv_wc_read_* accessors read, and the lock that makes that span a critical section.
+  core::Cqe current{};
+  std::mutex poll_ex_mutex;
+  bool poll_ex_locked = false;  // false for IBV_CREATE_CQ_ATTR_SINGLE_THREADED
 };
 
 struct SoftQp {
@@ -91,6 +96,11 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
+// mr_cq.cpp: the CQ object behind ibv_create_cq and ibv_create_cq_ex (nullptr + errno on failure).
+SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector);
+// cq_ex.cpp
+ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+int query_rt_values(ibv_context* ctx, ibv_values_ex* values);
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
 int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t size);
 int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
