@@ -64,6 +64,7 @@ struct Id {
   // The last request MAD, resent until answered.
   uint8_t last_mad[wire::kMadLen];
   bool awaiting = false;
+  int listener_probes = 0;  // REQ held back: no socket holds the service port yet (see rdma_connect)
   uint64_t deadline_ns = 0;
   int retries_left = 0;
   Id* listener = nullptr;

@@ -43,6 +43,7 @@ uint64_t env_u64(const char* name, uint64_t dflt) {
 // How long a CM request waits for its answer before it is sent again, and how often. The kernel waits
 // 4.096 us * 2^20 (~4.3 s) 15 times; SOFTRDMA_CM_TIMEOUT_MS / SOFTRDMA_CM_RETRIES shorten that for tests.
 uint64_t cm_timeout_ns() { return env_u64("SOFTRDMA_CM_TIMEOUT_MS", 1000) * 1000000ull; }
+constexpr uint64_t kProbeIntervalNs = 50000000;  // 50 ms
 int cm_retries() { return static_cast<int>(env_u64("SOFTRDMA_CM_RETRIES", 15)); }
 
 uint32_t random_u32() {
@@ -219,6 +220,7 @@ void Manager::send_mad(Id* id, const uint8_t* mad, bool request) {
   wire::MadHeader h;
   wire::decode_mad_header(mad, wire::kMadLen, h);
   uint32_t src_ip = id->dev ? id->dev->ip_be : 0;
+  if (id->listener_probes) return;
   if (!id->peer_local) {
     send_to(id->peer_ip_be, wire::kRoceUdpPort, src_ip, mad);
     return;
@@ -540,6 +542,19 @@ void Manager::timers() {
   uint64_t now = now_ns();
   for (Id* id : ids) {
     if (!id->awaiting || now < id->deadline_ns) continue;
+    if (id->listener_probes) {
+      if (udp_port_held(id->service_port)) {
+        id->listener_probes = 0;
+        send_mad(id, id->last_mad, true);
+      } else if (--id->listener_probes == 0) {
+        id->awaiting = false;
+        id->st = St::Rejected;
+        post(id, RDMA_CM_EVENT_REJECTED, wire::kRejInvalidServiceId);
+      } else {
+        id->deadline_ns = now + kProbeIntervalNs;
+      }
+      continue;
+    }
     if (id->retries_left-- > 0) {
       send_mad(id, id->last_mad, false);
       id->deadline_ns = now + cm_timeout_ns();
@@ -1036,14 +1051,15 @@ SOFTRDMA_EXPORT int rdma_connect(rdma_cm_id* pid, rdma_conn_param* param) {
     uint8_t mad[wire::kMadLen];
     wire::encode_req(h, req, mad);
     id->st = St::ReqSent;
+    m.send_mad(id, mad, true);
     if (id->peer_local && !udp_port_held(id->service_port)) {
-      // Nobody on this host listens on that port: the answer the 4791 holder would give a remote peer.
-      id->st = St::Rejected;
-      m.post(id, RDMA_CM_EVENT_REJECTED, wire::kRejInvalidServiceId);
-    } else {
-      m.send_mad(id, mad, true);
-      m.wake();
+      // Nobody on this host listens on that port yet. A server that re-listens on its port (perftest
+      // does between its two connections) gets a moment, as a REQ crossing a real fabric gives it; then
+      // the answer is what the 4791 holder gives a remote peer: REJ "invalid service ID".
+      id->listener_probes = 20;
+      id->deadline_ns = now_ns() + kProbeIntervalNs;
     }
+    m.wake();
   }
   return id->sync ? wait_for(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
