@@ -17,6 +17,9 @@ struct DeviceLimits {
   static constexpr uint32_t kMaxMr = MrTable::kMaxMr;
   static constexpr uint64_t kMaxMrSize = 1ull << 40;
   static constexpr uint32_t kMaxPd = 16384;
+  static constexpr uint32_t kMaxSrq = 16384;
+  static constexpr uint32_t kMaxSrqWr = 16384;      // receive WQEs of one shared receive queue
+  static constexpr uint32_t kMaxSrqSge = kMaxSge;
   static constexpr uint32_t kMaxQpRdAtom = 128;     // max_qp_rd_atom == max_qp_init_rd_atom
   static constexpr uint32_t kMaxMsgSize = 1u << 30; // 1 GiB: at MTU 256 that is 2^22 PSNs, a quarter of the PSN space
   static constexpr uint32_t kMaxCompChannelsPerCtx = 1024;

@@ -15,6 +15,7 @@
 #include <ctime>
 
 #include "net/registry.h"
+#include "transport/srq.h"
 #include "wire/cm_mad.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
@@ -116,6 +117,10 @@ Engine::~Engine() {
     arena_.release(qp->rq.slots, qp->rq_bytes);
     delete qp;
   }
+  for (Srq* srq : srqs_) {
+    arena_.release(srq->rq.slots, srq->rq_bytes);
+    delete srq;
+  }
   close(doorbell_fd_);
   close(epoll_fd_);
 }
@@ -193,7 +198,7 @@ bool Engine::progress_once() {
   if (roce_port_) receive_from(*roce_port_, did);
   for (Qp* qp : qp_list_) {
     if (qp->state.load(std::memory_order_relaxed) == QpState::Err) {
-      if (qp->sq.count() || qp->rq.count() || qp->recv_active) {
+      if (qp->sq.count() || qp->rq.count() || qp->recv_active || (qp->srq && !qp->last_wqe_reached)) {
         flush_queues(*qp);
         did = true;
       }
@@ -343,6 +348,15 @@ void Engine::flush_queues(Qp& qp) {
   qp.send_index = qp.sq.tail.load();
   qp.send_offset_pkts = 0;
   qp.reads_outstanding = 0;
+  if (qp.srq && qp.recv_active) {
+    // The SRQ WQE this QP had taken is its own now; the SRQ's other WQEs are not flushed.
+    core::Cqe c{};
+    c.wr_id = qp.srq_wqe.wr_id;
+    c.status = WcStatus::WrFlushErr;
+    c.opcode = core::WcOpcode::Recv;
+    c.qp_num = qp.qpn;
+    post_cqe(qp.cfg.recv_cq, c, false);
+  }
   for (uint64_t i = qp.rq.tail.load(); i != qp.rq.head.load(std::memory_order_acquire); ++i) {
     core::Cqe c{};
     c.wr_id = qp.rq.at(i).wr_id;
@@ -353,6 +367,7 @@ void Engine::flush_queues(Qp& qp) {
     post_cqe(qp.cfg.recv_cq, c, false);
   }
   qp.recv_active = false;
+  report_last_wqe(qp);
 }
 
 uint64_t Engine::next_deadline_ns() {
@@ -380,7 +395,7 @@ void Engine::deregister_mr(const core::MrRegion& region) {
   for (Qp* qp : qp_list_) {
     if (qp->write_remaining && inside(qp->write_dst)) qp->write_dst = nullptr;
     if (qp->recv_active) {
-      const RecvWqe& w = qp->recv_queue().at(qp->recv_queue().tail.load(std::memory_order_relaxed));
+      const RecvWqe& w = active_recv_wqe(*qp);
       for (uint32_t i = 0; i < w.num_sge; ++i)
         if (inside(qp->recv_host[i])) qp->recv_host[i] = nullptr;
     }
@@ -446,6 +461,11 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     return nullptr;
   }
   qp->src_port = static_cast<uint16_t>(0xC000 | (qp->qpn & 0x3FFF));
+  if (cfg.srq) {
+    qp->srq = cfg.srq;
+    qp->shared_rq = &cfg.srq->rq;
+    ++cfg.srq->qp_refs;
+  }
   qp->stats = stats_.attach_qp(qp->qpn);
   Qp* raw = qp.release();
   qps_[raw->qpn] = raw;
@@ -462,6 +482,7 @@ void Engine::destroy_qp(Qp* qp) {
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
     arena_.release(qp->rq.slots, qp->rq_bytes);
+    if (qp->srq) --qp->srq->qp_refs;
   }
   async_events_.discard_if([qp](const AsyncEvent& e) { return e.qp == qp; });
   delete qp;
@@ -484,6 +505,7 @@ void reset_transport_state(Qp& qp) {
   qp.ack_owed = false;
   qp.in_message = false;
   qp.recv_active = false;
+  qp.last_wqe_reached = false;
   qp.write_remaining = 0;
   qp.read_jobs.clear();
   for (ReplayEntry& r : qp.replay) r.valid = false;
@@ -582,7 +604,8 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad) {
 }
 
 int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
-  if (qp->state.load(std::memory_order_acquire) == QpState::Reset) {
+  // A QP attached to an SRQ has no receive queue of its own (ibv_post_recv(3)).
+  if (qp->srq || qp->state.load(std::memory_order_acquire) == QpState::Reset) {
     *bad = 0;
     return EINVAL;
   }

@@ -35,6 +35,7 @@ struct AsyncEvent {
   AsyncEventType type;
   Qp* qp = nullptr;
   core::CompletionQueue* cq = nullptr;
+  Srq* srq = nullptr;
 };
 
 
@@ -81,6 +82,14 @@ class Engine {
   // first WQE not queued.
   int post_send(Qp* qp, const SendWqe* wqes, int n, int* bad);
   int post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad);
+
+  // Shared receive queues (srq.cpp). create_srq returns nullptr (errno set) on failure; the others
+  // return 0 or an errno. destroy_srq is refused (EBUSY) while QPs are attached.
+  Srq* create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge);
+  int destroy_srq(Srq* srq);
+  int modify_srq(Srq* srq, int mask, uint32_t max_wr, uint32_t limit);
+  void query_srq(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit);
+  int post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad);
   // ibv_poll_cq: when the CQ is empty, drives progress inline (no wake-up of the progress thread needed).
   int poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n);
 
@@ -112,6 +121,13 @@ class Engine {
     stats_.device().*field += n;
     if (qp && qp->stats) qp->stats->*field += n;
   }
+  // srq.cpp: the receive WQE a message fills, from the QP's RQ or its SRQ alike (any QP type).
+  RecvWqe* next_recv_wqe(Qp& qp);    // the WQE the next message would take; nullptr when none is posted
+  RecvWqe& take_recv_wqe(Qp& qp);    // a message starts on next_recv_wqe(): SRQ WQEs leave the SRQ now
+  RecvWqe& active_recv_wqe(Qp& qp);  // the WQE taken by the message in progress
+  void retire_recv_wqe(Qp& qp);      // that message is complete (or failed): an RQ WQE leaves the RQ
+  // After a flush of a QP attached to an SRQ: IBV_EVENT_QP_LAST_WQE_REACHED, once per error.
+  void report_last_wqe(Qp& qp);
   // requester.cpp
   bool requester_run(Qp& qp, uint64_t now_ns);
   bool prepare_wqe(Qp& qp, SqEntry& e);
@@ -127,6 +143,7 @@ class Engine {
   void check_timers(Qp& qp, uint64_t now_ns);
   // responder.cpp
   void responder_receive(Qp& qp, const wire::Packet& pkt);
+  bool take_receive(Qp& qp, bool& rnr, WcStatus& err);
   void responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn);
   bool responder_run_reads(Qp& qp);
   void send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig);
@@ -144,6 +161,7 @@ class Engine {
   std::unordered_map<uint32_t, Qp*> qps_;
   std::vector<Qp*> qp_list_;
   std::vector<Qp*> ack_owed_;
+  std::vector<Srq*> srqs_;
   core::StatsPage stats_;
 
   std::thread thread_;

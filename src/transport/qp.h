@@ -139,6 +139,8 @@ struct ReadResponseJob {
   bool regenerated = false;
 };
 
+struct Srq;  // transport/srq.h
+
 // Transport service of a QP (numerically enum ibv_qp_type).
 enum class QpType : uint8_t { Rc = 2, Uc = 3, Ud = 4 };
 
@@ -149,6 +151,7 @@ struct QpConfig {
   core::CompletionQueue* recv_cq = nullptr;
   uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0, max_inline = 0;
   bool sq_sig_all = false;
+  Srq* srq = nullptr;  // receive WQEs come from this shared receive queue; the QP's own RQ is unused
 };
 
 // Request packets in flight without an acknowledgement. Far below the 2^23 PSN half-space, and
@@ -180,7 +183,12 @@ struct Qp {
   WorkQueue<RecvWqe> rq;
   // Receive WQEs come from a shared receive queue instead of rq when set (ibv_qp_init_attr.srq).
   WorkQueue<RecvWqe>* shared_rq = nullptr;
+  Srq* srq = nullptr;               // the SRQ shared_rq belongs to (its PD, limit and QP count)
   WorkQueue<RecvWqe>& recv_queue() { return shared_rq ? *shared_rq : rq; }
+  // The SRQ WQE of the message being received: moved off the SRQ when the message starts, because the
+  // other QPs of the SRQ go on consuming it meanwhile (an RQ WQE stays at rq's tail until done).
+  RecvWqe srq_wqe;
+  bool last_wqe_reached = false;    // IBV_EVENT_QP_LAST_WQE_REACHED raised since the QP went to error
   std::vector<SqEntry> sq_storage;   // private to the requester
   size_t rq_bytes = 0;               // the RQ ring lives in the context's shared arena
   bool sq_stopped = false;           // a WQE failed locally: send nothing more, error follows in order

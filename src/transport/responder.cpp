@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/srq.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
 
@@ -71,13 +72,12 @@ void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus re
                                                 : &core::Counters::naks_sent_inv_req);
   responder_send_ack(qp, wire::aeth_nak(nak_code), psn);
   if (qp.recv_active) {
-    uint64_t t = qp.recv_queue().tail.load(std::memory_order_relaxed);
     core::Cqe c{};
-    c.wr_id = qp.recv_queue().at(t).wr_id;
+    c.wr_id = active_recv_wqe(qp).wr_id;
     c.status = recv_status;
     c.opcode = core::WcOpcode::Recv;
     c.qp_num = qp.qpn;
-    qp.recv_queue().tail.store(t + 1, std::memory_order_release);
+    retire_recv_wqe(qp);
     qp.recv_active = false;
     post_cqe(qp.cfg.recv_cq, c, false);
   }
@@ -119,18 +119,19 @@ bool Engine::responder_run_reads(Qp& qp) {
 }
 
 // Takes the next receive WQE and resolves its SGEs; false (after the NAK) when it cannot.
-static bool take_receive(Qp& qp, core::MrTable& mrs, bool& rnr, WcStatus& err) {
+bool Engine::take_receive(Qp& qp, bool& rnr, WcStatus& err) {
   rnr = false;
-  uint64_t t = qp.recv_queue().tail.load(std::memory_order_relaxed);
-  if (t == qp.recv_queue().head.load(std::memory_order_acquire)) {
+  if (!next_recv_wqe(qp)) {
     rnr = true;
     return false;
   }
-  RecvWqe& w = qp.recv_queue().at(t);
+  RecvWqe& w = take_recv_wqe(qp);
   qp.recv_active = true;
   qp.recv_offset = 0;
+  // An SRQ's buffers belong to the SRQ's protection domain (IBTA 10.2.9).
+  uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;
   for (uint32_t i = 0; i < w.num_sge; ++i) {
-    if (mrs.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, true, &qp.recv_host[i]) !=
+    if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.recv_host[i]) !=
         core::AccessResult::Ok) {
       err = WcStatus::LocProtErr;
       return false;
@@ -213,17 +214,21 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       if (info.first) {
         bool rnr;
         WcStatus err = WcStatus::Success;
-        if (!take_receive(qp, mrs_, rnr, err)) {
+        if (!take_receive(qp, rnr, err)) {
           if (rnr) {
             count(&qp, &core::Counters::rnr_naks_sent);
             responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
+            // The requester resends from psn after its back-off: the packets already behind this one
+            // get no NAK-sequence as well, which would spend one of its retries per RNR (seen with 16
+            // QPs on one SRQ: RETRY_EXC_ERR after 7 RNR rounds).
+            qp.nak_sent = true;
           } else {
             responder_fatal(qp, wire::kNakRemoteOp, psn, err);
           }
           return;
         }
       }
-      RecvWqe& w = qp.recv_queue().at(qp.recv_queue().tail.load(std::memory_order_relaxed));
+      RecvWqe& w = active_recv_wqe(qp);
       if (qp.recv_offset + pkt.payload_len > w.length) {
         responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::LocLenErr);
         return;
@@ -257,7 +262,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           c.wc_flags = core::kWcWithInv;
           c.imm_or_inv = pkt.ieth_rkey;
         }
-        qp.recv_queue().tail.store(qp.recv_queue().tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+        retire_recv_wqe(qp);
         qp.recv_active = false;
         qp.msn = wire::psn_add(qp.msn, 1);
         post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
@@ -267,9 +272,10 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
     case wire::OpKind::Write: {
       bool imm = (info.headers & wire::kHdrImm) != 0;
       // WRITE with immediate consumes a receive WQE: without one, RNR before touching memory.
-      if (imm && qp.recv_queue().tail.load(std::memory_order_relaxed) == qp.recv_queue().head.load(std::memory_order_acquire)) {
+      if (imm && !next_recv_wqe(qp)) {
         count(&qp, &core::Counters::rnr_naks_sent);
         responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
+        qp.nak_sent = true;  // as for a SEND: no NAK-sequence for the packets behind it
         return;
       }
       if (info.first) {
@@ -299,9 +305,8 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       if (info.last) {
         qp.msn = wire::psn_add(qp.msn, 1);
         if (imm) {
-          uint64_t t = qp.recv_queue().tail.load(std::memory_order_relaxed);
           core::Cqe c{};
-          c.wr_id = qp.recv_queue().at(t).wr_id;
+          c.wr_id = take_recv_wqe(qp).wr_id;
           c.status = WcStatus::Success;
           c.opcode = core::WcOpcode::RecvRdmaWithImm;
           c.byte_len = qp.write_total;
@@ -309,7 +314,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           c.src_qp = qp.dest_qpn;
           c.wc_flags = core::kWcWithImm;
           c.imm_or_inv = pkt.imm_data_be;
-          qp.recv_queue().tail.store(t + 1, std::memory_order_release);
+          retire_recv_wqe(qp);
           post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
         }
       }

@@ -82,13 +82,17 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.hw_ver = L::kHwVer;
   a.max_qp = L::kMaxQp;
   a.max_qp_wr = L::kMaxQpWr;
-  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT;
+  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT |
+                       IBV_DEVICE_SRQ_RESIZE;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
   a.max_cq = L::kMaxCq;
   a.max_cqe = L::kMaxCqe;
   a.max_mr = L::kMaxMr;
   a.max_pd = L::kMaxPd;
+  a.max_srq = L::kMaxSrq;
+  a.max_srq_wr = L::kMaxSrqWr;
+  a.max_srq_sge = L::kMaxSrqSge;
   a.max_qp_rd_atom = L::kMaxQpRdAtom;
   a.max_qp_init_rd_atom = L::kMaxQpRdAtom;
   a.max_res_rd_atom = L::kMaxQpRdAtom * L::kMaxQp;
@@ -184,12 +188,14 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   v.create_cq_ex = create_cq_ex;
   v.query_rt_values = query_rt_values;
   v.create_qp_ex = create_qp_ex;
+  v.create_srq_ex = create_srq_ex;
   ibv_context& ctx = v.context;
   ctx.device = dev;
   ctx.ops.poll_cq = poll_cq;
   ctx.ops.req_notify_cq = req_notify_cq;
   ctx.ops.post_send = post_send;
   ctx.ops.post_recv = post_recv;
+  ctx.ops.post_srq_recv = post_srq_recv;
   ctx.cmd_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);  // no kernel: a harmless fd for code that closes it
   ctx.async_fd = c->engine->async_events().fd();
   ctx.num_comp_vectors = 1;
@@ -307,6 +313,8 @@ SOFTRDMA_EXPORT int ibv_get_async_event(ibv_context* ctx, ibv_async_event* event
   event->event_type = static_cast<ibv_event_type>(e.type);
   if (e.qp)
     event->element.qp = &static_cast<SoftQp*>(e.qp->user)->qpx.qp_base;
+  else if (e.srq)
+    event->element.srq = static_cast<ibv_srq*>(e.srq->user);
   else if (e.cq)
     event->element.cq = reinterpret_cast<ibv_cq*>(static_cast<SoftCq*>(e.cq->user));
   else
@@ -337,6 +345,15 @@ SOFTRDMA_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
       ++qp->events_completed;
       pthread_cond_signal(&qp->cond);
       pthread_mutex_unlock(&qp->mutex);
+      break;
+    }
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED: {
+      ibv_srq* srq = event->element.srq;
+      pthread_mutex_lock(&srq->mutex);
+      ++srq->events_completed;
+      pthread_cond_signal(&srq->cond);
+      pthread_mutex_unlock(&srq->mutex);
       break;
     }
     default:

@@ -1,4 +1,4 @@
-// Verbs of later issues (UD address handles, SRQ, multicast, ECE, import): they exist so every program
+// Verbs of later issues (UD address handles, multicast, ECE, import): they exist so every program
 // loads, and fail cleanly with EOPNOTSUPP until their issue lands.
 #include <cerrno>
 
@@ -18,13 +18,6 @@ SOFTRDMA_EXPORT int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*
 }
 SOFTRDMA_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 SOFTRDMA_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-SOFTRDMA_EXPORT ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SOFTRDMA_EXPORT int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP; }
-SOFTRDMA_EXPORT int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return EOPNOTSUPP; }
-SOFTRDMA_EXPORT int ibv_destroy_srq(ibv_srq*) { return EOPNOTSUPP; }
 SOFTRDMA_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t*, uint16_t*) {
   return EOPNOTSUPP;
 }

@@ -27,16 +27,15 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
     errno = EOPNOTSUPP;  // UC/UD/XRC arrive with a later issue
     return nullptr;
   }
-  if (ia.srq) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
-  if (!ia.send_cq || !ia.recv_cq || ia.send_cq->context != ctx || ia.recv_cq->context != ctx) {
+  if (!ia.send_cq || !ia.recv_cq || ia.send_cq->context != ctx || ia.recv_cq->context != ctx ||
+      (ia.srq && ia.srq->context != ctx)) {
     errno = EINVAL;
     return nullptr;
   }
   using L = core::DeviceLimits;
-  const ibv_qp_cap& cap = ia.cap;
+  // With an SRQ the receive capabilities are ignored (ibv_create_qp(3)): the QP has no RQ of its own.
+  ibv_qp_cap cap = ia.cap;
+  if (ia.srq) cap.max_recv_wr = cap.max_recv_sge = 0;
   if (cap.max_send_wr > L::kMaxQpWr || cap.max_recv_wr > L::kMaxQpWr || cap.max_send_sge > L::kMaxSge ||
       cap.max_recv_sge > L::kMaxSge || cap.max_inline_data > L::kMaxInline) {
     errno = EINVAL;
@@ -57,6 +56,7 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
   cfg.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
   cfg.max_inline = L::kMaxInline;
   cfg.sq_sig_all = ia.sq_sig_all != 0;
+  if (ia.srq) cfg.srq = to_srq(ia.srq)->tsrq;
   q->tqp = engine_of(ctx).create_qp(cfg);
   if (!q->tqp) {
     delete q;
@@ -65,7 +65,8 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
   q->tqp->user = q;
   q->init = ia;
   q->init.cap.max_send_sge = cfg.max_send_sge;
-  q->init.cap.max_recv_sge = cfg.max_recv_sge;
+  q->init.cap.max_recv_wr = cap.max_recv_wr;
+  q->init.cap.max_recv_sge = ia.srq ? 0 : cfg.max_recv_sge;
   q->init.cap.max_inline_data = cfg.max_inline;
   ++to_pd(pd)->users;
   ++to_cq(ia.send_cq)->qp_refs;
@@ -76,7 +77,7 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
   b.pd = pd;
   b.send_cq = ia.send_cq;
   b.recv_cq = ia.recv_cq;
-  b.srq = nullptr;
+  b.srq = ia.srq;
   b.handle = q->tqp->qpn;
   b.qp_num = q->tqp->qpn;
   b.state = IBV_QPS_RESET;

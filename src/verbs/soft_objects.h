@@ -14,6 +14,7 @@
 #include "core/mr.h"
 #include "net/interfaces.h"
 #include "transport/engine.h"
+#include "transport/srq.h"
 
 #define SOFTRDMA_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -81,6 +82,12 @@ struct SoftQp {
   int staged_error = 0;
 };
 
+struct SoftSrq {
+  ibv_srq srq;  // first: applications hold &srq (transport::Srq::user points here)
+  transport::Srq* tsrq = nullptr;
+};
+inline SoftSrq* to_srq(ibv_srq* s) { return reinterpret_cast<SoftSrq*>(s); }
+
 // vctx is SoftContext's first member, so the ibv_context inside it is at this offset in SoftContext.
 inline SoftContext* to_ctx(ibv_context* c) {
   return reinterpret_cast<SoftContext*>(reinterpret_cast<uint8_t*>(c) - offsetof(verbs_context, context));
@@ -94,6 +101,9 @@ const std::vector<SoftDevice*>& all_devices();
 // qp.cpp / cq.cpp: the data-path entries installed in every context's ops table.
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+// srq.cpp
+int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
 // mr_cq.cpp: the CQ object behind ibv_create_cq and ibv_create_cq_ex (nullptr + errno on failure).

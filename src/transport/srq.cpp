@@ -1,0 +1,160 @@
+// Shared receive queues (IBTA 10.2.9, 11.2.3) and the receive-WQE bookkeeping every responder uses,
+// whether a QP receives from its own RQ or from an SRQ: the limit event (IBV_EVENT_SRQ_LIMIT_REACHED)
+// and the Last WQE Reached event of a QP leaving an SRQ in error (IBTA 11.6.3.1).
+#include "transport/srq.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/limits.h"
+#include "transport/engine.h"
+
+namespace softrdma::transport {
+
+Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge) {
+  using L = core::DeviceLimits;
+  if (max_wr > L::kMaxSrqWr || max_sge > L::kMaxSrqSge) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* srq = new (std::nothrow) Srq{};
+  if (!srq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  srq->pd = pd;
+  srq->max_sge = std::max<uint32_t>(max_sge, 1);
+  uint32_t depth = std::max<uint32_t>(max_wr, 1);
+  srq->rq_bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(depth);
+  auto* ring = static_cast<RecvWqe*>(arena_.allocate(srq->rq_bytes));
+  if (!ring) {
+    delete srq;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  srq->rq.init(ring, depth);
+  std::lock_guard lock(lock_);
+  if (srqs_.size() >= L::kMaxSrq) {
+    arena_.release(ring, srq->rq_bytes);
+    delete srq;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  srqs_.push_back(srq);
+  return srq;
+}
+
+int Engine::destroy_srq(Srq* srq) {
+  {
+    std::lock_guard lock(lock_);
+    if (srq->qp_refs) return EBUSY;
+    srqs_.erase(std::remove(srqs_.begin(), srqs_.end(), srq), srqs_.end());
+    arena_.release(srq->rq.slots, srq->rq_bytes);
+  }
+  async_events_.discard_if([srq](const AsyncEvent& e) { return e.srq == srq; });
+  delete srq;
+  return 0;
+}
+
+int Engine::modify_srq(Srq* srq, int mask, uint32_t max_wr, uint32_t limit) {
+  if (mask & ~(kSrqModMaxWr | kSrqModLimit)) return EINVAL;
+  // Producer lock first, as post_srq_recv then the engine: the ring may be replaced below.
+  std::lock_guard producer(srq->rq.producer_mutex);
+  std::lock_guard lock(lock_);
+  WorkQueue<RecvWqe>& q = srq->rq;
+  uint32_t new_max = q.max_wr;
+  if (mask & kSrqModMaxWr) {
+    // A resize never drops posted WQEs (ibv_modify_srq(3): an invalid attribute modifies nothing).
+    if (max_wr == 0 || max_wr > core::DeviceLimits::kMaxSrqWr || max_wr < q.count()) return EINVAL;
+    new_max = max_wr;
+  }
+  if ((mask & kSrqModLimit) && limit > new_max) return EINVAL;
+  if (new_max != q.max_wr) {
+    size_t bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(new_max);
+    auto* ring = static_cast<RecvWqe*>(arena_.allocate(bytes));
+    if (!ring) return ENOMEM;
+    uint32_t new_mask = WorkQueue<RecvWqe>::capacity_for(new_max) - 1;
+    // Head and tail are running counters: each WQE keeps its index, only its slot moves.
+    for (uint64_t i = q.tail.load(); i != q.head.load(); ++i) ring[i & new_mask] = q.at(i);
+    arena_.release(q.slots, srq->rq_bytes);
+    q.slots = ring;
+    q.mask = new_mask;
+    q.max_wr = new_max;
+    srq->rq_bytes = bytes;
+  }
+  if (mask & kSrqModLimit) srq->limit = limit;
+  return 0;
+}
+
+void Engine::query_srq(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit) {
+  std::lock_guard lock(lock_);
+  max_wr = srq->rq.max_wr;
+  max_sge = srq->max_sge;
+  limit = srq->limit;
+}
+
+int Engine::post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
+  int rc = 0;
+  std::lock_guard lock(srq->rq.producer_mutex);
+  WorkQueue<RecvWqe>& q = srq->rq;
+  uint64_t head = q.head.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    const RecvWqe& w = wqes[i];
+    if (w.num_sge > srq->max_sge || head - q.tail.load(std::memory_order_acquire) >= q.max_wr) {
+      *bad = i;
+      rc = w.num_sge > srq->max_sge ? EINVAL : ENOMEM;
+      break;
+    }
+    RecvWqe& slot = q.at(head);
+    slot.wr_id = w.wr_id;
+    slot.num_sge = w.num_sge;
+    slot.length = w.length;
+    std::memcpy(slot.sge, w.sge, sizeof(Sge) * w.num_sge);
+    ++head;
+  }
+  q.head.store(head, std::memory_order_release);
+  return rc;
+}
+
+RecvWqe* Engine::next_recv_wqe(Qp& qp) {
+  WorkQueue<RecvWqe>& q = qp.recv_queue();
+  uint64_t t = q.tail.load(std::memory_order_relaxed);
+  return t == q.head.load(std::memory_order_acquire) ? nullptr : &q.at(t);
+}
+
+RecvWqe& Engine::take_recv_wqe(Qp& qp) {
+  if (!qp.srq) return qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
+  Srq& srq = *qp.srq;
+  uint64_t t = srq.rq.tail.load(std::memory_order_relaxed);
+  const RecvWqe& w = srq.rq.at(t);
+  qp.srq_wqe.wr_id = w.wr_id;
+  qp.srq_wqe.num_sge = w.num_sge;
+  qp.srq_wqe.length = w.length;
+  std::memcpy(qp.srq_wqe.sge, w.sge, sizeof(Sge) * w.num_sge);
+  srq.rq.tail.store(t + 1, std::memory_order_release);
+  // The low watermark (IBTA 11.2.3.2 / ibv_modify_srq(3)): once, then disarmed until set again.
+  if (srq.limit && srq.rq.count() < srq.limit) {
+    srq.limit = 0;
+    async_events_.push(AsyncEvent{AsyncEventType::SrqLimitReached, nullptr, nullptr, &srq});
+  }
+  return qp.srq_wqe;
+}
+
+RecvWqe& Engine::active_recv_wqe(Qp& qp) {
+  return qp.srq ? qp.srq_wqe : qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
+}
+
+void Engine::retire_recv_wqe(Qp& qp) {
+  if (!qp.srq) qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+void Engine::report_last_wqe(Qp& qp) {
+  // The QP is in error and its WQE in progress is flushed: it takes nothing more from the SRQ, whose
+  // remaining WQEs stay there for the other QPs (IBTA 11.6.3.1, 10.3.1).
+  if (!qp.srq || qp.last_wqe_reached) return;
+  qp.last_wqe_reached = true;
+  async_events_.push(AsyncEvent{AsyncEventType::QpLastWqeReached, &qp, nullptr});
+}
+
+}  // namespace softrdma::transport
