@@ -19,7 +19,8 @@ namespace softrdma::core {
   X(naks_sent_rem_op) X(rnr_naks_sent) X(naks_rcvd_seq) X(naks_rcvd_inv_req)                    \
   X(naks_rcvd_rem_access) X(naks_rcvd_rem_op) X(rnr_naks_rcvd) X(retry_exceeded)                \
   X(rnr_retry_exceeded) X(drop_malformed) X(drop_icrc) X(drop_pkey) X(drop_unknown_qp)          \
-  X(drop_bad_opcode) X(drop_bad_state) X(drop_stale_response) X(forwarded)
+  X(drop_bad_opcode) X(drop_bad_state) X(drop_stale_response) X(forwarded)                     \
+  X(ud_drop_qkey) X(ud_drop_no_recv) X(ud_send_over_mtu) X(uc_msg_dropped)
 
 struct Counters {
 #define SOFTRDMA_FIELD(name) uint64_t name;

@@ -272,11 +272,27 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
     qp.stats->rx_bytes += len;
   }
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
-  if (info.qp_class != wire::QpClass::RC) {
+  // An opcode of another transport service than the QP's (IBTA 9.6.1.1: the opcode's high bits).
+  wire::QpClass want = qp.cfg.type == QpType::Ud   ? wire::QpClass::UD
+                       : qp.cfg.type == QpType::Uc ? wire::QpClass::UC
+                                                   : wire::QpClass::RC;
+  if (info.qp_class != want) {
     count(&qp, &core::Counters::drop_bad_opcode);
     return;
   }
   QpState st = qp.state.load(std::memory_order_relaxed);
+  if (qp.cfg.type != QpType::Rc) {
+    // UD and UC receive in RTR and later; they never see acknowledgements.
+    if (st != QpState::Rtr && st != QpState::Rts && st != QpState::Sqd && st != QpState::Sqe) {
+      count(&qp, &core::Counters::drop_bad_state);
+      return;
+    }
+    if (qp.cfg.type == QpType::Ud)
+      datagram_receive(qp, pkt, peer_ip, iface_.ip_be, len);
+    else
+      uc_receive(qp, pkt);
+    return;
+  }
   switch (info.kind) {
     case wire::OpKind::Ack:
     case wire::OpKind::AtomicAck:
@@ -298,18 +314,23 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
 }
 
 void Engine::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
+  pkt.bth.dest_qp = qp.dest_qpn;
+  send_packet_to(qp, pkt, payload, len, qp.dest_ip_be, qp.dest_port);
+}
+
+void Engine::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
+                            uint16_t dest_port) {
   uint8_t buf[wire::kBthLen + wire::kAtomicEthLen + wire::kRethLen + 16 + 4096 + 8];
   pkt.bth.pkey = wire::kDefaultPkey;
-  pkt.bth.dest_qp = qp.dest_qpn;
   pkt.bth.pad_count = wire::pad_for(len);
   size_t n = wire::write_headers(pkt, buf);
   if (len) std::memcpy(buf + n, payload, len);
   n += len;
   for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[n++] = 0;
-  wire::Ipv4UdpAddr addr{iface_.ip_be, qp.dest_ip_be, port_->port(), qp.dest_port};
+  wire::Ipv4UdpAddr addr{iface_.ip_be, dest_ip_be, port_->port(), dest_port};
   wire::append_icrc(addr, buf, n);
   n += wire::kIcrcLen;
-  port_->send(buf, static_cast<uint32_t>(n), qp.dest_ip_be, qp.dest_port);
+  port_->send(buf, static_cast<uint32_t>(n), dest_ip_be, dest_port);
   count(&qp, &core::Counters::tx_packets);
   count(&qp, &core::Counters::tx_bytes, n);
 }
@@ -461,6 +482,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     return nullptr;
   }
   qp->src_port = static_cast<uint16_t>(0xC000 | (qp->qpn & 0x3FFF));
+  if (cfg.ud_mtu) qp->mtu = cfg.ud_mtu;
   if (cfg.srq) {
     qp->srq = cfg.srq;
     qp->shared_rq = &cfg.srq->rq;
@@ -504,6 +526,7 @@ void reset_transport_state(Qp& qp) {
   qp.nak_sent = false;
   qp.ack_owed = false;
   qp.in_message = false;
+  qp.uc_dropping = false;
   qp.recv_active = false;
   qp.last_wqe_reached = false;
   qp.write_remaining = 0;
@@ -523,6 +546,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
       stats_.set_dest(qp->qpn, m.dest_qpn);
     }
     if (m.mask & kModAv) qp->dest_ip_be = m.dest_ip_be;
+    if (m.mask & kModQkey) qp->qkey = m.qkey;
     if (m.mask & kModRqPsn) qp->epsn = m.rq_psn;
     if (m.mask & kModSqPsn) {
       qp->next_psn = m.sq_psn;
@@ -560,6 +584,22 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
   return 0;
 }
 
+namespace {
+// What the QP's transport service can carry (IBTA table 38): UD datagrams (SEND with or without
+// immediate, with a destination), UC no READ, ATOMIC or SEND with invalidate.
+bool op_allowed(const Qp& qp, const SendWqe& w) {
+  bool send = w.op == WrOp::Send || w.op == WrOp::SendImm;
+  switch (qp.cfg.type) {
+    case QpType::Ud:
+      return send && w.ud_dest_ip_be != 0;
+    case QpType::Uc:
+      return w.op != WrOp::Read && w.op != WrOp::CompareSwap && w.op != WrOp::FetchAdd && w.op != WrOp::SendInv;
+    default:
+      return true;
+  }
+}
+}  // namespace
+
 int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad) {
   QpState st = qp->state.load(std::memory_order_acquire);
   if (st == QpState::Reset || st == QpState::Init || st == QpState::Rtr) {
@@ -573,7 +613,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad) {
     for (int i = 0; i < n; ++i) {
       const SendWqe& w = wqes[i];
       bool bad_wqe = w.num_sge > qp->cfg.max_send_sge ||
-                     ((w.flags & kInline) && w.length > qp->cfg.max_inline);
+                     ((w.flags & kInline) && w.length > qp->cfg.max_inline) || !op_allowed(*qp, w);
       if (bad_wqe || head - qp->sq.tail.load(std::memory_order_acquire) >= qp->sq.max_wr) {
         *bad = i;
         rc = bad_wqe ? EINVAL : ENOMEM;

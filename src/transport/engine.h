@@ -50,6 +50,7 @@ struct QpModify {
   uint32_t rq_psn = 0, sq_psn = 0;
   uint8_t timeout = 0, retry_cnt = 0, rnr_retry = 0, min_rnr_timer = 0;
   uint32_t max_rd_atomic = 0, max_dest_rd_atomic = 0;
+  uint32_t qkey = 0;
 };
 
 class Engine {
@@ -128,6 +129,13 @@ class Engine {
   void retire_recv_wqe(Qp& qp);      // that message is complete (or failed): an RQ WQE leaves the RQ
   // After a flush of a QP attached to an SRQ: IBV_EVENT_QP_LAST_WQE_REACHED, once per error.
   void report_last_wqe(Qp& qp);
+  // datagram.cpp: UD send and receive, the UC requester and responder (no ACKs, no retransmission).
+  bool unreliable_requester_run(Qp& qp);
+  void datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_be, uint32_t dst_ip_be,
+                        uint32_t udp_len);
+  void uc_receive(Qp& qp, const wire::Packet& pkt);
+  void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
+                      uint16_t dest_port);
   // requester.cpp
   bool requester_run(Qp& qp, uint64_t now_ns);
   bool prepare_wqe(Qp& qp, SqEntry& e);

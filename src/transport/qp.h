@@ -57,6 +57,10 @@ struct SendWqe {
   uint32_t rkey;
   uint64_t compare_add;     // ATOMIC compare (CmpSwap) or add operand (FetchAdd)
   uint64_t swap;
+  // UD: where this datagram goes (from the WR's address handle, remote_qpn and remote_qkey).
+  uint32_t ud_dest_ip_be;
+  uint32_t ud_remote_qpn;
+  uint32_t ud_remote_qkey;
   uint32_t num_sge;
   uint64_t length;          // total bytes of the SGEs / inline data
   Sge sge[core::DeviceLimits::kMaxSge];
@@ -151,6 +155,7 @@ struct QpConfig {
   core::CompletionQueue* recv_cq = nullptr;
   uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0, max_inline = 0;
   bool sq_sig_all = false;
+  uint32_t ud_mtu = 0;  // UD: the port's active MTU in bytes, the largest message it sends (C10-93.1.1)
   Srq* srq = nullptr;  // receive WQEs come from this shared receive queue; the QP's own RQ is unused
 };
 
@@ -178,6 +183,8 @@ struct Qp {
   uint16_t src_port = 0;           // per-QP source port entropy (informational: sockets are shared)
   uint8_t timeout = 14, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 0;
   uint32_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
+  uint32_t qkey = 0;               // UD: the Q_Key received datagrams must carry
+  bool uc_dropping = false;        // UC: the message in progress lost a packet; wait for a FIRST/ONLY
 
   WorkQueue<SqEntry> sq;
   WorkQueue<RecvWqe> rq;

@@ -133,6 +133,11 @@ void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
     }
   }
   pkt.bth.ack_req = last || (idx % kAckReqInterval) == kAckReqInterval - 1;
+  if (qp.cfg.type == QpType::Uc) {
+    // UC SEND/WRITE opcodes are the RC ones in the UC class (IBTA table 38); nothing is acknowledged.
+    pkt.bth.opcode = static_cast<uint8_t>(pkt.bth.opcode | 0x20);
+    pkt.bth.ack_req = false;
+  }
   send_packet(qp, pkt, payload, len);
 }
 
@@ -143,6 +148,7 @@ void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
 
 bool Engine::requester_run(Qp& qp, uint64_t now) {
   if (qp.sq_stopped) return false;
+  if (qp.cfg.type != QpType::Rc) return unreliable_requester_run(qp);
   if (qp.rnr_resume_ns) {
     if (now < qp.rnr_resume_ns) return false;
     qp.rnr_resume_ns = 0;

@@ -4,18 +4,6 @@
 
 #include "verbs/soft_objects.h"
 
-SOFTRDMA_EXPORT ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SOFTRDMA_EXPORT int ibv_destroy_ah(ibv_ah*) { return EOPNOTSUPP; }
-SOFTRDMA_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SOFTRDMA_EXPORT int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*, ibv_ah_attr*) {
-  return EOPNOTSUPP;
-}
 SOFTRDMA_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 SOFTRDMA_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 SOFTRDMA_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t*, uint16_t*) {

@@ -7,6 +7,7 @@
 
 #include "core/limits.h"
 #include "core/qp_state.h"
+#include "verbs/ah.h"
 #include "verbs/soft_objects.h"
 
 using namespace softrdma;
@@ -23,8 +24,8 @@ namespace {
 void qpx_install(SoftQp* q);
 
 ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
-  if (ia.qp_type != IBV_QPT_RC) {
-    errno = EOPNOTSUPP;  // UC/UD/XRC arrive with a later issue
+  if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD) {
+    errno = EOPNOTSUPP;  // XRC, raw packet: not offered
     return nullptr;
   }
   if (!ia.send_cq || !ia.recv_cq || ia.send_cq->context != ctx || ia.recv_cq->context != ctx ||
@@ -56,6 +57,13 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
   cfg.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
   cfg.max_inline = L::kMaxInline;
   cfg.sq_sig_all = ia.sq_sig_all != 0;
+  cfg.type = static_cast<transport::QpType>(ia.qp_type);
+  if (ia.qp_type == IBV_QPT_UD) {
+    // A UD message is at most one packet of the port's active MTU (the QP has no path MTU).
+    ibv_port_attr pa{};
+    query_port_ex(ctx, 1, &pa, sizeof pa);
+    cfg.ud_mtu = core::mtu_bytes(pa.active_mtu);
+  }
   if (ia.srq) cfg.srq = to_srq(ia.srq)->tsrq;
   q->tqp = engine_of(ctx).create_qp(cfg);
   if (!q->tqp) {
@@ -108,6 +116,16 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
     case IBV_WR_ATOMIC_CMP_AND_SWP: w.op = WrOp::CompareSwap; break;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: w.op = WrOp::FetchAdd; break;
     default: return EINVAL;
+  }
+  // UD sends datagrams only; UC has no READ or ATOMIC (IBTA table 38: no such UC opcodes).
+  bool send_op = w.op == WrOp::Send || w.op == WrOp::SendImm;
+  if (cfg.type == transport::QpType::Ud) {
+    if (!send_op || !wr.wr.ud.ah) return EINVAL;
+    w.ud_dest_ip_be = to_ah(wr.wr.ud.ah)->dest_ip_be;
+    w.ud_remote_qpn = wr.wr.ud.remote_qpn;
+    w.ud_remote_qkey = wr.wr.ud.remote_qkey;
+  } else if (cfg.type == transport::QpType::Uc && !send_op && w.op != WrOp::Write && w.op != WrOp::WriteImm) {
+    return EINVAL;
   }
   if (w.op == WrOp::CompareSwap || w.op == WrOp::FetchAdd) {
     w.remote_addr = wr.wr.atomic.remote_addr;
@@ -286,6 +304,7 @@ SOFTRDMA_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   m.min_rnr_timer = attr->min_rnr_timer;
   m.max_rd_atomic = attr->max_rd_atomic;
   m.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+  m.qkey = attr->qkey;
   if (int rc = engine_of(qp->context).modify_qp(q->tqp, m)) return rc;
 
   // Remember what was set, so ibv_query_qp returns it.
@@ -305,6 +324,7 @@ SOFTRDMA_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   if (mask & IBV_QP_SQ_PSN) s.sq_psn = attr->sq_psn;
   if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
   if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = attr->dest_qp_num;
+  if (mask & IBV_QP_QKEY) s.qkey = attr->qkey;
   if (mask & IBV_QP_STATE) qp->state = next;
   return 0;
 }
@@ -464,7 +484,17 @@ void qpx_install(SoftQp* q) {
   x.wr_bind_mw = [](ibv_qp_ex* x, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { of(x)->staged_error = EOPNOTSUPP; };
   x.wr_local_inv = [](ibv_qp_ex* x, uint32_t) { of(x)->staged_error = EOPNOTSUPP; };
   x.wr_send_tso = [](ibv_qp_ex* x, void*, uint16_t, uint16_t) { of(x)->staged_error = EOPNOTSUPP; };
-  x.wr_set_ud_addr = [](ibv_qp_ex* x, ibv_ah*, uint32_t, uint32_t) { of(x)->staged_error = EOPNOTSUPP; };
+  x.wr_set_ud_addr = [](ibv_qp_ex* x, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
+    SendWqe* w = current(x);
+    if (!w) return;
+    if (!ah || of(x)->tqp->cfg.type != transport::QpType::Ud) {
+      of(x)->staged_error = EINVAL;
+      return;
+    }
+    w->ud_dest_ip_be = to_ah(ah)->dest_ip_be;
+    w->ud_remote_qpn = remote_qpn;
+    w->ud_remote_qkey = remote_qkey;
+  };
   x.wr_set_xrc_srqn = [](ibv_qp_ex* x, uint32_t) { of(x)->staged_error = EOPNOTSUPP; };
   x.wr_atomic_write = [](ibv_qp_ex* x, uint32_t, uint64_t, const void*) { of(x)->staged_error = EOPNOTSUPP; };
 }

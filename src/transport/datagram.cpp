@@ -1,0 +1,359 @@
+// The unreliable services (IBTA 9.8.x): UD datagrams with DETH and Q_Key checks, and UC messages with
+// PSNs but no acknowledgements. Nothing is retransmitted: a send WQE completes once its packets are
+// handed to the port, and a receiver drops what it cannot take (a whole UC message on any loss).
+#include <algorithm>
+#include <cstring>
+
+#include "net/registry.h"
+#include "transport/engine.h"
+#include "wire/opcode.h"
+#include "wire/psn.h"
+
+namespace softrdma::transport {
+
+namespace {
+constexpr int kBurst = 64;           // packets one QP may send per progress pass
+constexpr uint32_t kGrhLen = 40;     // the GRH area ahead of every UD message (IBTA 11.4.1.2)
+constexpr uint32_t kQkeyUseQpOwn = 0x80000000u;  // a WR Q_Key with the high bit set: send the QP's own
+
+bool is_multicast(uint32_t ip_be) {
+  return (reinterpret_cast<const uint8_t*>(&ip_be)[0] & 0xF0) == 0xE0;
+}
+
+// RoCEv2 over IPv4 (Annex A17.4.5.1): the GRH area holds 20 zero bytes, then the IPv4 header of the
+// datagram as it arrived. A UDP socket does not see that header, so it is rebuilt from what is known:
+// addresses, length, protocol UDP, TTL 64, DF, and a valid header checksum.
+void build_grh(uint8_t* out, uint32_t src_ip_be, uint32_t dst_ip_be, uint32_t udp_payload_len) {
+  std::memset(out, 0, kGrhLen);
+  uint8_t* ip = out + 20;
+  uint32_t total = 20 + 8 + udp_payload_len;
+  ip[0] = 0x45;
+  ip[2] = static_cast<uint8_t>(total >> 8);
+  ip[3] = static_cast<uint8_t>(total);
+  ip[6] = 0x40;  // don't fragment
+  ip[8] = 64;
+  ip[9] = 17;
+  std::memcpy(ip + 12, &src_ip_be, 4);
+  std::memcpy(ip + 16, &dst_ip_be, 4);
+  uint32_t sum = 0;
+  for (int i = 0; i < 20; i += 2) sum += uint32_t{ip[i]} << 8 | ip[i + 1];
+  while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+  uint16_t csum = static_cast<uint16_t>(~sum);
+  ip[10] = static_cast<uint8_t>(csum >> 8);
+  ip[11] = static_cast<uint8_t>(csum);
+}
+
+// Copies [off, off + len) of a send WQE's data (inline or gathered) to dst.
+void gather_wqe(const SqEntry& e, uint64_t off, uint8_t* dst, uint32_t len) {
+  if (e.wqe.flags & kInline) {
+    std::memcpy(dst, e.wqe.inline_data + off, len);
+    return;
+  }
+  for_each_sge_piece(e.wqe.sge, e.host, e.wqe.num_sge, off, len, [&](uint8_t* p, uint64_t n) {
+    std::memcpy(dst, p, n);
+    dst += n;
+    return true;
+  });
+}
+
+// Writes src into a receive WQE's resolved SGEs at message offset off; false when a piece is gone.
+bool scatter_recv(const RecvWqe& w, uint8_t* const* host, uint64_t off, const uint8_t* src, uint64_t len) {
+  return for_each_sge_piece(w.sge, host, w.num_sge, off, len, [&](uint8_t* p, uint64_t n) {
+    if (!p) return false;
+    std::memcpy(p, src, n);
+    src += n;
+    return true;
+  });
+}
+}  // namespace
+
+bool Engine::unreliable_requester_run(Qp& qp) {
+  bool did = false;
+  int budget = kBurst;
+  const bool ud = qp.cfg.type == QpType::Ud;
+  uint64_t head = qp.sq.head.load(std::memory_order_acquire);
+  while (budget > 0 && qp.send_index < head) {
+    SqEntry& e = qp.sq.at(qp.send_index);
+    if (!e.started) {
+      if (!prepare_wqe(qp, e)) {
+        e.started = true;
+        e.acked = true;
+        qp.sq_stopped = true;
+        complete_in_order(qp);
+        return true;
+      }
+      e.started = true;
+      if (ud) e.npkts = 1;
+      e.first_psn = qp.next_psn;
+      qp.next_psn = wire::psn_add(qp.next_psn, e.npkts);
+      qp.send_offset_pkts = 0;
+    }
+    if (e.status != WcStatus::Success) {
+      // Its memory was deregistered between two passes: it completes in error.
+      e.acked = true;
+      qp.sq_stopped = true;
+      complete_in_order(qp);
+      return true;
+    }
+    if (ud) {
+      const SendWqe& w = e.wqe;
+      if (w.length > qp.mtu) {
+        // C10-93.1.1: a UD message above the port MTU emits no packet and raises no error.
+        count(&qp, &core::Counters::ud_send_over_mtu);
+      } else {
+        wire::Packet pkt{};
+        pkt.bth.opcode = w.op == WrOp::SendImm ? wire::kUdSendOnlyImm : wire::kUdSendOnly;
+        pkt.bth.psn = e.first_psn;
+        pkt.bth.solicited = (w.flags & kSolicited) != 0;
+        pkt.bth.dest_qp = w.ud_remote_qpn;
+        pkt.imm_data_be = w.imm_be;
+        pkt.deth.qkey = (w.ud_remote_qkey & kQkeyUseQpOwn) ? qp.qkey : w.ud_remote_qkey;
+        pkt.deth.src_qp = qp.qpn;
+        uint8_t scratch[4096];
+        const uint8_t* payload = scratch;
+        uint32_t len = static_cast<uint32_t>(w.length);
+        if (len && !(w.flags & kInline) && w.num_sge == 1)
+          payload = e.host[0];
+        else
+          gather_wqe(e, 0, scratch, len);
+        // A QP of a process on this host is reached at that process's port; others (and groups) at 4791.
+        uint16_t port = wire::kRoceUdpPort;
+        if (!is_multicast(w.ud_dest_ip_be)) {
+          auto ep = net::Registry::instance().lookup(w.ud_remote_qpn);
+          if (ep && ep->ip_be == w.ud_dest_ip_be) port = ep->port;
+        }
+        send_packet_to(qp, pkt, payload, len, w.ud_dest_ip_be, port);
+      }
+      --budget;
+    } else {
+      while (qp.send_offset_pkts < e.npkts && budget > 0) {
+        send_request_packet(qp, e, qp.send_offset_pkts);
+        ++qp.send_offset_pkts;
+        --budget;
+      }
+      if (qp.send_offset_pkts < e.npkts) {
+        did = true;
+        break;
+      }
+    }
+    // Unacknowledged service: the WQE is done once its last packet is on its way.
+    e.acked = true;
+    ++qp.send_index;
+    qp.send_offset_pkts = 0;
+    did = true;
+    complete_in_order(qp);
+  }
+  return did;
+}
+
+void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_be, uint32_t dst_ip_be,
+                              uint32_t udp_len) {
+  // A datagram whose Q_Key differs from the QP's is silently dropped (IBTA 10.2.4, Q_Keys).
+  if (pkt.deth.qkey != qp.qkey) {
+    count(&qp, &core::Counters::ud_drop_qkey);
+    return;
+  }
+  WorkQueue<RecvWqe>& rq = qp.recv_queue();
+  uint64_t t = rq.tail.load(std::memory_order_relaxed);
+  if (t == rq.head.load(std::memory_order_acquire)) {
+    // No receive WQE: UD has no RNR, the datagram is lost.
+    count(&qp, &core::Counters::ud_drop_no_recv);
+    return;
+  }
+  RecvWqe& w = rq.at(t);
+  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
+  core::Cqe c{};
+  c.wr_id = w.wr_id;
+  c.opcode = core::WcOpcode::Recv;
+  c.qp_num = qp.qpn;
+  c.status = WcStatus::Success;
+  uint64_t need = uint64_t{kGrhLen} + pkt.payload_len;
+  uint8_t* host[core::DeviceLimits::kMaxSge] = {};
+  if (need > w.length) {
+    c.status = WcStatus::LocLenErr;
+  } else {
+    for (uint32_t i = 0; i < w.num_sge && c.status == WcStatus::Success; ++i)
+      if (mrs_.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, true, &host[i]) !=
+          core::AccessResult::Ok)
+        c.status = WcStatus::LocProtErr;
+  }
+  if (c.status == WcStatus::Success) {
+    uint8_t grh[kGrhLen];
+    build_grh(grh, src_ip_be, dst_ip_be, udp_len);
+    scatter_recv(w, host, 0, grh, kGrhLen);
+    scatter_recv(w, host, kGrhLen, pkt.payload, pkt.payload_len);
+    c.byte_len = static_cast<uint32_t>(need);
+    c.src_qp = pkt.deth.src_qp;
+    c.wc_flags = core::kWcGrh;
+    if (info.headers & wire::kHdrImm) {
+      c.wc_flags |= core::kWcWithImm;
+      c.imm_or_inv = pkt.imm_data_be;
+    }
+  }
+  rq.tail.store(t + 1, std::memory_order_release);
+  post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+  // A local error on the receive side (buffer too small or not writable) leaves the QP in error.
+  if (c.status != WcStatus::Success) move_to_error(qp);
+}
+
+namespace {
+// Forgets the UC message in progress: its receive WQE stays posted for the next message, a WRITE's
+// remaining packets are ignored (what they would have written stays as it is).
+void uc_abandon(Qp& qp) {
+  qp.in_message = false;
+  qp.recv_active = false;
+  qp.recv_offset = 0;
+  qp.write_dst = nullptr;
+  qp.write_remaining = 0;
+}
+}  // namespace
+
+void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
+  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
+  int32_t d = wire::psn_diff(pkt.bth.psn, qp.epsn);
+  if (d < 0) {
+    // Older than expected: a duplicate or a straggler of a message already given up.
+    count(&qp, &core::Counters::duplicates);
+    return;
+  }
+  qp.epsn = wire::psn_add(pkt.bth.psn, 1);
+  bool continues = !info.first;
+  bool fits = d == 0 && !qp.uc_dropping &&
+              (continues ? qp.in_message && wire::opcode_info(qp.last_opcode).kind == info.kind : !qp.in_message);
+  if (!fits) {
+    // UC (IBTA 9.8): a lost packet loses the message it belongs to; a FIRST or ONLY starts clean.
+    if (d > 0) count(&qp, &core::Counters::out_of_sequence);
+    bool counted = false;
+    if (qp.in_message) {
+      uc_abandon(qp);
+      count(&qp, &core::Counters::uc_msg_dropped);
+      counted = true;
+    }
+    if (continues) {
+      if (!qp.uc_dropping && !counted) count(&qp, &core::Counters::uc_msg_dropped);
+      qp.uc_dropping = true;
+      return;
+    }
+    qp.uc_dropping = false;
+  }
+  // Drops the rest of this message (this packet included).
+  auto drop_message = [&] {
+    uc_abandon(qp);
+    qp.uc_dropping = !info.last;
+    count(&qp, &core::Counters::uc_msg_dropped);
+  };
+  // Every packet of a multi-packet message but the last is exactly one path MTU.
+  if (info.has_payload && ((!info.last && pkt.payload_len != qp.mtu) || pkt.payload_len > qp.mtu)) {
+    drop_message();
+    return;
+  }
+  WorkQueue<RecvWqe>& rq = qp.recv_queue();
+  // Completes the receive WQE at the tail in error: a local error leaves the QP in error.
+  auto fail_receive = [&](WcStatus st) {
+    uint64_t t = rq.tail.load(std::memory_order_relaxed);
+    core::Cqe c{};
+    c.wr_id = rq.at(t).wr_id;
+    c.status = st;
+    c.opcode = core::WcOpcode::Recv;
+    c.qp_num = qp.qpn;
+    rq.tail.store(t + 1, std::memory_order_release);
+    uc_abandon(qp);
+    post_cqe(qp.cfg.recv_cq, c, false);
+    move_to_error(qp);
+  };
+
+  if (info.kind == wire::OpKind::Send) {
+    if (info.first) {
+      uint64_t t = rq.tail.load(std::memory_order_relaxed);
+      if (t == rq.head.load(std::memory_order_acquire)) {
+        // No receive WQE: UC has no RNR, the message is dropped.
+        count(&qp, &core::Counters::ud_drop_no_recv);
+        drop_message();
+        return;
+      }
+      RecvWqe& w = rq.at(t);
+      for (uint32_t i = 0; i < w.num_sge; ++i) {
+        if (mrs_.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, true, &qp.recv_host[i]) !=
+            core::AccessResult::Ok) {
+          fail_receive(WcStatus::LocProtErr);
+          return;
+        }
+      }
+      qp.recv_active = true;
+      qp.recv_offset = 0;
+    }
+    RecvWqe& w = rq.at(rq.tail.load(std::memory_order_relaxed));
+    if (qp.recv_offset + pkt.payload_len > w.length) {
+      fail_receive(WcStatus::LocLenErr);
+      return;
+    }
+    if (!scatter_recv(w, qp.recv_host, qp.recv_offset, pkt.payload, pkt.payload_len)) {
+      fail_receive(WcStatus::LocProtErr);  // the buffer's MR was deregistered meanwhile
+      return;
+    }
+    qp.recv_offset += pkt.payload_len;
+    if (info.last) {
+      core::Cqe c{};
+      c.wr_id = w.wr_id;
+      c.status = WcStatus::Success;
+      c.opcode = core::WcOpcode::Recv;
+      c.byte_len = static_cast<uint32_t>(qp.recv_offset);
+      c.qp_num = qp.qpn;
+      c.src_qp = qp.dest_qpn;
+      if (info.headers & wire::kHdrImm) {
+        c.wc_flags = core::kWcWithImm;
+        c.imm_or_inv = pkt.imm_data_be;
+      }
+      rq.tail.store(rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      qp.recv_active = false;
+      post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+    }
+  } else if (info.kind == wire::OpKind::Write) {
+    if (info.first) {
+      uint8_t* host = nullptr;
+      if (!(qp.access_flags & core::kRemoteWrite) ||
+          mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteWrite, &host) !=
+              core::AccessResult::Ok) {
+        // UC has no NAK: an unauthorised WRITE is dropped whole and the QP stays up.
+        drop_message();
+        return;
+      }
+      qp.write_dst = host;
+      qp.write_remaining = pkt.reth.dma_len;
+      qp.write_total = pkt.reth.dma_len;
+    }
+    if ((!qp.write_dst && qp.write_remaining) || pkt.payload_len > qp.write_remaining ||
+        (info.last && pkt.payload_len != qp.write_remaining)) {
+      drop_message();  // target deregistered meanwhile, or a length that contradicts the RETH
+      return;
+    }
+    if (pkt.payload_len) std::memcpy(qp.write_dst, pkt.payload, pkt.payload_len);
+    qp.write_dst += pkt.payload_len;
+    qp.write_remaining -= pkt.payload_len;
+    if (info.last && (info.headers & wire::kHdrImm)) {
+      uint64_t t = rq.tail.load(std::memory_order_relaxed);
+      if (t == rq.head.load(std::memory_order_acquire)) {
+        count(&qp, &core::Counters::ud_drop_no_recv);  // the data is placed; only the completion is lost
+      } else {
+        core::Cqe c{};
+        c.wr_id = rq.at(t).wr_id;
+        c.status = WcStatus::Success;
+        c.opcode = core::WcOpcode::RecvRdmaWithImm;
+        c.byte_len = qp.write_total;
+        c.qp_num = qp.qpn;
+        c.src_qp = qp.dest_qpn;
+        c.wc_flags = core::kWcWithImm;
+        c.imm_or_inv = pkt.imm_data_be;
+        rq.tail.store(t + 1, std::memory_order_release);
+        post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+      }
+    }
+  } else {
+    count(&qp, &core::Counters::drop_bad_opcode);
+    return;
+  }
+  qp.last_opcode = pkt.bth.opcode;
+  qp.in_message = !info.last;
+}
+
+}  // namespace softrdma::transport

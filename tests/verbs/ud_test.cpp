@@ -1,0 +1,420 @@
+// UD queue pairs and address handles: datagrams with the GRH area RoCE v2 fills, Q_Keys, replies
+// through ibv_create_ah_from_wc, and what is dropped (wrong Q_Key, no receive posted, over the MTU).
+// Only the public verbs API is used, so these run unchanged on a RoCE NIC.
+#include <cstring>
+
+#include "helpers.h"
+
+namespace softrdma::verbs_test {
+namespace {
+
+constexpr uint32_t kQkey = 0x11111111;
+constexpr uint32_t kGrh = 40;
+
+// One UD QP with its PD and CQs.
+struct UdQp {
+  ibv_pd* pd = nullptr;
+  ibv_cq* scq = nullptr;
+  ibv_cq* rcq = nullptr;
+  ibv_qp* qp = nullptr;
+  ~UdQp() {
+    if (qp) ibv_destroy_qp(qp);
+    if (scq) ibv_destroy_cq(scq);
+    if (rcq) ibv_destroy_cq(rcq);
+  }
+  bool create(ibv_context* ctx, ibv_pd* p, uint32_t qkey = kQkey, uint32_t max_recv_sge = 2) {
+    pd = p;
+    scq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    rcq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    if (!scq || !rcq) return false;
+    ibv_qp_init_attr ia{};
+    ia.send_cq = scq;
+    ia.recv_cq = rcq;
+    ia.qp_type = IBV_QPT_UD;
+    ia.cap.max_send_wr = 32;
+    ia.cap.max_recv_wr = 32;
+    ia.cap.max_send_sge = 2;
+    ia.cap.max_recv_sge = max_recv_sge;
+    qp = ibv_create_qp(pd, &ia);
+    if (!qp) return false;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = kPort;
+    a.qkey = qkey;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY)) return false;
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return false;
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = random_psn();
+    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0;
+  }
+  uint32_t qpn() const { return qp->qp_num; }
+};
+
+// Deallocates the PD after everything in it (declared before those members).
+struct PdOwner {
+  ibv_pd* pd = nullptr;
+  ~PdOwner() {
+    if (pd) ibv_dealloc_pd(pd);
+  }
+};
+
+class Ud : public ::testing::Test {
+ protected:
+  Device dev;
+  PdOwner pd_owner;
+  ibv_pd* pd = nullptr;
+  UdQp a, b;
+  ibv_ah* ah = nullptr;  // a -> b (the loopback GID)
+  std::unique_ptr<Buffer> mem;  // 64 KiB registered: send area at 0, receive areas above
+
+  void SetUp() override {
+    ASSERT_TRUE(dev.ok()) << "no loopback device";
+    pd = pd_owner.pd = ibv_alloc_pd(dev.ctx);
+    ASSERT_NE(pd, nullptr);
+    ASSERT_TRUE(a.create(dev.ctx, pd));
+    ASSERT_TRUE(b.create(dev.ctx, pd));
+    ah = make_ah(dev.gid);
+    ASSERT_NE(ah, nullptr) << strerror(errno);
+    mem = std::make_unique<Buffer>(65536);
+    ASSERT_TRUE(mem->reg(pd, IBV_ACCESS_LOCAL_WRITE));
+  }
+  void TearDown() override {
+    mem.reset();
+    if (ah) ibv_destroy_ah(ah);
+  }
+
+  ibv_ah* make_ah(const ibv_gid& dgid, uint8_t sgid = 0, uint8_t is_global = 1, uint8_t port = kPort) {
+    ibv_ah_attr at{};
+    at.is_global = is_global;
+    at.grh.dgid = dgid;
+    at.grh.sgid_index = sgid;
+    at.grh.hop_limit = 64;
+    at.port_num = port;
+    return ibv_create_ah(pd, &at);
+  }
+
+  // Posts a receive of len bytes at offset off of mem (GRH area included).
+  int recv(UdQp& q, uint64_t wr_id, size_t off, uint32_t len) {
+    return post_recv(q.qp, wr_id, {mem->sge(off, len)});
+  }
+  // Sends len bytes of pattern `seed` from offset 0 of mem.
+  int send(UdQp& from, ibv_ah* to, uint32_t qpn, uint32_t qkey, uint32_t len, uint32_t seed, uint64_t wr_id,
+           std::optional<uint32_t> imm = std::nullopt) {
+    fill_pattern(mem->data, len, seed);
+    ibv_sge sge = mem->sge(0, len);
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+    if (imm) wr.imm_data = htonl(*imm);
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.ud.ah = to;
+    wr.wr.ud.remote_qpn = qpn;
+    wr.wr.ud.remote_qkey = qkey;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(from.qp, &wr, &bad);
+  }
+  // Sends and waits for the send completion.
+  void send_ok(UdQp& from, ibv_ah* to, uint32_t qpn, uint32_t qkey, uint32_t len, uint32_t seed, uint64_t wr_id,
+               std::optional<uint32_t> imm = std::nullopt) {
+    ASSERT_EQ(send(from, to, qpn, qkey, len, seed, wr_id, imm), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_wc(from.scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc.wr_id, wr_id);
+    EXPECT_EQ(wc.opcode, IBV_WC_SEND);
+  }
+  uint32_t mtu() const { return 128u << dev.port.active_mtu; }
+};
+
+TEST_F(Ud, SendRecvWithGrh) {
+  constexpr uint32_t len = 777;
+  ASSERT_EQ(recv(b, 7, 8192, kGrh + 1024), 0);
+  std::memset(mem->data + 8192, 0xEE, kGrh + 1024);
+  send_ok(a, ah, b.qpn(), kQkey, len, 1, 100);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 7u);
+  EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+  EXPECT_EQ(wc.byte_len, kGrh + len);
+  EXPECT_TRUE(wc.wc_flags & IBV_WC_GRH);
+  EXPECT_FALSE(wc.wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(wc.src_qp, a.qpn());
+  EXPECT_EQ(wc.qp_num, b.qpn());
+  EXPECT_EQ(wc.pkey_index, 0);
+  EXPECT_EQ(wc.slid, 0);
+  EXPECT_EQ(check_pattern(mem->data + 8192 + kGrh, len, 1), len);
+  // Past the message the buffer is untouched.
+  EXPECT_EQ(mem->data[8192 + kGrh + len], 0xEE);
+
+  // The GRH area: 20 bytes, then the IPv4 header of the datagram (RoCE v2 over IPv4).
+  const uint8_t* g = mem->data + 8192;
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(g[i], 0) << "byte " << i;
+  const uint8_t* ip = g + 20;
+  EXPECT_EQ(ip[0], 0x45);  // version 4, 5 words
+  EXPECT_EQ(ip[9], 17);    // UDP
+  uint32_t total = uint32_t{ip[2]} << 8 | ip[3];
+  // IPv4 + UDP + BTH + DETH + payload (+ pad) + ICRC
+  EXPECT_GE(total, 20u + 8 + 12 + 8 + len + 4);
+  EXPECT_LE(total, 20u + 8 + 12 + 8 + len + 3 + 4);
+  uint32_t sum = 0;
+  for (int i = 0; i < 20; i += 2) sum += uint32_t{ip[i]} << 8 | ip[i + 1];
+  while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+  EXPECT_EQ(sum, 0xFFFFu) << "IPv4 header checksum";
+  EXPECT_EQ(std::memcmp(ip + 12, dev.gid.raw + 12, 4), 0) << "source address";
+  EXPECT_EQ(std::memcmp(ip + 16, dev.gid.raw + 12, 4), 0) << "destination address";
+}
+
+TEST_F(Ud, SendWithImmAndScatteredGrh) {
+  // The usual layout: the GRH area in one SGE, the payload in another.
+  constexpr uint32_t len = 300;
+  ASSERT_EQ(post_recv(b.qp, 9, {mem->sge(4096, kGrh), mem->sge(12288, 512)}), 0);
+  send_ok(a, ah, b.qpn(), kQkey, len, 2, 101, 0xC0FFEE);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, kGrh + len);
+  EXPECT_TRUE(wc.wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_TRUE(wc.wc_flags & IBV_WC_GRH);
+  EXPECT_EQ(ntohl(wc.imm_data), 0xC0FFEEu);
+  EXPECT_EQ(wc.src_qp, a.qpn());
+  EXPECT_EQ(mem->data[4096 + 20], 0x45);
+  EXPECT_EQ(check_pattern(mem->data + 12288, len, 2), len);
+}
+
+TEST_F(Ud, ReplyThroughAhFromWc) {
+  ASSERT_EQ(recv(b, 1, 8192, kGrh + 256), 0);
+  ASSERT_EQ(recv(a, 2, 16384, kGrh + 256), 0);
+  send_ok(a, ah, b.qpn(), kQkey, 64, 3, 102);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+
+  ibv_ah_attr at{};
+  ASSERT_EQ(ibv_init_ah_from_wc(dev.ctx, kPort, &wc, reinterpret_cast<ibv_grh*>(mem->data + 8192), &at), 0);
+  EXPECT_TRUE(at.is_global);
+  EXPECT_EQ(at.port_num, kPort);
+  EXPECT_EQ(at.grh.sgid_index, 0);
+  EXPECT_TRUE(gid_equal(at.grh.dgid, dev.gid)) << gid_str(at.grh.dgid);
+
+  ibv_ah* back = ibv_create_ah_from_wc(pd, &wc, reinterpret_cast<ibv_grh*>(mem->data + 8192), kPort);
+  ASSERT_NE(back, nullptr) << strerror(errno);
+  send_ok(b, back, wc.src_qp, kQkey, 200, 4, 103);
+  ibv_wc r{};
+  ASSERT_TRUE(poll_wc(a.rcq, &r));
+  ASSERT_EQ(r.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(r.wr_id, 2u);
+  EXPECT_EQ(r.src_qp, b.qpn());
+  EXPECT_EQ(r.byte_len, kGrh + 200);
+  EXPECT_EQ(check_pattern(mem->data + 16384 + kGrh, 200, 4), 200u);
+  EXPECT_EQ(ibv_destroy_ah(back), 0);
+}
+
+TEST_F(Ud, InitAhFromWcNeedsGrh) {
+  ibv_wc wc{};
+  wc.wc_flags = 0;
+  uint8_t grh[40] = {};
+  ibv_ah_attr at{};
+  EXPECT_NE(ibv_init_ah_from_wc(dev.ctx, kPort, &wc, reinterpret_cast<ibv_grh*>(grh), &at), 0);
+  EXPECT_EQ(ibv_create_ah_from_wc(pd, &wc, reinterpret_cast<ibv_grh*>(grh), kPort), nullptr);
+}
+
+TEST_F(Ud, QkeyHighBitSendsTheQpsOwn) {
+  // a's own Q_Key is kQkey (== b's): a WR Q_Key with the high bit set means "use the QP's".
+  ASSERT_EQ(recv(b, 5, 8192, kGrh + 128), 0);
+  send_ok(a, ah, b.qpn(), 0x80000000u, 100, 5, 104);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(check_pattern(mem->data + 8192 + kGrh, 100, 5), 100u);
+}
+
+// The drops below are shown by a marker datagram that follows the dropped one on the same path:
+// datagrams from one QP to one port arrive in order on a loopback link.
+TEST_F(Ud, WrongQkeyIsDroppedAndConsumesNothing) {
+  ASSERT_EQ(recv(b, 1, 8192, kGrh + 512), 0);
+  send_ok(a, ah, b.qpn(), kQkey ^ 1, 100, 6, 105);  // the sender cannot tell: it completes
+  send_ok(a, ah, b.qpn(), kQkey, 50, 7, 106);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 1u);
+  EXPECT_EQ(wc.byte_len, kGrh + 50) << "the datagram with the wrong Q_Key was delivered";
+  EXPECT_EQ(check_pattern(mem->data + 8192 + kGrh, 50, 7), 50u);
+  EXPECT_EQ(drain_cq(b.rcq), 0);
+}
+
+TEST_F(Ud, NoReceivePostedIsDropped) {
+  UdQp c;  // the marker's receiver, on the same device (same port) as b
+  ASSERT_TRUE(c.create(dev.ctx, pd));
+  ASSERT_EQ(recv(c, 50, 24576, kGrh + 64), 0);
+  send_ok(a, ah, b.qpn(), kQkey, 100, 8, 107);  // b has no receive: dropped, no RNR on UD
+  send_ok(a, ah, c.qpn(), kQkey, 10, 9, 108);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(c.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  // Now b has a receive: the next datagram lands in it, the dropped one never does.
+  ASSERT_EQ(recv(b, 51, 8192, kGrh + 512), 0);
+  send_ok(a, ah, b.qpn(), kQkey, 30, 10, 109);
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 51u);
+  EXPECT_EQ(wc.byte_len, kGrh + 30);
+  EXPECT_EQ(check_pattern(mem->data + 8192 + kGrh, 30, 10), 30u);
+  EXPECT_EQ(drain_cq(b.rcq), 0);
+  EXPECT_EQ(ibv_destroy_qp(c.qp), 0);
+  c.qp = nullptr;
+}
+
+TEST_F(Ud, MessageOverPortMtuIsNotSent) {
+  // C10-93.1.1: a UD message longer than the port MTU emits no packet and raises no error.
+  ASSERT_LE(mtu() + 1, 8192u);
+  ASSERT_EQ(recv(b, 1, 16384, kGrh + 8192), 0);
+  send_ok(a, ah, b.qpn(), kQkey, mtu() + 1, 11, 110);
+  send_ok(a, ah, b.qpn(), kQkey, mtu(), 12, 111);  // exactly the MTU goes
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, kGrh + mtu());
+  EXPECT_EQ(check_pattern(mem->data + 16384 + kGrh, mtu(), 12), mtu());
+}
+
+TEST_F(Ud, ReceiveBufferTooSmallIsLocalLengthError) {
+  ASSERT_EQ(recv(b, 3, 8192, kGrh + 16), 0);
+  send_ok(a, ah, b.qpn(), kQkey, 17, 13, 112);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  EXPECT_EQ(wc.wr_id, 3u);
+  EXPECT_EQ(wc.status, IBV_WC_LOC_LEN_ERR);
+}
+
+TEST_F(Ud, BadAddressHandlesAreRefused) {
+  ibv_gid v6{};
+  v6.raw[0] = 0xfe;
+  v6.raw[1] = 0x80;
+  v6.raw[15] = 1;
+  errno = 0;
+  EXPECT_EQ(make_ah(v6), nullptr);  // not a RoCE v2 IPv4 GID
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(make_ah(dev.gid, 1), nullptr);  // no source GID 1
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(make_ah(dev.gid, 0, 0), nullptr);  // RoCE needs the GRH
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(make_ah(dev.gid, 0, 1, 2), nullptr);  // no port 2
+  EXPECT_EQ(errno, EINVAL);
+  // A PD with an address handle cannot go away.
+  EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY);
+}
+
+TEST_F(Ud, OnlySendOperations) {
+  ibv_sge sge = mem->sge(0, 8);
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.wr.ud.ah = ah;
+  wr.wr.ud.remote_qpn = b.qpn();
+  wr.wr.ud.remote_qkey = kQkey;
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);
+  EXPECT_EQ(bad, &wr);
+  wr.opcode = IBV_WR_RDMA_READ;
+  EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);
+  wr.opcode = IBV_WR_SEND;
+  wr.wr.ud.ah = nullptr;
+  EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);
+}
+
+TEST_F(Ud, QueryQpReturnsQkey) {
+  ibv_qp_attr at{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(b.qp, &at, IBV_QP_QKEY | IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(at.qkey, kQkey);
+  EXPECT_EQ(at.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(init.qp_type, IBV_QPT_UD);
+  // UD's INIT needs the Q_Key; RC-only attributes are refused.
+  UdQp c;
+  c.pd = pd;
+  c.scq = ibv_create_cq(dev.ctx, 8, nullptr, nullptr, 0);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = c.scq;
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 1;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  c.qp = ibv_create_qp(pd, &ia);
+  ASSERT_NE(c.qp, nullptr);
+  ibv_qp_attr m{};
+  m.qp_state = IBV_QPS_INIT;
+  m.port_num = kPort;
+  EXPECT_EQ(ibv_modify_qp(c.qp, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT), EINVAL);
+  m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  EXPECT_EQ(ibv_modify_qp(c.qp, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY |
+                                        IBV_QP_ACCESS_FLAGS),
+            EINVAL);
+}
+
+TEST_F(Ud, ExtendedQpSetsUdAddress) {
+  ibv_qp_init_attr_ex ia{};
+  ia.send_cq = a.scq;
+  ia.recv_cq = a.rcq;
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap.max_send_wr = 4;
+  ia.cap.max_recv_wr = 4;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ia.pd = pd;
+  ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+  ibv_qp* qp = ibv_create_qp_ex(dev.ctx, &ia);
+  ASSERT_NE(qp, nullptr) << strerror(errno);
+  ibv_qp_attr m{};
+  m.qp_state = IBV_QPS_INIT;
+  m.port_num = kPort;
+  m.qkey = kQkey;
+  ASSERT_EQ(ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
+  m.qp_state = IBV_QPS_RTR;
+  ASSERT_EQ(ibv_modify_qp(qp, &m, IBV_QP_STATE), 0);
+  m.qp_state = IBV_QPS_RTS;
+  m.sq_psn = 1;
+  ASSERT_EQ(ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+
+  ASSERT_EQ(recv(b, 77, 8192, kGrh + 256), 0);
+  fill_pattern(mem->data, 99, 14);
+  ibv_qp_ex* x = ibv_qp_to_qp_ex(qp);
+  ibv_wr_start(x);
+  x->wr_id = 500;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send_imm(x, htonl(42));
+  ibv_wr_set_ud_addr(x, ah, b.qpn(), kQkey);
+  ibv_wr_set_sge(x, mem->lkey(), mem->addr(0), 99);
+  ASSERT_EQ(ibv_wr_complete(x), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(a.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 500u);
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 77u);
+  EXPECT_EQ(ntohl(wc.imm_data), 42u);
+  EXPECT_EQ(wc.src_qp, qp->qp_num);
+  EXPECT_EQ(check_pattern(mem->data + 8192 + kGrh, 99, 14), 99u);
+
+  // Without an address the batch fails.
+  ibv_wr_start(x);
+  ibv_wr_send(x);
+  ibv_wr_set_sge(x, mem->lkey(), mem->addr(0), 8);
+  EXPECT_NE(ibv_wr_complete(x), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+}
+
+}  // namespace
+}  // namespace softrdma::verbs_test
