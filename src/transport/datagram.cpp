@@ -6,6 +6,7 @@
 
 #include "net/registry.h"
 #include "transport/engine.h"
+#include "transport/srq.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
 
@@ -153,14 +154,13 @@ void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_b
     count(&qp, &core::Counters::ud_drop_qkey);
     return;
   }
-  WorkQueue<RecvWqe>& rq = qp.recv_queue();
-  uint64_t t = rq.tail.load(std::memory_order_relaxed);
-  if (t == rq.head.load(std::memory_order_acquire)) {
+  if (!next_recv_wqe(qp)) {
     // No receive WQE: UD has no RNR, the datagram is lost.
     count(&qp, &core::Counters::ud_drop_no_recv);
     return;
   }
-  RecvWqe& w = rq.at(t);
+  RecvWqe& w = take_recv_wqe(qp);
+  const uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;  // an SRQ's buffers are in the SRQ's PD
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   core::Cqe c{};
   c.wr_id = w.wr_id;
@@ -173,7 +173,7 @@ void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_b
     c.status = WcStatus::LocLenErr;
   } else {
     for (uint32_t i = 0; i < w.num_sge && c.status == WcStatus::Success; ++i)
-      if (mrs_.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, true, &host[i]) !=
+      if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &host[i]) !=
           core::AccessResult::Ok)
         c.status = WcStatus::LocProtErr;
   }
@@ -190,18 +190,19 @@ void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_b
       c.imm_or_inv = pkt.imm_data_be;
     }
   }
-  rq.tail.store(t + 1, std::memory_order_release);
+  retire_recv_wqe(qp);
   post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
   // A local error on the receive side (buffer too small or not writable) leaves the QP in error.
   if (c.status != WcStatus::Success) move_to_error(qp);
 }
 
 namespace {
-// Forgets the UC message in progress: its receive WQE stays posted for the next message, a WRITE's
-// remaining packets are ignored (what they would have written stays as it is).
+// Forgets the UC message in progress: its receive WQE is not consumed but serves the next message (an
+// RQ WQE stays at the RQ's tail; one taken off an SRQ stays held by the QP, recv_active), and a
+// WRITE's remaining packets are ignored (what they would have written stays as it is).
 void uc_abandon(Qp& qp) {
   qp.in_message = false;
-  qp.recv_active = false;
+  if (!qp.srq) qp.recv_active = false;
   qp.recv_offset = 0;
   qp.write_dst = nullptr;
   qp.write_remaining = 0;
@@ -247,42 +248,44 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
     drop_message();
     return;
   }
-  WorkQueue<RecvWqe>& rq = qp.recv_queue();
-  // Completes the receive WQE at the tail in error: a local error leaves the QP in error.
+  const uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;  // an SRQ's buffers are in the SRQ's PD
+  // Completes the message's receive WQE in error: a local error leaves the QP in error.
   auto fail_receive = [&](WcStatus st) {
-    uint64_t t = rq.tail.load(std::memory_order_relaxed);
     core::Cqe c{};
-    c.wr_id = rq.at(t).wr_id;
+    c.wr_id = active_recv_wqe(qp).wr_id;
     c.status = st;
     c.opcode = core::WcOpcode::Recv;
     c.qp_num = qp.qpn;
-    rq.tail.store(t + 1, std::memory_order_release);
+    retire_recv_wqe(qp);
     uc_abandon(qp);
+    qp.recv_active = false;
     post_cqe(qp.cfg.recv_cq, c, false);
     move_to_error(qp);
   };
 
   if (info.kind == wire::OpKind::Send) {
     if (info.first) {
-      uint64_t t = rq.tail.load(std::memory_order_relaxed);
-      if (t == rq.head.load(std::memory_order_acquire)) {
-        // No receive WQE: UC has no RNR, the message is dropped.
-        count(&qp, &core::Counters::ud_drop_no_recv);
-        drop_message();
-        return;
+      if (!qp.recv_active) {
+        if (!next_recv_wqe(qp)) {
+          // No receive WQE: UC has no RNR, the message is dropped.
+          count(&qp, &core::Counters::ud_drop_no_recv);
+          drop_message();
+          return;
+        }
+        take_recv_wqe(qp);
+        qp.recv_active = true;
       }
-      RecvWqe& w = rq.at(t);
+      RecvWqe& w = active_recv_wqe(qp);
       for (uint32_t i = 0; i < w.num_sge; ++i) {
-        if (mrs_.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, true, &qp.recv_host[i]) !=
+        if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.recv_host[i]) !=
             core::AccessResult::Ok) {
           fail_receive(WcStatus::LocProtErr);
           return;
         }
       }
-      qp.recv_active = true;
       qp.recv_offset = 0;
     }
-    RecvWqe& w = rq.at(rq.tail.load(std::memory_order_relaxed));
+    RecvWqe& w = active_recv_wqe(qp);
     if (qp.recv_offset + pkt.payload_len > w.length) {
       fail_receive(WcStatus::LocLenErr);
       return;
@@ -304,7 +307,7 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
         c.wc_flags = core::kWcWithImm;
         c.imm_or_inv = pkt.imm_data_be;
       }
-      rq.tail.store(rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      retire_recv_wqe(qp);
       qp.recv_active = false;
       post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
     }
@@ -331,12 +334,13 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
     qp.write_dst += pkt.payload_len;
     qp.write_remaining -= pkt.payload_len;
     if (info.last && (info.headers & wire::kHdrImm)) {
-      uint64_t t = rq.tail.load(std::memory_order_relaxed);
-      if (t == rq.head.load(std::memory_order_acquire)) {
+      if (!qp.recv_active && !next_recv_wqe(qp)) {
         count(&qp, &core::Counters::ud_drop_no_recv);  // the data is placed; only the completion is lost
       } else {
+        // An SRQ WQE held from an abandoned SEND serves it; otherwise the next one is taken.
+        if (!qp.recv_active) take_recv_wqe(qp);
         core::Cqe c{};
-        c.wr_id = rq.at(t).wr_id;
+        c.wr_id = active_recv_wqe(qp).wr_id;
         c.status = WcStatus::Success;
         c.opcode = core::WcOpcode::RecvRdmaWithImm;
         c.byte_len = qp.write_total;
@@ -344,7 +348,8 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
         c.src_qp = qp.dest_qpn;
         c.wc_flags = core::kWcWithImm;
         c.imm_or_inv = pkt.imm_data_be;
-        rq.tail.store(t + 1, std::memory_order_release);
+        retire_recv_wqe(qp);
+        qp.recv_active = false;
         post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
       }
     }

@@ -416,5 +416,53 @@ TEST_F(Ud, ExtendedQpSetsUdAddress) {
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
 }
 
+TEST_F(Ud, ReceivesFromASharedReceiveQueue) {
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 8;
+  sa.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd, &sa);
+  ASSERT_NE(srq, nullptr) << strerror(errno);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.srq = srq;
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap.max_send_wr = 1;
+  ia.cap.max_send_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  ASSERT_NE(qp, nullptr) << strerror(errno);
+  ibv_qp_attr m{};
+  m.qp_state = IBV_QPS_INIT;
+  m.port_num = kPort;
+  m.qkey = kQkey;
+  ASSERT_EQ(ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
+  m.qp_state = IBV_QPS_RTR;
+  ASSERT_EQ(ibv_modify_qp(qp, &m, IBV_QP_STATE), 0);
+
+  for (uint64_t i = 0; i < 2; ++i) {
+    ibv_sge sge = mem->sge(8192 + i * 2048, kGrh + 1024);
+    ibv_recv_wr wr{};
+    wr.wr_id = 900 + i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_recv(srq, &wr, &bad), 0);
+  }
+  for (uint32_t i = 0; i < 2; ++i) {
+    send_ok(a, ah, qp->qp_num, kQkey, 100 + i, 20 + i, 600 + i);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_wc(cq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc.wr_id, 900u + i);
+    EXPECT_EQ(wc.qp_num, qp->qp_num);
+    EXPECT_EQ(wc.byte_len, kGrh + 100 + i);
+    EXPECT_EQ(check_pattern(mem->data + 8192 + i * 2048 + kGrh, 100 + i, 20 + i), 100u + i);
+  }
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
 }  // namespace
 }  // namespace softrdma::verbs_test
