@@ -18,6 +18,7 @@ class Arena {
   void* allocate(size_t bytes);
   void release(void* p, size_t bytes);
   int fd() const { return fd_; }
+  uint8_t* base() const { return base_; }
   size_t capacity() const { return capacity_; }
 
  private:

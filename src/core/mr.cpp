@@ -1,5 +1,6 @@
 #include "core/mr.h"
 
+#include <cstring>
 #include <new>
 
 namespace softrdma::core {
@@ -11,9 +12,13 @@ uint32_t slot_hash(uint32_t key) { return (key * 0x9E3779B1u) >> 16; }  // kCapa
 MrTable::MrTable(Arena& arena) : arena_(arena), rng_(std::random_device{}()) {
   slots_ = static_cast<Slot*>(arena_.allocate(sizeof(Slot) * kCapacity));
   if (!slots_) throw std::bad_alloc();
+  seq_ = new (arena_.allocate(sizeof(std::atomic<uint64_t>))) std::atomic<uint64_t>(0);
 }
 
-MrTable::~MrTable() { arena_.release(slots_, sizeof(Slot) * kCapacity); }
+MrTable::~MrTable() {
+  arena_.release(seq_, sizeof(std::atomic<uint64_t>));
+  arena_.release(slots_, sizeof(Slot) * kCapacity);
+}
 
 uint32_t MrTable::fresh_key() {
   for (;;) {
@@ -36,10 +41,12 @@ bool MrTable::insert(uint32_t key, bool remote, const MrRegion& region) {
   for (uint32_t i = slot_hash(key), n = 0; n < kCapacity; i = (i + 1) & (kCapacity - 1), ++n) {
     Slot& s = slots_[i];
     if (!s.used) {
+      seq_->fetch_add(1, std::memory_order_seq_cst);  // odd: a peer's lookup meanwhile retries
       s.key = key;
       s.remote = remote;
       s.region = region;
       s.used = 1;
+      seq_->fetch_add(1, std::memory_order_release);
       return true;
     }
   }
@@ -51,6 +58,7 @@ void MrTable::erase(uint32_t key, bool remote) {
   if (!found) return;
   constexpr uint32_t mask = kCapacity - 1;
   uint32_t hole = static_cast<uint32_t>(found - slots_);
+  seq_->fetch_add(1, std::memory_order_seq_cst);
   // Backward-shift deletion: later members of the probe chain move into the hole, so lookups can
   // keep stopping at the first empty slot. (Tombstones would make a miss -- any packet with a
   // guessed rkey -- scan the whole table once registrations have churned.)
@@ -63,6 +71,7 @@ void MrTable::erase(uint32_t key, bool remote) {
     hole = j;
   }
   slots_[hole].used = 0;
+  seq_->fetch_add(1, std::memory_order_release);
 }
 
 bool MrTable::add(MrRegion& region) {
@@ -94,6 +103,23 @@ AccessResult resolve(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len, 
   return AccessResult::Ok;
 }
 }  // namespace
+
+bool MrTable::find_remote_in(const void* slots, uint32_t rkey, MrRegion* out) {
+  // The table may change under us (the caller validates with seq): copy each slot before judging it.
+  const auto* table = static_cast<const Slot*>(slots);
+  for (uint32_t i = slot_hash(rkey), n = 0; n < kCapacity; i = (i + 1) & (kCapacity - 1), ++n) {
+    Slot s;
+    std::memcpy(static_cast<void*>(&s), static_cast<const void*>(&table[i]), sizeof s);
+    if (s.used == 0) return false;
+    if (s.key == rkey && s.remote) {
+      // The byte after remote is a window's type (0 for a region's key): windows stay with the responder.
+      if (reinterpret_cast<const uint8_t*>(&s)[offsetof(Slot, remote) + 1] != 0) return false;
+      *out = s.region;
+      return true;
+    }
+  }
+  return false;
+}
 
 AccessResult MrTable::check_local(uint32_t lkey, uint32_t pd, uint64_t va, uint64_t len, bool write,
                                   uint8_t** host) const {

@@ -3,6 +3,7 @@
 // happens under the owning engine's lock, so lookups on the packet path take no lock of their own.
 #pragma once
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <random>
 
@@ -22,6 +23,7 @@ struct MrRegion {
   uint32_t access;
   uint32_t pd;       // protection domain handle
   uint32_t lkey, rkey;
+  uint64_t share_id;  // intra-host direct path: the share holding these pages (0: none)
 };
 
 enum class AccessResult : uint8_t { Ok, BadKey, BadPd, OutOfRange, NoPermission };
@@ -37,6 +39,14 @@ class MrTable {
   bool add(MrRegion& region);
   void remove(const MrRegion& region);
   size_t count() const { return count_; }
+
+  // For the intra-host direct path (transport/direct.h): the slots, and a sequence number that is odd
+  // while they change, so that another process can look keys up in its mapping of the arena.
+  const void* slots() const { return slots_; }
+  const std::atomic<uint64_t>* seq() const { return seq_; }
+  // Looks a region's rkey up in a table image (possibly another process's, read under its seq) and
+  // copies the region out. Windows are not found: their checks stay with the responder.
+  static bool find_remote_in(const void* slots, uint32_t rkey, MrRegion* out);
 
   // Resolves [va, va+len) under a local key to a host pointer, checking PD, bounds and (for
   // destinations the HCA writes) LOCAL_WRITE.
@@ -61,6 +71,7 @@ class MrTable {
 
   Arena& arena_;
   Slot* slots_;
+  std::atomic<uint64_t>* seq_;  // in the arena, next to the slots
   size_t count_ = 0;
   std::mt19937 rng_;
 };

@@ -15,6 +15,7 @@
 #include <ctime>
 
 #include "net/registry.h"
+#include "transport/direct_share.h"
 #include "transport/srq.h"
 #include "wire/cm_mad.h"
 #include "wire/icrc.h"
@@ -71,6 +72,13 @@ Engine::Engine(const net::Interface& iface)
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   }
   try_take_roce_port(0);
+  if (direct_enabled()) {
+    try {
+      direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, port_->port());
+    } catch (const std::system_error&) {
+      direct_.reset();  // this context is reached by packets only
+    }
+  }
   // The progress thread takes none of the application's signals (SIGALRM timers, SIGINT handlers):
   // they must reach the application's own threads. It inherits the mask it is created with.
   sigset_t all, old;
@@ -341,6 +349,16 @@ void Engine::resolve_destination(Qp& qp) {
   qp.dest_port = (ep && ep->ip_be == qp.dest_ip_be) ? ep->port : wire::kRoceUdpPort;
 }
 
+void Engine::attach_direct(Qp& qp) {
+  // An RC peer QP of another context on this host: the requester may use its memory directly.
+  if (!direct_ || qp.cfg.type != QpType::Rc) return;
+  auto ep = net::Registry::instance().lookup(qp.dest_qpn);
+  if (ep && ep->ip_be == qp.dest_ip_be)
+    direct_->attach(qp, ep->pid, ep->port);
+  else
+    direct_->detach(qp);
+}
+
 void Engine::post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited) {
   if (cq->push(cqe, solicited)) return;
   // Overrun (IBTA 11.4.2.1): the CQ is in error and so is every QP that completes into it.
@@ -352,6 +370,7 @@ void Engine::move_to_error(Qp& qp) {
   // Flushing happens at the top of the next progress pass, never in the middle of the requester's or
   // responder's walk over the queues.
   qp.state.store(QpState::Err, std::memory_order_release);
+  if (direct_) direct_->qp_changed(qp);
   qp.timer_deadline_ns = 0;
   qp.read_jobs.clear();
 }
@@ -402,12 +421,24 @@ uint64_t Engine::next_deadline_ns() {
 
 bool Engine::register_mr(core::MrRegion& region) {
   std::lock_guard lock(lock_);
-  return mrs_.add(region);
+  // Made shareable before it is published, while our progress thread is held off the heap pages that
+  // move (direct_share.h).
+  const bool remote_write = region.access & (core::kRemoteWrite | core::kRemoteAtomic);
+  if (direct_) region.share_id = ShareTable::instance().acquire(region.addr, region.length, remote_write);
+  if (mrs_.add(region)) return true;
+  ShareTable::instance().release(region.share_id, remote_write);
+  region.share_id = 0;
+  return false;
 }
 
 void Engine::deregister_mr(const core::MrRegion& region) {
   std::lock_guard lock(lock_);
   mrs_.remove(region);
+  if (direct_) {
+    // No intra-host peer is still copying with the removed key when we return (direct.cpp).
+    direct_->wait_copies();
+    ShareTable::instance().release(region.share_id, region.access & (core::kRemoteWrite | core::kRemoteAtomic));
+  }
   // The application may unmap the memory as soon as we return: forget every pointer into it that an
   // operation in flight still holds, so a late packet finds an error instead of freed memory.
   const uint8_t* lo = reinterpret_cast<const uint8_t*>(region.addr);
@@ -489,6 +520,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     ++cfg.srq->qp_refs;
   }
   qp->stats = stats_.attach_qp(qp->qpn);
+  if (direct_) direct_->qp_created(*qp);
   Qp* raw = qp.release();
   qps_[raw->qpn] = raw;
   qp_list_.push_back(raw);
@@ -503,6 +535,7 @@ void Engine::destroy_qp(Qp* qp) {
     ack_owed_.erase(std::remove(ack_owed_.begin(), ack_owed_.end(), qp), ack_owed_.end());
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
+    if (direct_) direct_->qp_destroyed(*qp);
     arena_.release(qp->rq.slots, qp->rq_bytes);
     if (qp->srq) --qp->srq->qp_refs;
   }
@@ -567,9 +600,11 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
       switch (m.state) {
         case QpState::Reset:
           reset_transport_state(*qp);
+          if (direct_) direct_->detach(*qp);
           break;
         case QpState::Rtr:
           resolve_destination(*qp);
+          attach_direct(*qp);
           break;
         case QpState::Err:
           move_to_error(*qp);
@@ -578,6 +613,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           break;
       }
       if (m.state != QpState::Err) qp->state.store(m.state, std::memory_order_release);
+      if (direct_) direct_->qp_changed(*qp);
     }
   }
   doorbell();
@@ -638,6 +674,8 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad) {
     if (qp->state.load() == QpState::Rts) requester_run(*qp, now_ns());
     port_->flush();
     lock_.unlock();
+    // Everything done here (the direct path completes at once): no need to wake the progress thread.
+    if (qp->sq.count() == 0) return rc;
   }
   doorbell();
   return rc;

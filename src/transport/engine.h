@@ -19,6 +19,7 @@
 #include "core/stats.h"
 #include "net/interfaces.h"
 #include "net/udp_port.h"
+#include "transport/direct.h"
 #include "transport/qp.h"
 #include "wire/headers.h"
 
@@ -114,6 +115,7 @@ class Engine {
   uint64_t next_deadline_ns();
   void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
   void resolve_destination(Qp& qp);
+  void attach_direct(Qp& qp);
   void move_to_error(Qp& qp);
   void flush_queues(Qp& qp);
   void post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited);
@@ -171,6 +173,7 @@ class Engine {
   std::vector<Qp*> ack_owed_;
   std::vector<Srq*> srqs_;
   core::StatsPage stats_;
+  std::unique_ptr<DirectEndpoint> direct_;  // the intra-host direct path; nullptr when off
 
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -167,6 +167,8 @@ inline constexpr uint32_t kPsnWindow = 1024;
 // TCG guest at MTU 4096.)
 inline constexpr uint32_t kMinCwnd = 32;
 
+class DirectPeer;  // transport/direct.h
+
 struct Qp {
   void* user = nullptr;            // the verbs object that owns this QP (for async events)
   core::Counters* stats = nullptr; // this QP's counters in the stats page (nullptr: device only)
@@ -199,6 +201,11 @@ struct Qp {
   std::vector<SqEntry> sq_storage;   // private to the requester
   size_t rq_bytes = 0;               // the RQ ring lives in the context's shared arena
   bool sq_stopped = false;           // a WQE failed locally: send nothing more, error follows in order
+  // The intra-host direct path (direct.h): the peer's context when it serves it, the peer QP's and
+  // this QP's state descriptors there and here.
+  std::shared_ptr<DirectPeer> direct_peer;
+  uint32_t direct_peer_desc = 0;
+  uint32_t direct_desc = ~0u;
 
   // Requester.
   uint64_t send_index = 0;         // next SQ entry whose packets are (re)sent

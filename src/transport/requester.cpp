@@ -176,6 +176,24 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
         complete_in_order(qp);
         return true;
       }
+      // The intra-host direct path, for a one-sided WQE with nothing before it in flight (so order and
+      // fences hold trivially); whatever it cannot do exactly goes by packets.
+      if (qp.direct_peer && qp.sq.tail.load(std::memory_order_relaxed) == qp.send_index) {
+        if (direct_->execute(qp, e, now) == DirectEndpoint::Result::Done) {
+          e.started = true;
+          e.acked = true;
+          e.npkts = 0;
+          e.first_psn = qp.next_psn;
+          count(&qp, &core::Counters::direct_ops);
+          count(&qp, &core::Counters::direct_bytes, e.wqe.length);
+          ++qp.send_index;
+          qp.send_offset_pkts = 0;
+          did = true;
+          complete_in_order(qp);
+          continue;
+        }
+        count(&qp, &core::Counters::direct_fallbacks);
+      }
       if (wire::psn_diff(qp.next_psn, qp.acked_psn) >= static_cast<int32_t>(qp.cwnd)) break;
       e.first_psn = qp.next_psn;
       qp.next_psn = wire::psn_add(qp.next_psn, e.npkts);

@@ -1,0 +1,512 @@
+#include "transport/direct.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <system_error>
+
+#include "transport/direct_share.h"
+
+namespace softrdma::transport {
+
+// Until the path has passed every suite it is opt-in (SOFTRDMA_DIRECT=1).
+constexpr bool kDirectByDefault = false;
+
+bool direct_enabled() {
+  static const bool on = [] {
+    if (const char* s = getenv("SOFTRDMA_DIRECT")) return strcmp(s, "0") != 0;
+    return kDirectByDefault && getenv("SOFTRDMA_IMPAIR") == nullptr;
+  }();
+  return on;
+}
+
+namespace {
+
+enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3 };
+
+struct Reply {
+  int32_t status;  // 0 or an errno
+  uint32_t index;
+  uint64_t a, b, c;
+};
+
+constexpr uint32_t kLayout = sizeof(core::MrRegion) << 16 | sizeof(DirectShared) % 0xFFFF;
+
+void socket_name(sockaddr_un& sa, socklen_t& len, uint32_t ip_be, uint16_t port) {
+  sa = {};
+  sa.sun_family = AF_UNIX;
+  // Abstract (leading NUL): no file to clean up, and per network namespace like the registry.
+  int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "softrdma-direct-%08x-%u", ip_be, port);
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+bool send_reply(int fd, const Reply& r, int pass_fd) {
+  iovec iov{const_cast<Reply*>(&r), sizeof r};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  if (pass_fd >= 0) {
+    mh.msg_control = ctl;
+    mh.msg_controllen = sizeof ctl;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+  }
+  return sendmsg(fd, &mh, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r);
+}
+
+// One request, one reply (and maybe an fd). Blocking, bounded by a receive timeout.
+bool call(int sock, const DirectEndpoint::Request& req, Reply* rep, int* fd) {
+  if (fd) *fd = -1;
+  if (send(sock, &req, sizeof req, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof req)) return false;
+  iovec iov{rep, sizeof *rep};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  mh.msg_control = ctl;
+  mh.msg_controllen = sizeof ctl;
+  ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+  int got = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&got, CMSG_DATA(c), sizeof(int));
+  if (n != static_cast<ssize_t>(sizeof *rep)) {
+    if (got >= 0) close(got);
+    return false;
+  }
+  if (fd) *fd = got;
+  else if (got >= 0) close(got);
+  return true;
+}
+
+bool pid_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
+
+}  // namespace
+
+// An initiator's view of one target context: its arena mapped here, our busy slot in it, and the
+// target's registered memory mapped lazily, per share.
+class DirectPeer {
+ public:
+  struct Mapping {
+    uint64_t id, base, length;
+    uint8_t* local;
+    bool writable;
+  };
+  int sock = -1;
+  int32_t pid = 0;
+  uint8_t* arena = nullptr;
+  size_t arena_size = 0;
+  DirectShared* shared = nullptr;
+  const void* key_table = nullptr;
+  const std::atomic<uint64_t>* key_seq = nullptr;
+  uint32_t slot = 0;
+  bool dead = false;
+  uint64_t checked_ns = 0;
+  std::vector<Mapping> maps;
+
+  ~DirectPeer() {
+    for (Mapping& m : maps) munmap(m.local, m.length);
+    if (arena) munmap(arena, arena_size);
+    if (sock >= 0) close(sock);  // the target frees our slot
+  }
+
+  const Mapping* mapping(uint64_t id, bool writable) {
+    for (const Mapping& m : maps)
+      if (m.id == id && (m.writable || !writable)) return &m;
+    DirectEndpoint::Request req{kMap, writable, id};
+    Reply rep{};
+    int fd = -1;
+    if (!call(sock, req, &rep, &fd) || rep.status != 0 || fd < 0) {
+      if (fd >= 0) close(fd);
+      return nullptr;
+    }
+    void* p = mmap(nullptr, rep.b, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd,
+                   static_cast<off_t>(rep.c));
+    close(fd);
+    if (p == MAP_FAILED) return nullptr;
+    // A read-only mapping of the same share is superseded by a writable one.
+    for (size_t i = 0; i < maps.size(); ++i)
+      if (maps[i].id == id) {
+        munmap(maps[i].local, maps[i].length);
+        maps[i] = maps.back();
+        maps.pop_back();
+        break;
+      }
+    maps.push_back({id, rep.a, rep.b, static_cast<uint8_t*>(p), writable});
+    return &maps.back();
+  }
+};
+
+DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port)
+    : arena_(arena) {
+  shared_ = static_cast<DirectShared*>(arena_.allocate(sizeof(DirectShared)));
+  if (!shared_) throw std::system_error(ENOMEM, std::generic_category(), "direct arena block");
+  shared_->magic = DirectShared::kMagic;
+  shared_->layout = kLayout;
+  shared_->key_table_off = static_cast<uint64_t>(static_cast<const uint8_t*>(keys.slots()) - arena_.base());
+  shared_->key_seq_off = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(keys.seq()) - arena_.base());
+  for (uint32_t i = DirectShared::kQps; i-- > 0;) free_descs_.push_back(i);
+  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  sockaddr_un sa;
+  socklen_t len;
+  socket_name(sa, len, ip_be, port);
+  if (listen_fd_ < 0 || stop_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), len) != 0 ||
+      listen(listen_fd_, 64) != 0) {
+    int e = errno;
+    if (listen_fd_ >= 0) close(listen_fd_);
+    if (stop_fd_ >= 0) close(stop_fd_);
+    arena_.release(shared_, sizeof(DirectShared));
+    throw std::system_error(e, std::generic_category(), "direct socket");
+  }
+  // The server thread takes none of the application's signals (as the progress thread).
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  server_ = std::thread([this] { serve(); });
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+DirectEndpoint::~DirectEndpoint() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(stop_fd_, &one, sizeof one);
+  if (server_.joinable()) server_.join();
+  for (int fd : clients_) close(fd);
+  close(listen_fd_);
+  close(stop_fd_);
+  peers_.clear();
+  arena_.release(shared_, sizeof(DirectShared));
+}
+
+void DirectEndpoint::serve() {
+  // Blocks in poll: an idle target costs nothing. Only the connection set-up and the first use of each
+  // registered range come here; data never does.
+  for (;;) {
+    std::vector<pollfd> pfds;
+    pfds.push_back({stop_fd_, POLLIN, 0});
+    pfds.push_back({listen_fd_, POLLIN, 0});
+    for (int fd : clients_) pfds.push_back({fd, POLLIN, 0});
+    if (poll(pfds.data(), pfds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (pfds[0].revents) return;
+    if (pfds[1].revents & POLLIN) {
+      int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) {
+        timeval tv{1, 0};
+        setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        clients_.push_back(c);
+        client_slot_.push_back(-1);
+      }
+    }
+    for (size_t i = 2; i < pfds.size(); ++i) {
+      if (!pfds[i].revents) continue;
+      size_t k = i - 2;
+      Request req{};
+      ssize_t n = recv(pfds[i].fd, &req, sizeof req, MSG_DONTWAIT);
+      if (n == static_cast<ssize_t>(sizeof req)) {
+        handle_client(static_cast<int>(k), req);
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      // Gone: its slot is free again (it held no copy: a process only closes after its last one).
+      if (client_slot_[k] >= 0) {
+        shared_->peers[client_slot_[k]].busy.store(0, std::memory_order_release);
+        shared_->peers[client_slot_[k]].pid.store(0, std::memory_order_release);
+      }
+      close(clients_[k]);
+      clients_[k] = -1;
+    }
+    for (size_t k = clients_.size(); k-- > 0;)
+      if (clients_[k] < 0) {
+        clients_.erase(clients_.begin() + static_cast<long>(k));
+        client_slot_.erase(client_slot_.begin() + static_cast<long>(k));
+      }
+  }
+}
+
+void DirectEndpoint::handle_client(int k, const Request& req) {
+  int fd = clients_[static_cast<size_t>(k)];
+  Reply rep{};
+  switch (req.type) {
+    case kHello: {
+      ucred cred{};
+      socklen_t cl = sizeof cred;
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+      int32_t slot = -1;
+      for (uint32_t i = 0; i < DirectShared::kPeers && slot < 0; ++i) {
+        int32_t p = shared_->peers[i].pid.load(std::memory_order_acquire);
+        bool reclaim = p != 0 && !pid_alive(p);
+        if (p == 0 || reclaim) {
+          shared_->peers[i].busy.store(0, std::memory_order_relaxed);
+          shared_->peers[i].pid.store(cred.pid ? cred.pid : -1, std::memory_order_release);
+          slot = static_cast<int32_t>(i);
+        }
+      }
+      if (slot < 0 || client_slot_[static_cast<size_t>(k)] >= 0) {
+        rep.status = EBUSY;
+        send_reply(fd, rep, -1);
+        return;
+      }
+      client_slot_[static_cast<size_t>(k)] = slot;
+      rep.index = static_cast<uint32_t>(slot);
+      rep.a = arena_.capacity();
+      rep.b = static_cast<uint64_t>(reinterpret_cast<uint8_t*>(shared_) - arena_.base());
+      rep.c = kLayout;
+      send_reply(fd, rep, arena_.fd());
+      return;
+    }
+    case kQpDesc: {
+      rep.status = ENOENT;
+      for (uint32_t i = 0; i < DirectShared::kQps; ++i)
+        if (shared_->qps[i].qpn.load(std::memory_order_acquire) == req.arg) {
+          rep.status = 0;
+          rep.index = i;
+          break;
+        }
+      send_reply(fd, rep, -1);
+      return;
+    }
+    case kMap: {
+      if (client_slot_[static_cast<size_t>(k)] < 0) {
+        rep.status = EPERM;
+        send_reply(fd, rep, -1);
+        return;
+      }
+      ShareInfo info;
+      int sfd = ShareTable::instance().open_fd(req.arg, req.writable != 0, &info);
+      if (sfd < 0) {
+        rep.status = EACCES;
+        send_reply(fd, rep, -1);
+        return;
+      }
+      rep.a = info.base;
+      rep.b = info.length;
+      rep.c = info.file_off;
+      send_reply(fd, rep, sfd);
+      close(sfd);
+      return;
+    }
+    default:
+      rep.status = EINVAL;
+      send_reply(fd, rep, -1);
+  }
+}
+
+void DirectEndpoint::qp_created(Qp& qp) {
+  if (free_descs_.empty()) return;
+  qp.direct_desc = free_descs_.back();
+  free_descs_.pop_back();
+  DirectQpDesc& d = shared_->qps[qp.direct_desc];
+  d.state.store(static_cast<uint32_t>(QpState::Reset), std::memory_order_relaxed);
+  d.access.store(0, std::memory_order_relaxed);
+  d.pd.store(qp.cfg.pd, std::memory_order_relaxed);
+  d.qpn.store(qp.qpn, std::memory_order_release);
+}
+
+void DirectEndpoint::qp_changed(const Qp& qp) {
+  if (qp.direct_desc == ~0u) return;
+  DirectQpDesc& d = shared_->qps[qp.direct_desc];
+  d.access.store(qp.access_flags, std::memory_order_relaxed);
+  d.state.store(static_cast<uint32_t>(qp.state.load(std::memory_order_relaxed)), std::memory_order_release);
+}
+
+void DirectEndpoint::qp_destroyed(Qp& qp) {
+  detach(qp);
+  if (qp.direct_desc == ~0u) return;
+  DirectQpDesc& d = shared_->qps[qp.direct_desc];
+  d.state.store(static_cast<uint32_t>(QpState::Err), std::memory_order_relaxed);
+  d.qpn.store(0, std::memory_order_seq_cst);
+  // An initiator that saw this QP live may be finishing a copy: let it, before the QP's memory goes.
+  wait_copies();
+  free_descs_.push_back(qp.direct_desc);
+  qp.direct_desc = ~0u;
+}
+
+void DirectEndpoint::wait_copies() {
+  // Every initiator either saw the new sequence number before its copy (and re-checks), or announced
+  // its copy before we looked (and we wait for it): a seq_cst store and load on each side.
+  for (uint32_t i = 0; i < DirectShared::kPeers; ++i) {
+    DirectPeerSlot& s = shared_->peers[i];
+    int32_t pid = s.pid.load(std::memory_order_seq_cst);
+    if (pid == 0) continue;
+    for (uint32_t spins = 0; s.busy.load(std::memory_order_seq_cst); ++spins) {
+      if ((spins & 1023) == 1023 && !pid_alive(pid)) break;  // it died mid-copy: nothing left to wait for
+      sched_yield();
+    }
+  }
+}
+
+void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
+  qp.direct_peer.reset();
+  uint64_t key = static_cast<uint64_t>(qp.dest_ip_be) << 16 | port;
+  std::shared_ptr<DirectPeer>& peer = peers_[key];
+  if (peer && (peer->dead || peer->pid != pid)) peer.reset();
+  if (!peer) {
+    auto p = std::make_shared<DirectPeer>();
+    p->pid = pid;
+    p->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un sa;
+    socklen_t len;
+    socket_name(sa, len, qp.dest_ip_be, port);
+    timeval tv{2, 0};
+    if (p->sock < 0) return;
+    setsockopt(p->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(p->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(p->sock, reinterpret_cast<sockaddr*>(&sa), len) != 0) return;  // no direct server there
+    DirectEndpoint::Request req{kHello, 0, 0};
+    Reply rep{};
+    int afd = -1;
+    if (!call(p->sock, req, &rep, &afd) || rep.status != 0 || afd < 0 || rep.c != kLayout) {
+      if (afd >= 0) close(afd);
+      return;
+    }
+    void* a = mmap(nullptr, rep.a, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
+    close(afd);
+    if (a == MAP_FAILED) return;
+    p->arena = static_cast<uint8_t*>(a);
+    p->arena_size = rep.a;
+    p->shared = reinterpret_cast<DirectShared*>(p->arena + rep.b);
+    if (p->shared->magic != DirectShared::kMagic) return;
+    p->key_table = p->arena + p->shared->key_table_off;
+    p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + p->shared->key_seq_off);
+    p->slot = rep.index;
+    peer = std::move(p);
+  }
+  Request req{kQpDesc, 0, qp.dest_qpn};
+  Reply rep{};
+  if (!call(peer->sock, req, &rep, nullptr) || rep.status != 0) return;
+  qp.direct_peer = peer;
+  qp.direct_peer_desc = rep.index;
+}
+
+void DirectEndpoint::detach(Qp& qp) {
+  if (!qp.direct_peer) return;
+  qp.direct_peer.reset();
+  // The connection goes with the last QP that used it.
+  for (auto it = peers_.begin(); it != peers_.end();)
+    it = it->second.use_count() == 1 ? peers_.erase(it) : std::next(it);
+}
+
+namespace {
+bool is_one_sided(WrOp op) {
+  return op == WrOp::Write || op == WrOp::Read || op == WrOp::CompareSwap || op == WrOp::FetchAdd;
+}
+}  // namespace
+
+DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now) {
+  DirectPeer* peer = qp.direct_peer.get();
+  const SendWqe& w = e.wqe;
+  if (!peer || peer->dead || !is_one_sided(w.op) || w.length == 0) return Result::Fallback;
+  if (now - peer->checked_ns > 1000000) {
+    // The target process may have died: then its memory is no longer anybody's, and the packet path
+    // gives what the wire would (retries, then RETRY_EXC_ERR). Looked at once a millisecond.
+    peer->checked_ns = now;
+    pollfd pf{peer->sock, POLLIN, 0};
+    if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR | POLLIN))) {
+      peer->dead = true;
+      return Result::Fallback;
+    }
+  }
+  const bool atomic = w.op == WrOp::CompareSwap || w.op == WrOp::FetchAdd;
+  const uint32_t need = w.op == WrOp::Write ? core::kRemoteWrite : w.op == WrOp::Read ? core::kRemoteRead
+                                                                                       : core::kRemoteAtomic;
+  const bool writable = w.op != WrOp::Read;
+  const uint64_t len = atomic ? 8 : w.length;
+  if (atomic && w.remote_addr % 8 != 0) return Result::Fallback;
+  DirectShared& sh = *peer->shared;
+  DirectPeerSlot& slot = sh.peers[peer->slot];
+  const DirectQpDesc& d = sh.qps[qp.direct_peer_desc];
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    slot.busy.store(1, std::memory_order_seq_cst);
+    auto leave = [&] { slot.busy.store(0, std::memory_order_release); };
+    uint64_t seq = peer->key_seq->load(std::memory_order_seq_cst);
+    auto st = static_cast<QpState>(d.state.load(std::memory_order_acquire));
+    core::MrRegion r{};
+    bool ok = !(seq & 1) && d.qpn.load(std::memory_order_acquire) == qp.dest_qpn &&
+              (st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd) &&
+              (d.access.load(std::memory_order_relaxed) & need) &&
+              core::MrTable::find_remote_in(peer->key_table, w.rkey, &r) && (r.access & need) == need &&
+              r.pd == d.pd.load(std::memory_order_relaxed) && r.share_id != 0 && w.remote_addr >= r.iova &&
+              w.remote_addr - r.iova <= r.length && len <= r.length - (w.remote_addr - r.iova) &&
+              peer->key_seq->load(std::memory_order_seq_cst) == seq;
+    if (!ok) {
+      leave();
+      return Result::Fallback;
+    }
+    uint64_t target = r.addr + (w.remote_addr - r.iova);
+    const DirectPeer::Mapping* m = nullptr;
+    for (const DirectPeer::Mapping& x : peer->maps)
+      if (x.id == r.share_id && (x.writable || !writable)) m = &x;
+    if (!m) {
+      // First use of this range: ask the target for it (its server thread answers), outside the copy
+      // window, and check everything again.
+      leave();
+      if (attempt || !peer->mapping(r.share_id, writable)) return Result::Fallback;
+      continue;
+    }
+    if (target < m->base || target - m->base > m->length || len > m->length - (target - m->base)) {
+      leave();
+      return Result::Fallback;
+    }
+    uint8_t* dst = m->local + (target - m->base);
+    switch (w.op) {
+      case WrOp::Write:
+        if (w.flags & kInline) {
+          std::memcpy(dst, w.inline_data, len);
+        } else {
+          for_each_sge_piece(w.sge, e.host, w.num_sge, 0, len, [&](uint8_t* p, uint64_t n) {
+            std::memcpy(dst, p, n);
+            dst += n;
+            return true;
+          });
+        }
+        break;
+      case WrOp::Read: {
+        const uint8_t* src = dst;
+        for_each_sge_piece(w.sge, e.host, w.num_sge, 0, len, [&](uint8_t* p, uint64_t n) {
+          std::memcpy(p, src, n);
+          src += n;
+          return true;
+        });
+        break;
+      }
+      default: {
+        auto* word = reinterpret_cast<uint64_t*>(dst);
+        uint64_t orig;
+        if (w.op == WrOp::CompareSwap) {
+          orig = w.compare_add;
+          __atomic_compare_exchange_n(word, &orig, w.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        } else {
+          orig = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
+        }
+        // The original value lands in the local buffer in host order, as the packet path leaves it.
+        const auto* src = reinterpret_cast<const uint8_t*>(&orig);
+        for_each_sge_piece(w.sge, e.host, w.num_sge, 0, 8, [&](uint8_t* p, uint64_t n) {
+          std::memcpy(p, src, n);
+          src += n;
+          return true;
+        });
+      }
+    }
+    leave();
+    return Result::Done;
+  }
+  return Result::Fallback;
+}
+
+}  // namespace softrdma::transport

@@ -1,0 +1,382 @@
+// Two processes on one host (the target forked before either opens a device): RC one-sided operations
+// between them, and the protection rules a responder enforces -- wrong rkey, out-of-range address,
+// missing access right, deregistered region, destroyed QP. On softrdma these run on the intra-host
+// direct path (docs/direct-path.md) unless SOFTRDMA_DIRECT=0; the statuses and data are those of the
+// wire either way, and the test also checks which path was taken (the stats page's direct_ops).
+#include "helpers.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/stats.h"  // the stats page's counter layout (header only)
+
+namespace softrdma::verbs_test {
+namespace {
+
+constexpr size_t kALen = 64 * 1024;  // the target's main buffer: every right
+constexpr size_t kRLen = 4096;       // LOCAL_WRITE | REMOTE_READ only
+constexpr size_t kDLen = 4096;       // deregistered on request
+
+struct Info {
+  uint32_t qpn, psn;
+  uint32_t a_rkey, r_rkey, d_rkey;
+  uint64_t a_addr, r_addr, d_addr;
+  uint8_t gid[16];
+};
+
+bool read_full(int fd, void* p, size_t n) {
+  auto* c = static_cast<uint8_t*>(p);
+  while (n) {
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, kWaitSeconds * 1000) != 1) return false;
+    ssize_t r = read(fd, c, n);
+    if (r <= 0) return false;
+    c += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+
+bool write_full(int fd, const void* p, size_t n) {
+  auto* c = static_cast<const uint8_t*>(p);
+  while (n) {
+    ssize_t r = write(fd, c, n);
+    if (r <= 0) return false;
+    c += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+
+// The target: registers its buffers, connects, then obeys one-byte commands until 'x'.
+int target_main(int sock) {
+  Device dev;
+  if (!dev.ok()) return 10;
+  Side s;
+  if (!s.create(dev, QpConfig{})) return 11;
+  auto a = s.buf(kALen);
+  auto r = s.buf(kRLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  auto d = s.buf(kDLen);
+  if (!a->mr || !r->mr || !d->mr) return 12;
+  fill_pattern(a->data, kALen, 11);
+  fill_pattern(r->data, kRLen, 12);
+  fill_pattern(d->data, kDLen, 13);
+  if (modify_to_init(s.qp, kAllAccess)) return 13;
+  Info me{s.qpn(), s.psn, a->rkey(), r->rkey(), d->rkey(), a->addr(), r->addr(), d->addr(), {}};
+  std::memcpy(me.gid, dev.gid.raw, 16);
+  Info peer{};
+  if (!write_full(sock, &me, sizeof me) || !read_full(sock, &peer, sizeof peer)) return 14;
+  ibv_gid pg{};
+  std::memcpy(pg.raw, peer.gid, 16);
+  ConnConfig conn;
+  if (modify_to_rtr(s.qp, peer.qpn, peer.psn, pg, conn, dev.attr) || modify_to_rts(s.qp, s.psn, conn, dev.attr))
+    return 15;
+  const char ready = 'r';  // our QP is in RTS: requests from now on find it ready
+  if (!write_full(sock, &ready, 1)) return 15;
+  for (;;) {
+    char cmd = 0;
+    if (!read_full(sock, &cmd, 1)) return 16;
+    switch (cmd) {
+      case 'c':  // contents of all three buffers
+        if (!write_full(sock, a->data, kALen) || !write_full(sock, r->data, kRLen) ||
+            !write_full(sock, d->data, kDLen))
+          return 17;
+        break;
+      case 'd':  // deregister D; its memory stays mapped, so any write to it would show
+        if (ibv_dereg_mr(d->mr)) return 18;
+        d->mr = nullptr;
+        break;
+      case 'q':
+        s.destroy_qp();
+        break;
+      case 'x':
+        return 0;
+      default:
+        return 19;
+    }
+    if (!write_full(sock, &cmd, 1)) return 20;
+  }
+}
+
+// This process's device counters, from its stats page (core/stats.h layout).
+uint64_t my_counter(uint64_t core::Counters::*field) {
+  glob_t g{};
+  std::string pat = "/dev/shm/softrdma-stats-" + std::to_string(getpid()) + "-*";
+  uint64_t sum = 0;
+  if (glob(pat.c_str(), 0, nullptr, &g) != 0) return 0;
+  for (size_t i = 0; i < g.gl_pathc; ++i) {
+    int fd = open(g.gl_pathv[i], O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    // magic, version, pid, device_name[64], then the device's Counters (8-byte aligned).
+    constexpr size_t kCountersOff = 80;
+    core::Counters c{};
+    uint32_t head[2]{};
+    if (pread(fd, head, sizeof head, 0) == sizeof head && head[0] == core::StatsPage::kMagic &&
+        head[1] == core::StatsPage::kVersion && pread(fd, &c, sizeof c, kCountersOff) == sizeof c)
+      sum += c.*field;
+    close(fd);
+  }
+  globfree(&g);
+  return sum;
+}
+
+// Whether softrdma takes the direct path here: SOFTRDMA_DIRECT=0/1, else its default (off for now).
+constexpr bool kDirectByDefault = false;
+bool direct_expected() {
+  const char* s = getenv("SOFTRDMA_DIRECT");
+  bool on = s ? std::strcmp(s, "0") != 0 : kDirectByDefault && getenv("SOFTRDMA_IMPAIR") == nullptr;
+  return on && getenv("VT_DEVICE") == nullptr;
+}
+
+class DirectPath : public ::testing::Test {
+ protected:
+  pid_t pid = -1;
+  int sock = -1;
+  Info peer{};
+  std::unique_ptr<Device> dev;
+  Side s;
+  std::unique_ptr<Buffer> src, dst;
+  ConnConfig conn;
+
+  void SetUp() override {
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(sv[0]);
+      _exit(target_main(sv[1]));
+    }
+    close(sv[1]);
+    sock = sv[0];
+  }
+
+  void TearDown() override {
+    s.reset();
+    src.reset();
+    dst.reset();
+    dev.reset();
+    char x = 'x';
+    write_full(sock, &x, 1);
+    close(sock);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kWaitSeconds);
+    int st = 0;
+    pid_t got = 0;
+    while ((got = waitpid(pid, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) usleep(5000);
+    if (got != pid) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      ADD_FAILURE() << "target did not exit";
+      return;
+    }
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "target failed at step " << WEXITSTATUS(st);
+  }
+
+  // Opens our side and connects it to the target's QP.
+  void connect() {
+    dev = std::make_unique<Device>();
+    ASSERT_TRUE(dev->ok());
+    ASSERT_TRUE(s.create(*dev, QpConfig{}));
+    src = s.buf(kALen);
+    dst = s.buf(kALen);
+    ASSERT_TRUE(src->mr && dst->mr);
+    ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
+    Info me{s.qpn(), s.psn, 0, 0, 0, 0, 0, 0, {}};
+    std::memcpy(me.gid, dev->gid.raw, 16);
+    ASSERT_TRUE(read_full(sock, &peer, sizeof peer)) << "target sent no QP info";
+    ASSERT_TRUE(write_full(sock, &me, sizeof me));
+    ibv_gid pg{};
+    std::memcpy(pg.raw, peer.gid, 16);
+    ASSERT_EQ(modify_to_rtr(s.qp, peer.qpn, peer.psn, pg, conn, dev->attr), 0);
+    ASSERT_EQ(modify_to_rts(s.qp, s.psn, conn, dev->attr), 0);
+    char ready = 0;
+    ASSERT_TRUE(read_full(sock, &ready, 1));
+    ASSERT_EQ(ready, 'r');
+  }
+
+  void command(char c) {
+    ASSERT_TRUE(write_full(sock, &c, 1));
+    char ack = 0;
+    ASSERT_TRUE(read_full(sock, &ack, 1));
+    ASSERT_EQ(ack, c);
+  }
+
+  struct Contents {
+    std::vector<uint8_t> a, r, d;
+  };
+  Contents contents() {
+    Contents c{std::vector<uint8_t>(kALen), std::vector<uint8_t>(kRLen), std::vector<uint8_t>(kDLen)};
+    char cmd = 'c';
+    EXPECT_TRUE(write_full(sock, &cmd, 1));
+    EXPECT_TRUE(read_full(sock, c.a.data(), kALen));
+    EXPECT_TRUE(read_full(sock, c.r.data(), kRLen));
+    EXPECT_TRUE(read_full(sock, c.d.data(), kDLen));
+    char ack = 0;
+    EXPECT_TRUE(read_full(sock, &ack, 1));
+    return c;
+  }
+
+  // The target's buffers are exactly as it filled them.
+  void expect_untouched() {
+    Contents c = contents();
+    EXPECT_EQ(check_pattern(c.a.data(), kALen, 11), kALen);
+    EXPECT_EQ(check_pattern(c.r.data(), kRLen, 12), kRLen);
+    EXPECT_EQ(check_pattern(c.d.data(), kDLen, 13), kDLen);
+  }
+
+  ibv_wc one(SendWr& w) {
+    EXPECT_EQ(post_send(s.qp, w), 0);
+    ibv_wc wc{};
+    EXPECT_TRUE(poll_wc(s.scq, &wc));
+    return wc;
+  }
+};
+
+TEST_F(DirectPath, WriteReadAtomicsAcrossProcesses) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+  const uint64_t tx_before = my_counter(&core::Counters::tx_packets);
+  // WRITE 60 KiB + 13 B at an odd offset, from two SGEs.
+  fill_pattern(src->data, kALen, 21);
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, 1000), src->sge(1000, 60 * 1024 + 13 - 1000)});
+  w.rdma(peer.a_addr + 7, peer.a_rkey);
+  ibv_wc wc = one(w);
+  expect_wc(wc, {.wr_id = 1, .opcode = IBV_WC_RDMA_WRITE, .qp_num = s.qpn()});
+  // READ the read-only region.
+  SendWr r(2, IBV_WR_RDMA_READ, {dst->sge(3, kRLen)});
+  r.rdma(peer.r_addr, peer.r_rkey);
+  wc = one(r);
+  expect_wc(wc, {.wr_id = 2, .opcode = IBV_WC_RDMA_READ, .byte_len = kRLen, .qp_num = s.qpn()});
+  EXPECT_EQ(check_pattern(dst->data + 3, kRLen, 12), kRLen);
+  // Atomics on the last word of A (which the WRITE did not reach).
+  const size_t word = kALen - 8;
+  Contents before = contents();
+  uint64_t orig;
+  std::memcpy(&orig, before.a.data() + word, 8);
+  SendWr fa(3, IBV_WR_ATOMIC_FETCH_AND_ADD, {dst->sge(0, 8)});
+  fa.fetch_add(peer.a_addr + word, peer.a_rkey, 5);
+  wc = one(fa);
+  expect_wc(wc, {.wr_id = 3, .opcode = IBV_WC_FETCH_ADD, .byte_len = 8, .qp_num = s.qpn()});
+  EXPECT_EQ(dst->u64(0), orig);
+  SendWr cs(4, IBV_WR_ATOMIC_CMP_AND_SWP, {dst->sge(8, 8)});
+  cs.cmp_swp(peer.a_addr + word, peer.a_rkey, orig + 5, 0x1122334455667788ull);
+  wc = one(cs);
+  expect_wc(wc, {.wr_id = 4, .opcode = IBV_WC_COMP_SWAP, .byte_len = 8, .qp_num = s.qpn()});
+  EXPECT_EQ(dst->u64(8), orig + 5);
+  SendWr cs2(5, IBV_WR_ATOMIC_CMP_AND_SWP, {dst->sge(16, 8)});
+  cs2.cmp_swp(peer.a_addr + word, peer.a_rkey, 1, 2);  // compare fails: no swap
+  wc = one(cs2);
+  expect_wc(wc, {.wr_id = 5, .opcode = IBV_WC_COMP_SWAP, .qp_num = s.qpn()});
+  EXPECT_EQ(dst->u64(16), 0x1122334455667788ull);
+
+  Contents c = contents();
+  EXPECT_EQ(check_pattern(c.a.data(), 7, 11), 7u) << "bytes before the WRITE";
+  EXPECT_EQ(check_pattern(c.a.data() + 7, 60 * 1024 + 13, 21), 60u * 1024 + 13);
+  EXPECT_EQ(check_pattern(c.a.data() + 7 + 60 * 1024 + 13, word - (7 + 60 * 1024 + 13), 11, 7 + 60 * 1024 + 13),
+            word - (7 + 60 * 1024 + 13))
+      << "bytes after the WRITE";
+  uint64_t now;
+  std::memcpy(&now, c.a.data() + word, 8);
+  EXPECT_EQ(now, 0x1122334455667788ull);
+  EXPECT_EQ(check_pattern(c.r.data(), kRLen, 12), kRLen);
+  if (direct_expected()) {
+    EXPECT_EQ(my_counter(&core::Counters::direct_ops) - ops_before, 5u) << "every operation on the direct path";
+    EXPECT_EQ(my_counter(&core::Counters::tx_packets), tx_before) << "and no packet";
+  }
+}
+
+TEST_F(DirectPath, WrongRkeyIsRemoteAccessError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  fill_pattern(src->data, kALen, 22);
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  w.rdma(peer.a_addr, peer.a_rkey ^ 0x100);
+  ibv_wc wc = one(w);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  expect_untouched();
+}
+
+TEST_F(DirectPath, OutOfRangeIsRemoteAccessError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  fill_pattern(src->data, kALen, 23);
+  // Ends 8 bytes past A: the in-range part is not written either.
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, 16)});
+  w.rdma(peer.a_addr + kALen - 8, peer.a_rkey);
+  ibv_wc wc = one(w);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  expect_untouched();
+}
+
+TEST_F(DirectPath, ReadOutOfRangeIsRemoteAccessError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  std::memset(dst->data, 0xEE, kALen);
+  SendWr r(1, IBV_WR_RDMA_READ, {dst->sge(0, 64)});
+  r.rdma(peer.r_addr - 32, peer.r_rkey);
+  ibv_wc wc = one(r);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(dst->data[i], 0xEE) << "byte " << i << " of the local buffer";
+}
+
+TEST_F(DirectPath, WriteWithoutRemoteWriteIsRemoteAccessError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  fill_pattern(src->data, kALen, 24);
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  w.rdma(peer.r_addr, peer.r_rkey);
+  ibv_wc wc = one(w);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  expect_untouched();
+}
+
+TEST_F(DirectPath, AtomicWithoutRemoteAtomicIsRemoteAccessError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  SendWr fa(1, IBV_WR_ATOMIC_FETCH_AND_ADD, {dst->sge(0, 8)});
+  fa.fetch_add(peer.r_addr, peer.r_rkey, 1);
+  ibv_wc wc = one(fa);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  expect_untouched();
+}
+
+TEST_F(DirectPath, DeregisteredRegionIsRemoteAccessError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+  // Used once while registered, so the initiator holds a mapping of it.
+  fill_pattern(src->data, kDLen, 13);
+  SendWr w0(1, IBV_WR_RDMA_WRITE, {src->sge(0, kDLen)});
+  w0.rdma(peer.d_addr, peer.d_rkey);
+  ibv_wc wc = one(w0);
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  if (direct_expected()) {
+    EXPECT_EQ(my_counter(&core::Counters::direct_ops) - ops_before, 1u);
+  }
+  ASSERT_NO_FATAL_FAILURE(command('d'));
+  fill_pattern(src->data, kALen, 25);
+  SendWr w(2, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  w.rdma(peer.d_addr, peer.d_rkey);
+  wc = one(w);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  expect_untouched();
+}
+
+TEST_F(DirectPath, DestroyedQpIsRetryExceeded) {
+  conn.timeout = 10;  // ~4 ms per try
+  conn.retry_cnt = 2;
+  ASSERT_NO_FATAL_FAILURE(connect());
+  ASSERT_NO_FATAL_FAILURE(command('q'));
+  fill_pattern(src->data, kALen, 26);
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  w.rdma(peer.a_addr, peer.a_rkey);
+  ibv_wc wc = one(w);
+  EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << ibv_wc_status_str(wc.status);
+  expect_untouched();
+}
+
+}  // namespace
+}  // namespace softrdma::verbs_test
