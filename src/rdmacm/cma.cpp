@@ -14,6 +14,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -65,13 +67,16 @@ uint32_t gid_ip(const uint8_t* raw) {
 sockaddr_in* sin_of(sockaddr* a) { return reinterpret_cast<sockaddr_in*>(a); }
 
 bool udp_port_held(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return true;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  bool held = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0;
-  close(fd);
+  // Read from /proc/net/udp rather than by a test bind, which would make the owner's own bind of the
+  // port fail if it came at that instant.
+  FILE* f = fopen("/proc/net/udp", "re");
+  if (!f) return true;
+  char line[512];
+  bool held = false;
+  unsigned local_port;
+  while (!held && fgets(line, sizeof line, f))
+    if (sscanf(line, " %*d: %*x:%x", &local_port) == 1 && local_port == port) held = true;
+  fclose(f);
   return held;
 }
 

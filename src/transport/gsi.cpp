@@ -12,6 +12,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+
 #include "net/registry.h"
 #include "transport/engine.h"
 #include "wire/cm_mad.h"
@@ -21,13 +25,16 @@ namespace {
 
 // True when some socket of this namespace holds UDP `port` (the test bind fails).
 bool udp_port_held(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return true;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  bool held = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0;
-  close(fd);
+  // Read from /proc/net/udp rather than by a test bind, which would make the owner's own bind of the
+  // port fail if it came at that instant.
+  FILE* f = fopen("/proc/net/udp", "re");
+  if (!f) return true;
+  char line[512];
+  bool held = false;
+  unsigned local_port;
+  while (!held && fgets(line, sizeof line, f))
+    if (sscanf(line, " %*d: %*x:%x", &local_port) == 1 && local_port == port) held = true;
+  fclose(f);
   return held;
 }
 
@@ -54,6 +61,20 @@ void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uin
       roce_port_->send(data, len, iface_.ip_be, port);
       count(nullptr, &core::Counters::forwarded);
       return;
+    }
+    // A server may be between two listens on its port (perftest -R re-listens between its connections):
+    // the first REQ of a connection is dropped, as if lost, and only its resend is rejected.
+    {
+      static std::mutex first_seen_mu;
+      static std::unordered_map<uint64_t, uint64_t> first_seen;  // (peer IP, comm/request ID) -> when
+      const uint64_t key = (uint64_t{peer_ip} << 32) | wire::cm_destination_comm_id(mad, static_cast<uint16_t>(wire::CmAttr::SidrRep));  // bytes 0-3: the sender's comm/request ID
+      const uint64_t now = now_ns();
+      std::lock_guard lock(first_seen_mu);
+      std::erase_if(first_seen, [&](const auto& kv) { return now - kv.second > 60'000'000'000ull; });
+      if (first_seen.emplace(key, now).second) {
+        count(nullptr, &core::Counters::drop_unknown_qp);
+        return;
+      }
     }
     uint8_t out[wire::kMadLen];
     wire::MadHeader rh;
