@@ -82,7 +82,8 @@ class Engine {
 
   // Queue WQEs (already translated by the verbs layer). Return 0 or an errno; *bad = index of the
   // first WQE not queued.
-  int post_send(Qp* qp, const SendWqe* wqes, int n, int* bad);
+  // whole_batch (ibv_wr_complete): all n are queued or, on any error, none.
+  int post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_batch = false);
   int post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad);
 
   // Shared receive queues (srq.cpp). create_srq returns nullptr (errno set) on failure; the others

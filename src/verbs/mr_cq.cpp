@@ -43,6 +43,11 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
     errno = EINVAL;
     return nullptr;
   }
+  // No on-demand paging (ibv_query_device_ex reports no ODP capability): refused, as the kernel does.
+  if (access & IBV_ACCESS_ON_DEMAND) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
   if (length > core::DeviceLimits::kMaxMrSize || (length && !addr)) {
     errno = EINVAL;
     return nullptr;

@@ -80,6 +80,7 @@ struct SoftQp {
   ibv_qp_init_attr init{};
   std::vector<transport::SendWqe> staged;  // ibv_wr_start .. ibv_wr_complete
   int staged_error = 0;
+  std::mutex wr_mutex;  // held from ibv_wr_start to ibv_wr_complete/abort (ibv_wr_post(3) CONCURRENCY)
 };
 
 struct SoftSrq {
