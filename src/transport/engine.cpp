@@ -388,8 +388,9 @@ void Engine::flush_queues(Qp& qp) {
   qp.send_index = qp.sq.tail.load();
   qp.send_offset_pkts = 0;
   qp.reads_outstanding = 0;
-  if (qp.srq && qp.recv_active) {
+  if (qp.srq_wqe_held) {
     // The SRQ WQE this QP had taken is its own now; the SRQ's other WQEs are not flushed.
+    qp.srq_wqe_held = false;
     core::Cqe c{};
     c.wr_id = qp.srq_wqe.wr_id;
     c.status = WcStatus::WrFlushErr;
@@ -562,6 +563,7 @@ void reset_transport_state(Qp& qp) {
   qp.uc_dropping = false;
   qp.recv_active = false;
   qp.last_wqe_reached = false;
+  qp.srq_wqe_held = false;
   qp.write_remaining = 0;
   qp.read_jobs.clear();
   for (ReplayEntry& r : qp.replay) r.valid = false;

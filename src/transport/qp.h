@@ -197,6 +197,7 @@ struct Qp {
   // The SRQ WQE of the message being received: moved off the SRQ when the message starts, because the
   // other QPs of the SRQ go on consuming it meanwhile (an RQ WQE stays at rq's tail until done).
   RecvWqe srq_wqe;
+  bool srq_wqe_held = false;        // srq_wqe is taken and not yet completed (UC keeps it past a lost message)
   bool last_wqe_reached = false;    // IBV_EVENT_QP_LAST_WQE_REACHED raised since the QP went to error
   std::vector<SqEntry> sq_storage;   // private to the requester
   size_t rq_bytes = 0;               // the RQ ring lives in the context's shared arena

@@ -118,6 +118,7 @@ int Engine::post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
 }
 
 RecvWqe* Engine::next_recv_wqe(Qp& qp) {
+  if (qp.srq_wqe_held) return &qp.srq_wqe;  // taken by a message that was given up (UC): reused
   WorkQueue<RecvWqe>& q = qp.recv_queue();
   uint64_t t = q.tail.load(std::memory_order_relaxed);
   return t == q.head.load(std::memory_order_acquire) ? nullptr : &q.at(t);
@@ -125,6 +126,7 @@ RecvWqe* Engine::next_recv_wqe(Qp& qp) {
 
 RecvWqe& Engine::take_recv_wqe(Qp& qp) {
   if (!qp.srq) return qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
+  if (qp.srq_wqe_held) return qp.srq_wqe;
   Srq& srq = *qp.srq;
   uint64_t t = srq.rq.tail.load(std::memory_order_relaxed);
   const RecvWqe& w = srq.rq.at(t);
@@ -133,6 +135,7 @@ RecvWqe& Engine::take_recv_wqe(Qp& qp) {
   qp.srq_wqe.length = w.length;
   std::memcpy(qp.srq_wqe.sge, w.sge, sizeof(Sge) * w.num_sge);
   srq.rq.tail.store(t + 1, std::memory_order_release);
+  qp.srq_wqe_held = true;
   // The low watermark (IBTA 11.2.3.2 / ibv_modify_srq(3)): once, then disarmed until set again.
   if (srq.limit && srq.rq.count() < srq.limit) {
     srq.limit = 0;
@@ -146,7 +149,10 @@ RecvWqe& Engine::active_recv_wqe(Qp& qp) {
 }
 
 void Engine::retire_recv_wqe(Qp& qp) {
-  if (!qp.srq) qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  if (qp.srq)
+    qp.srq_wqe_held = false;
+  else
+    qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }
 
 void Engine::report_last_wqe(Qp& qp) {

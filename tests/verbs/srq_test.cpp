@@ -413,6 +413,82 @@ TEST_F(Srq, BadLkeyInSrqWqeIsLocProtErr) {
   EXPECT_EQ(check_pattern(rbuf->data + kSlot, 500, 8), 500u);
 }
 
+// UD QPs on an SRQ: each datagram lands, GRH area first, in the SRQ's next WQE and completes on the
+// QP it was sent to.
+TEST_F(Srq, UdQpsShareOneSrq) {
+  constexpr uint32_t kQkey = 0x2222;
+  ASSERT_NO_FATAL_FAILURE(make_srq(8));
+  auto ud_qp = [&](ibv_srq* s) -> ibv_qp* {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = scq;
+    ia.recv_cq = rcq;
+    ia.srq = s;
+    ia.qp_type = IBV_QPT_UD;
+    ia.cap.max_send_wr = 16;
+    ia.cap.max_recv_wr = s ? 0 : 16;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = s ? 0 : 1;
+    ibv_qp* q = ibv_create_qp(pd, &ia);
+    if (!q) return nullptr;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = kPort;
+    a.qkey = kQkey;
+    if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY)) return q;
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    if (ibv_modify_qp(q, &a, IBV_QP_STATE)) return q;
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = random_psn();
+    ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+    return q;
+  };
+  for (int i = 0; i < 2; ++i) {
+    servers.push_back(ud_qp(srq));
+    ASSERT_NE(servers.back(), nullptr) << strerror(errno);
+    ASSERT_EQ(qp_state(servers.back()), IBV_QPS_RTS);
+  }
+  clients.push_back(ud_qp(nullptr));
+  ASSERT_NE(clients.back(), nullptr) << strerror(errno);
+  ibv_ah_attr at{};
+  at.is_global = 1;
+  at.grh.dgid = dev.gid;
+  at.grh.hop_limit = 64;
+  at.port_num = kPort;
+  ibv_ah* ah = ibv_create_ah(pd, &at);
+  ASSERT_NE(ah, nullptr) << strerror(errno);
+  for (uint32_t s = 0; s < 8; ++s) ASSERT_EQ(post_slot(s), 0);
+  for (int k = 0; k < 8; ++k) {
+    uint32_t len = 100 + 37 * k;
+    size_t off = size_t{next_send_slot_++ % kSendSlots} * kSlot;
+    fill_pattern(sbuf->data + off, len, 500 + k);
+    ibv_sge sge = sbuf->sge(off, len);
+    ibv_send_wr wr{};
+    wr.wr_id = k;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.ud.ah = ah;
+    wr.wr.ud.remote_qpn = servers[k % 2]->qp_num;
+    wr.wr.ud.remote_qkey = kQkey;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(clients[0], &wr, &bad), 0);
+    // One at a time: UD may drop datagrams, and the order of WQE use is checked below.
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_wc(rcq, &wc));
+    expect_wc(wc, {.wr_id = static_cast<uint64_t>(k), .opcode = IBV_WC_RECV, .byte_len = 40 + len,
+                   .qp_num = servers[k % 2]->qp_num});
+    EXPECT_EQ(wc.src_qp, clients[0]->qp_num);
+    EXPECT_TRUE(wc.wc_flags & IBV_WC_GRH);
+    EXPECT_EQ(check_pattern(rbuf->data + wc.wr_id * kSlot + 40, len, 500 + k), len);
+    ASSERT_TRUE(poll_wc(scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  }
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+}
+
 TEST_F(Srq, CreateSrqExBasicWorksOthersRefused) {
   ibv_srq_init_attr_ex ia{};
   ia.attr.max_wr = 16;
