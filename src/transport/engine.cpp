@@ -638,7 +638,7 @@ bool op_allowed(const Qp& qp, const SendWqe& w) {
 }
 }  // namespace
 
-int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad) {
+int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_batch) {
   QpState st = qp->state.load(std::memory_order_acquire);
   if (st == QpState::Reset || st == QpState::Init || st == QpState::Rtr) {
     *bad = 0;
@@ -648,10 +648,23 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad) {
   {
     std::lock_guard lock(qp->sq.producer_mutex);
     uint64_t head = qp->sq.head.load(std::memory_order_relaxed);
+    auto is_bad = [qp](const SendWqe& w) {
+      return w.num_sge > qp->cfg.max_send_sge || ((w.flags & kInline) && w.length > qp->cfg.max_inline) ||
+             !op_allowed(*qp, w);
+    };
+    if (whole_batch) {
+      // The completer only frees slots, so room found now is still there below.
+      uint64_t room = qp->sq.max_wr - (head - qp->sq.tail.load(std::memory_order_acquire));
+      for (int i = 0; i < n; ++i) {
+        if (is_bad(wqes[i]) || static_cast<uint64_t>(i) >= room) {
+          *bad = i;
+          return is_bad(wqes[i]) ? EINVAL : ENOMEM;
+        }
+      }
+    }
     for (int i = 0; i < n; ++i) {
       const SendWqe& w = wqes[i];
-      bool bad_wqe = w.num_sge > qp->cfg.max_send_sge ||
-                     ((w.flags & kInline) && w.length > qp->cfg.max_inline) || !op_allowed(*qp, w);
+      bool bad_wqe = is_bad(w);
       if (bad_wqe || head - qp->sq.tail.load(std::memory_order_acquire) >= qp->sq.max_wr) {
         *bad = i;
         rc = bad_wqe ? EINVAL : ENOMEM;

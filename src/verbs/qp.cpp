@@ -380,23 +380,42 @@ SendWqe* current(ibv_qp_ex* x) {
   return &q->staged.back();
 }
 
+// Inline data is for SEND and RDMA WRITE only (ibv_wr_post(3)).
+SendWqe* current_inline(ibv_qp_ex* x) {
+  SendWqe* w = current(x);
+  if (w && w->op != WrOp::Send && w->op != WrOp::SendImm && w->op != WrOp::SendInv && w->op != WrOp::Write &&
+      w->op != WrOp::WriteImm) {
+    of(x)->staged_error = EINVAL;
+    return nullptr;
+  }
+  return w;
+}
+
 void qpx_install(SoftQp* q) {
   ibv_qp_ex& x = q->qpx;
+  // ibv_wr_start .. ibv_wr_complete/abort is a per-QP critical section (ibv_wr_post(3) CONCURRENCY).
   x.wr_start = [](ibv_qp_ex* x) {
+    of(x)->wr_mutex.lock();
     of(x)->staged.clear();
     of(x)->staged_error = 0;
   };
+  // A WR found bad by a builder or setter, or by the engine, fails the whole batch: nothing is posted.
   x.wr_complete = [](ibv_qp_ex* x) -> int {
     SoftQp* q = of(x);
     int rc = q->staged_error;
     if (!rc && !q->staged.empty()) {
       int bad = 0;
-      rc = engine_of(x->qp_base.context).post_send(q->tqp, q->staged.data(), static_cast<int>(q->staged.size()), &bad);
+      rc = engine_of(x->qp_base.context)
+               .post_send(q->tqp, q->staged.data(), static_cast<int>(q->staged.size()), &bad, true);
     }
     q->staged.clear();
+    q->wr_mutex.unlock();
     return rc;
   };
-  x.wr_abort = [](ibv_qp_ex* x) { of(x)->staged.clear(); };
+  x.wr_abort = [](ibv_qp_ex* x) {
+    of(x)->staged.clear();
+    of(x)->wr_mutex.unlock();
+  };
   x.wr_send = [](ibv_qp_ex* x) { stage(x, WrOp::Send); };
   x.wr_send_imm = [](ibv_qp_ex* x, __be32 imm) { stage(x, WrOp::SendImm)->imm_be = imm; };
   x.wr_send_inv = [](ibv_qp_ex* x, uint32_t rkey) { stage(x, WrOp::SendInv)->imm_be = rkey; };
@@ -451,7 +470,7 @@ void qpx_install(SoftQp* q) {
     }
   };
   x.wr_set_inline_data = [](ibv_qp_ex* x, void* addr, size_t length) {
-    SendWqe* w = current(x);
+    SendWqe* w = current_inline(x);
     if (!w) return;
     if (length > of(x)->tqp->cfg.max_inline) {
       of(x)->staged_error = EINVAL;
@@ -463,7 +482,7 @@ void qpx_install(SoftQp* q) {
     w->flags |= transport::kInline;
   };
   x.wr_set_inline_data_list = [](ibv_qp_ex* x, size_t n, const ibv_data_buf* bufs) {
-    SendWqe* w = current(x);
+    SendWqe* w = current_inline(x);
     if (!w) return;
     size_t total = 0;
     for (size_t i = 0; i < n; ++i) total += bufs[i].length;

@@ -1,7 +1,13 @@
 // The extended post API: ibv_create_qp_ex + ibv_qp_to_qp_ex + ibv_wr_*.
 #include "helpers.h"
 
+#include <poll.h>
+
+#include <atomic>
 #include <cstring>
+#include <functional>
+#include <iterator>
+#include <thread>
 
 namespace softrdma::verbs_test {
 namespace {
@@ -160,6 +166,222 @@ TEST_F(QpEx, ClassicPostOnExtendedQp) {
   ASSERT_TRUE(poll_wc(a.scq, &wc));
   expect_wc(wc, {.wr_id = 7, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
   EXPECT_EQ(check_pattern(dst->data, 256, 76), 256u);
+}
+
+// Inline data from a list of buffers, into an RDMA WRITE and a SEND_WITH_IMM.
+TEST_F(QpEx, InlineDataList) {
+  ASSERT_TRUE(connect());
+  VT_BUF(dst, b, 4096);
+  ASSERT_EQ(post_recv(b.qp, 30, {dst->sge(2048, 2048)}), 0);
+  uint8_t p1[7], p2[20], p3[1];
+  fill_pattern(p1, sizeof p1, 77);
+  fill_pattern(p2, sizeof p2, 77, sizeof p1);
+  fill_pattern(p3, sizeof p3, 77, sizeof p1 + sizeof p2);
+  const ibv_data_buf list[3] = {{p1, sizeof p1}, {p2, sizeof p2}, {p3, sizeof p3}};
+  ibv_wr_start(a.qpx);
+  next(1);
+  ibv_wr_rdma_write(a.qpx, dst->rkey(), dst->addr(0));
+  ibv_wr_set_inline_data_list(a.qpx, 3, list);
+  next(2);
+  ibv_wr_send_imm(a.qpx, htonl(5));
+  ibv_wr_set_inline_data_list(a.qpx, 3, list);
+  ASSERT_EQ(ibv_wr_complete(a.qpx), 0);
+  std::memset(p2, 0, sizeof p2);  // copied at post time
+  auto wcs = poll_wcs(a.scq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  expect_wc(wcs[0], {.wr_id = 1, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+  expect_wc(wcs[1], {.wr_id = 2, .opcode = IBV_WC_SEND, .qp_num = a.qpn()});
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 30, .opcode = IBV_WC_RECV, .byte_len = 28, .imm = 5, .qp_num = b.qpn()});
+  EXPECT_EQ(check_pattern(dst->data, 28, 77), 28u);
+  EXPECT_EQ(check_pattern(dst->data + 2048, 28, 77), 28u);
+  EXPECT_EQ(dst->data[28], 0);
+}
+
+// One bad WR fails ibv_wr_complete with EINVAL and none of the batch is posted: not the good WRs before
+// it, not those after. The QP stays usable.
+TEST_F(QpEx, BadWrPostsNothingOfTheBatch) {
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 4096);
+  VT_BUF(dst, b, 4096);
+  fill_pattern(src->data, 4096, 78);
+  std::vector<ibv_sge> too_many(a.cap.max_send_sge + 1, src->sge(0, 8));
+  std::vector<uint8_t> too_long(a.cap.max_inline_data + 1, 1);
+  const std::function<void()> bad_setters[] = {
+      [&] {  // more SGEs than max_send_sge
+        ibv_wr_rdma_write(a.qpx, dst->rkey(), dst->addr(1024));
+        ibv_wr_set_sge_list(a.qpx, too_many.size(), too_many.data());
+      },
+      [&] {  // inline data longer than max_inline_data
+        ibv_wr_send(a.qpx);
+        ibv_wr_set_inline_data(a.qpx, too_long.data(), too_long.size());
+      },
+      [&] {  // inline data on an RDMA READ
+        ibv_wr_rdma_read(a.qpx, dst->rkey(), dst->addr(1024));
+        ibv_wr_set_inline_data(a.qpx, src->data, 8);
+      },
+      [&] {  // a setter with no WR to attach to: first in the batch
+      },
+  };
+  for (size_t k = 0; k < std::size(bad_setters); ++k) {
+    SCOPED_TRACE(k);
+    ibv_wr_start(a.qpx);
+    if (k == 3) ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(0), 8);
+    next(1);
+    ibv_wr_rdma_write(a.qpx, dst->rkey(), dst->addr(0));
+    ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(0), 512);
+    next(2);
+    bad_setters[k]();
+    next(3);
+    ibv_wr_rdma_write(a.qpx, dst->rkey(), dst->addr(2048));
+    ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(2048), 512);
+    EXPECT_EQ(ibv_wr_complete(a.qpx), EINVAL);
+  }
+  // Nothing arrived and nothing completes; a good batch afterwards goes through.
+  ibv_wr_start(a.qpx);
+  next(9);
+  ibv_wr_rdma_write(a.qpx, dst->rkey(), dst->addr(3072));
+  ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(3072), 1024);
+  ASSERT_EQ(ibv_wr_complete(a.qpx), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(a.scq, &wc));
+  expect_wc(wc, {.wr_id = 9, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+  EXPECT_EQ(drain_cq(a.scq), 0) << "a WR of a failed batch completed";
+  for (int i = 0; i < 3072; ++i) ASSERT_EQ(dst->data[i], 0) << "a WR of a failed batch wrote at " << i;
+  EXPECT_EQ(check_pattern(dst->data + 3072, 1024, 78, 3072), 1024u);
+}
+
+// A batch larger than the send queue's free room is refused whole (ENOMEM), not posted in part.
+TEST_F(QpEx, BatchOverSendQueueDepthPostsNothing) {
+  qcfg.max_send_wr = 16;
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 4096);
+  VT_BUF(dst, b, 4096);
+  fill_pattern(src->data, 4096, 79);
+  const uint32_t depth = a.cap.max_send_wr;
+  ibv_wr_start(a.qpx);
+  for (uint32_t i = 0; i <= depth; ++i) {
+    next(i);
+    ibv_wr_rdma_write(a.qpx, dst->rkey(), dst->addr(i % 64 * 64));
+    ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(i % 64 * 64), 64);
+  }
+  EXPECT_EQ(ibv_wr_complete(a.qpx), ENOMEM);
+  ibv_wc wc{};
+  EXPECT_EQ(ibv_poll_cq(a.scq, 1, &wc), 0);
+  // A full queue's worth is accepted.
+  ibv_wr_start(a.qpx);
+  for (uint32_t i = 0; i < depth; ++i) {
+    next(100 + i);
+    ibv_wr_rdma_write(a.qpx, dst->rkey(), dst->addr(i % 64 * 64));
+    ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(i % 64 * 64), 64);
+  }
+  ASSERT_EQ(ibv_wr_complete(a.qpx), 0);
+  auto wcs = poll_wcs(a.scq, depth);
+  ASSERT_EQ(wcs.size(), size_t{depth});
+  for (uint32_t i = 0; i < depth; ++i) expect_wc(wcs[i], {.wr_id = 100 + i, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+  size_t written = std::min<size_t>(depth, 64) * 64;
+  EXPECT_EQ(check_pattern(dst->data, written, 79), written);
+}
+
+// ibv_wr_start .. ibv_wr_complete is a per-QP critical section: two threads building batches on one QP
+// at once lose no WR and mix none up.
+TEST_F(QpEx, ConcurrentBatchesOnOneQp) {
+  ASSERT_TRUE(connect());
+  constexpr int kThreads = 2, kBatches = 25, kPerBatch = 2;
+  constexpr int kWrs = kThreads * kBatches * kPerBatch;  // within max_send_wr and the CQ
+  VT_BUF(src, a, kWrs * 64);
+  VT_BUF(dst, b, kWrs * 64);
+  fill_pattern(src->data, kWrs * 64, 80);
+  std::atomic<int> failures{0};
+  auto worker = [&](int t) {
+    for (int batch = 0; batch < kBatches; ++batch) {
+      ibv_wr_start(a.qpx);
+      for (int j = 0; j < kPerBatch; ++j) {
+        int id = (t * kBatches + batch) * kPerBatch + j;
+        a.qpx->wr_id = id;
+        a.qpx->wr_flags = IBV_SEND_SIGNALED;
+        ibv_wr_rdma_write(a.qpx, dst->rkey(), dst->addr(id * 64));
+        ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(id * 64), 64);
+      }
+      if (ibv_wr_complete(a.qpx) != 0) ++failures;
+    }
+  };
+  std::thread t0(worker, 0), t1(worker, 1);
+  t0.join();
+  t1.join();
+  ASSERT_EQ(failures.load(), 0);
+  auto wcs = poll_wcs(a.scq, kWrs);
+  ASSERT_EQ(wcs.size(), size_t{kWrs});
+  std::vector<int> seen(kWrs, 0);
+  for (const ibv_wc& w : wcs) {
+    EXPECT_EQ(w.status, IBV_WC_SUCCESS);
+    ASSERT_LT(w.wr_id, uint64_t{kWrs});
+    ++seen[w.wr_id];
+  }
+  for (int i = 0; i < kWrs; ++i) EXPECT_EQ(seen[i], 1) << "wr_id " << i;
+  EXPECT_EQ(check_pattern(dst->data, kWrs * 64, 80), size_t{kWrs * 64});
+}
+
+// send_ops_flags naming an operation RC cannot do here is refused at creation.
+TEST_F(QpEx, UnsupportedSendOpsRefused) {
+  ibv_pd* pd = ibv_alloc_pd(dev.ctx);
+  ASSERT_NE(pd, nullptr);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  for (uint64_t op : {uint64_t{IBV_QP_EX_WITH_TSO}, uint64_t{IBV_QP_EX_WITH_ATOMIC_WRITE}, uint64_t{1} << 20}) {
+    ibv_qp_init_attr_ex ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.cap = {4, 4, 1, 1, 0};
+    ia.qp_type = IBV_QPT_RC;
+    ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ia.pd = pd;
+    ia.send_ops_flags = IBV_QP_EX_WITH_SEND | op;
+    errno = 0;
+    ibv_qp* qp = ibv_create_qp_ex(dev.ctx, &ia);
+    EXPECT_EQ(qp, nullptr) << "send_ops_flags " << std::hex << op;
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    if (qp) ibv_destroy_qp(qp);
+  }
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
+// IBV_SEND_SOLICITED in wr_flags sets the solicited bit: a receive CQ armed for solicited completions
+// only raises its event for that message.
+TEST_F(QpEx, SolicitedFlag) {
+  ibv_comp_channel* ch = make_channel();
+  ASSERT_TRUE(ch);
+  qcfg.recv_channel = ch;
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 64);
+  VT_BUF(dst, b, 128);
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(post_recv(b.qp, 40 + i, {dst->sge(i * 64, 64)}), 0);
+  ASSERT_EQ(ibv_req_notify_cq(b.rcq, 1), 0);
+  ibv_wr_start(a.qpx);
+  next(1);
+  ibv_wr_send(a.qpx);
+  ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(0), 64);
+  ASSERT_EQ(ibv_wr_complete(a.qpx), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 40, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
+  pollfd p{ch->fd, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 0) << "event for an unsolicited message";
+  ibv_wr_start(a.qpx);
+  next(2, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED);
+  ibv_wr_send(a.qpx);
+  ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(0), 64);
+  ASSERT_EQ(ibv_wr_complete(a.qpx), 0);
+  ASSERT_EQ(::poll(&p, 1, kWaitSeconds * 1000), 1) << "no event for the solicited message";
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  ASSERT_EQ(ibv_get_cq_event(ch, &cq, &ctx), 0);
+  EXPECT_EQ(cq, b.rcq);
+  ibv_ack_cq_events(cq, 1);
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 41, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
+  EXPECT_EQ(poll_wcs(a.scq, 2).size(), 2u);
 }
 
 }  // namespace
