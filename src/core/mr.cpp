@@ -23,8 +23,9 @@ MrTable::~MrTable() {
 uint32_t MrTable::fresh_key() {
   for (;;) {
     uint32_t k = static_cast<uint32_t>(rng_());
-    // 0 is what an uninitialised SGE carries; never hand it out.
-    if (k != 0 && !find(k, false) && !find(k, true)) return k;
+    // 0 is what an uninitialised SGE carries; never hand it out. The upper 24 bits of a window's
+    // keys are reserved for it: its key tag changes with every bind.
+    if (k != 0 && !find(k, false) && !find(k, true) && !windows_.count(k >> 8)) return k;
   }
 }
 
@@ -37,20 +38,22 @@ const MrTable::Slot* MrTable::find(uint32_t key, bool remote) const {
   return nullptr;
 }
 
-bool MrTable::insert(uint32_t key, bool remote, const MrRegion& region) {
+MrTable::Slot* MrTable::insert(uint32_t key, bool remote, const MrRegion& region, uint8_t window, uint32_t qpn) {
   for (uint32_t i = slot_hash(key), n = 0; n < kCapacity; i = (i + 1) & (kCapacity - 1), ++n) {
     Slot& s = slots_[i];
     if (!s.used) {
       seq_->fetch_add(1, std::memory_order_seq_cst);  // odd: a peer's lookup meanwhile retries
       s.key = key;
       s.remote = remote;
+      s.window = window;
+      s.qpn = qpn;
       s.region = region;
       s.used = 1;
       seq_->fetch_add(1, std::memory_order_release);
-      return true;
+      return &s;
     }
   }
-  return false;
+  return nullptr;
 }
 
 void MrTable::erase(uint32_t key, bool remote) {
@@ -130,11 +133,118 @@ AccessResult MrTable::check_local(uint32_t lkey, uint32_t pd, uint64_t va, uint6
 }
 
 AccessResult MrTable::check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t len, uint32_t need,
-                                   uint8_t** host) const {
+                                   uint8_t** host, uint32_t qpn) const {
   const Slot* s = find(rkey, true);
   if (!s) return AccessResult::BadKey;
+  // A type 2 window is associated with one QP (IBTA 10.6.7.2.2: type 2B checks QP and PD).
+  if (s->window == static_cast<uint8_t>(MwType::Type2) && s->qpn != qpn) return AccessResult::BadKey;
   if ((s->region.access & need) != need) return AccessResult::NoPermission;
   return resolve(s->region, pd, va, len, host);
+}
+
+bool MrTable::alloc_window(MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey) {
+  if (windows_.size() >= kMaxMw) return false;
+  for (;;) {
+    uint32_t k = static_cast<uint32_t>(rng_());
+    uint32_t h = k >> 8;
+    if (h == 0 || windows_.count(h)) continue;
+    // No region key may carry this prefix: every tag of it must stay free for the window.
+    bool taken = false;
+    for (uint32_t tag = 0; tag < 256 && !taken; ++tag)
+      taken = find((h << 8) | tag, false) || find((h << 8) | tag, true);
+    if (taken) continue;
+    Window w{};
+    w.type = type;
+    w.pd = pd;
+    w.rkey = k;
+    windows_.emplace(h, w);
+    *handle = h;
+    *rkey = k;
+    return true;
+  }
+}
+
+void MrTable::unbind(Window& w) {
+  if (!w.bound) return;
+  erase(w.rkey, true);
+  w.bound = false;
+  w.mr_lkey = 0;
+  w.qpn = 0;
+}
+
+void MrTable::dealloc_window(uint32_t handle) {
+  auto it = windows_.find(handle);
+  if (it == windows_.end()) return;
+  unbind(it->second);
+  windows_.erase(it);
+}
+
+bool MrTable::bind_window(const MwBind& b, uint32_t qp_pd, uint32_t qpn, uint32_t* rkey) {
+  auto it = windows_.find(b.handle);
+  if (it == windows_.end()) return false;
+  Window& w = it->second;
+  uint32_t rights = b.access & (kRemoteWrite | kRemoteRead | kRemoteAtomic);
+  if (b.access & ~(rights | kZeroBased)) return false;  // local rights or MW_BIND cannot be granted
+  if (w.type == MwType::Type2) {
+    if (w.bound) return false;                  // o10-37.2.30: only a free type 2 window is bound
+    if (qp_pd != w.pd) return false;            // C10-72
+    if (b.length == 0) return false;            // o10-37.2.40: no zero-length type 2 bind
+  } else if (b.access & kZeroBased) {
+    return false;                               // o10-36.2.2: type 1 windows are VA based
+  }
+  if ((b.rkey & 0xFF) == (w.rkey & 0xFF)) return false;  // the key must change with each bind
+  uint32_t new_key = (w.rkey & ~0xFFu) | (b.rkey & 0xFF);
+  MrRegion range{};
+  if (b.length) {
+    const Slot* mr = find(b.mr_lkey, false);
+    if (!mr) return false;
+    const MrRegion& r = mr->region;
+    if (r.pd != w.pd) return false;
+    if (!(r.access & kMwBind)) return false;    // C10-73
+    // C10-74: a window that lets peers write needs a region the HCA may write.
+    if ((rights & (kRemoteWrite | kRemoteAtomic)) && !(r.access & kLocalWrite)) return false;
+    // C10-75: the window lies inside the region (overflow-proof: addr + length may wrap).
+    if (b.addr < r.iova || b.addr - r.iova > r.length || b.length > r.length - (b.addr - r.iova)) return false;
+    range.addr = r.addr + (b.addr - r.iova);
+    range.iova = (b.access & kZeroBased) ? 0 : b.addr;
+    range.length = b.length;
+    range.access = rights;
+    range.pd = w.pd;
+    range.rkey = new_key;
+  }
+  unbind(w);
+  w.rkey = new_key;
+  *rkey = new_key;
+  if (b.length == 0) return true;               // a type 1 window unbound: its old key is dead
+  uint32_t owner = w.type == MwType::Type2 ? qpn : 0;
+  if (!insert(new_key, true, range, static_cast<uint8_t>(w.type), owner)) return false;
+  w.bound = true;
+  w.mr_lkey = b.mr_lkey;
+  w.qpn = owner;
+  return true;
+}
+
+bool MrTable::invalidate(uint32_t rkey, uint32_t pd, uint32_t qpn, bool remote) {
+  // Region keys (no fast-registered regions here) and type 1 windows cannot be invalidated.
+  auto it = windows_.find(rkey >> 8);
+  if (it == windows_.end()) return false;
+  Window& w = it->second;
+  if (w.type != MwType::Type2 || !w.bound || w.rkey != rkey || w.pd != pd) return false;
+  // Send with Invalidate must arrive on the QP the window is bound through (type 2B).
+  if (remote && w.qpn != qpn) return false;
+  unbind(w);
+  return true;
+}
+
+bool MrTable::has_bound_windows(uint32_t mr_lkey) const {
+  for (const auto& [h, w] : windows_)
+    if (w.bound && w.mr_lkey == mr_lkey) return true;
+  return false;
+}
+
+void MrTable::unbind_windows_of_qp(uint32_t qpn) {
+  for (auto& [h, w] : windows_)
+    if (w.bound && w.type == MwType::Type2 && w.qpn == qpn) unbind(w);
 }
 
 }  // namespace softrdma::core

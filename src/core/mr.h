@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <random>
+#include <unordered_map>
 
 #include "core/arena.h"
 
@@ -13,7 +14,7 @@ namespace softrdma::core {
 
 // Access bits, numerically identical to enum ibv_access_flags (the verbs layer passes them through).
 enum Access : uint32_t {
-  kLocalWrite = 1, kRemoteWrite = 2, kRemoteRead = 4, kRemoteAtomic = 8, kMwBind = 16,
+  kLocalWrite = 1, kRemoteWrite = 2, kRemoteRead = 4, kRemoteAtomic = 8, kMwBind = 16, kZeroBased = 32,
 };
 
 struct MrRegion {
@@ -27,6 +28,19 @@ struct MrRegion {
 };
 
 enum class AccessResult : uint8_t { Ok, BadKey, BadPd, OutOfRange, NoPermission };
+
+// Memory windows (IBTA 10.6.7): type 1 is bound by the Bind MW verb and usable by any QP of its PD;
+// type 2 (2B) is bound by a bind WQE and usable only through the QP that bound it.
+enum class MwType : uint8_t { Type1 = 1, Type2 = 2 };
+
+// What a bind WQE asks for (ibv_mw_bind_info plus the key the window gets).
+struct MwBind {
+  uint32_t handle;   // the window (ibv_mw.handle)
+  uint32_t rkey;     // its low 8 bits become the window's key tag
+  uint32_t mr_lkey;  // the region bound to; ignored for a zero-length (type 1: unbinding) bind
+  uint64_t addr, length;
+  uint32_t access;   // kRemote* | kZeroBased
+};
 
 class MrTable {
  public:
@@ -52,28 +66,59 @@ class MrTable {
   // destinations the HCA writes) LOCAL_WRITE.
   AccessResult check_local(uint32_t lkey, uint32_t pd, uint64_t va, uint64_t len, bool write,
                            uint8_t** host) const;
-  // Same for a remote key, with the remote permission bits a request needs.
+  // Same for a remote key, with the remote permission bits a request needs. The key may be a bound
+  // window's; qpn is the QP the request arrived on (a type 2 window is usable only through its own).
   AccessResult check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t len, uint32_t need,
-                            uint8_t** host) const;
+                            uint8_t** host, uint32_t qpn = 0) const;
+
+  // Memory windows. alloc_window: false when max_mw are allocated; the window starts unbound.
+  static constexpr uint32_t kMaxMw = kCapacity / 8;  // bound windows take one key slot each
+  bool alloc_window(MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey);
+  // Invalidates the window if bound (ibv_dealloc_mw(3)).
+  void dealloc_window(uint32_t handle);
+  // Executes a bind WQE posted on QP qpn of PD qp_pd (IBTA 10.6.7.2/3, C10-72..75); false for a
+  // Memory Window Bind Error. *rkey receives the window's new key.
+  bool bind_window(const MwBind& bind, uint32_t qp_pd, uint32_t qpn, uint32_t* rkey);
+  // Local Invalidate (remote = false) or Send with Invalidate (remote = true) of rkey, arriving on
+  // QP qpn of PD pd: only a bound type 2 window can be invalidated; false otherwise.
+  bool invalidate(uint32_t rkey, uint32_t pd, uint32_t qpn, bool remote);
+  // Windows bound to the region with this lkey (its deregistration is refused while any are).
+  bool has_bound_windows(uint32_t mr_lkey) const;
+  // A destroyed QP's type 2 windows become unbound: its QPN may be handed out again.
+  void unbind_windows_of_qp(uint32_t qpn);
+  size_t window_count() const { return windows_.size(); }
 
  private:
   struct Slot {
     uint32_t key;
     uint8_t used;    // 0 empty, 1 live (deletion shifts entries back: there are no tombstones)
     uint8_t remote;  // 1: this slot is the rkey of its region
-    uint16_t pad;
+    uint8_t window;  // 0: a region's key; else the MwType of a bound window (region = its range)
+    uint8_t pad;
+    uint32_t qpn;    // type 2 window: the QP it is bound through
     MrRegion region;
   };
+  // A window's state; while bound its key also has a remote slot.
+  struct Window {
+    MwType type;
+    bool bound = false;
+    uint32_t pd;
+    uint32_t rkey;     // (handle << 8) | tag
+    uint32_t mr_lkey;  // while bound
+    uint32_t qpn;      // type 2, while bound
+  };
   const Slot* find(uint32_t key, bool remote) const;
-  bool insert(uint32_t key, bool remote, const MrRegion& region);
+  Slot* insert(uint32_t key, bool remote, const MrRegion& region, uint8_t window = 0, uint32_t qpn = 0);
   void erase(uint32_t key, bool remote);
   uint32_t fresh_key();
+  void unbind(Window& w);
 
   Arena& arena_;
   Slot* slots_;
   std::atomic<uint64_t>* seq_;  // in the arena, next to the slots
   size_t count_ = 0;
   std::mt19937 rng_;
+  std::unordered_map<uint32_t, Window> windows_;  // by handle: the upper 24 bits of its keys
 };
 
 }  // namespace softrdma::core

@@ -25,6 +25,10 @@ core::WcOpcode wc_opcode(WrOp op) {
       return core::WcOpcode::CompSwap;
     case WrOp::FetchAdd:
       return core::WcOpcode::FetchAdd;
+    case WrOp::BindMw:
+      return core::WcOpcode::BindMw;
+    case WrOp::LocalInv:
+      return core::WcOpcode::LocalInv;
     default:
       return core::WcOpcode::Send;
   }

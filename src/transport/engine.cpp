@@ -432,8 +432,9 @@ bool Engine::register_mr(core::MrRegion& region) {
   return false;
 }
 
-void Engine::deregister_mr(const core::MrRegion& region) {
+int Engine::deregister_mr(const core::MrRegion& region) {
   std::lock_guard lock(lock_);
+  if (mrs_.has_bound_windows(region.lkey)) return EBUSY;
   mrs_.remove(region);
   if (direct_) {
     // No intra-host peer is still copying with the removed key when we return (direct.cpp).
@@ -465,6 +466,17 @@ void Engine::deregister_mr(const core::MrRegion& region) {
       }
     }
   }
+  return 0;
+}
+
+bool Engine::alloc_mw(core::MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey) {
+  std::lock_guard lock(lock_);
+  return mrs_.alloc_window(type, pd, handle, rkey);
+}
+
+void Engine::dealloc_mw(uint32_t handle) {
+  std::lock_guard lock(lock_);
+  mrs_.dealloc_window(handle);
 }
 
 std::unique_ptr<core::CompletionQueue> Engine::create_cq(uint32_t entries,
@@ -534,6 +546,7 @@ void Engine::destroy_qp(Qp* qp) {
     qps_.erase(qp->qpn);
     qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
     ack_owed_.erase(std::remove(ack_owed_.begin(), ack_owed_.end(), qp), ack_owed_.end());
+    mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
     if (direct_) direct_->qp_destroyed(*qp);

@@ -69,7 +69,11 @@ class Engine {
 
   // Memory regions: false when the key table is full.
   bool register_mr(core::MrRegion& region);
-  void deregister_mr(const core::MrRegion& region);
+  // 0, or EBUSY while memory windows are bound to the region (ibv_dereg_mr(3)).
+  int deregister_mr(const core::MrRegion& region);
+  // Memory windows: alloc_mw is false when max_mw are allocated; dealloc_mw invalidates a bound one.
+  bool alloc_mw(core::MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey);
+  void dealloc_mw(uint32_t handle);
 
   std::unique_ptr<core::CompletionQueue> create_cq(uint32_t entries, core::CompletionQueue::NotifyFn on_completion);
   // Drops the CQ's pending events; the CQ must have no QPs left (the verbs layer checks).
@@ -143,6 +147,7 @@ class Engine {
   bool requester_run(Qp& qp, uint64_t now_ns);
   bool prepare_wqe(Qp& qp, SqEntry& e);
   void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index);
+  void execute_local_wqe(Qp& qp, SqEntry& e);
   void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
   // completer.cpp
   void completer_receive(Qp& qp, const wire::Packet& pkt);

@@ -20,7 +20,8 @@ using core::WcStatus;
 
 enum class QpState : uint8_t { Reset = 0, Init, Rtr, Rts, Sqd, Sqe, Err };  // == enum ibv_qp_state
 
-enum class WrOp : uint8_t { Send, SendImm, SendInv, Write, WriteImm, Read, CompareSwap, FetchAdd };
+enum class WrOp : uint8_t { Send, SendImm, SendInv, Write, WriteImm, Read, CompareSwap, FetchAdd,
+                            BindMw, LocalInv };  // the last two are local: executed in order, no packets
 enum WqeFlags : uint32_t { kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8 };
 
 struct Sge {
@@ -63,6 +64,7 @@ struct SendWqe {
   uint32_t ud_remote_qkey;
   uint32_t num_sge;
   uint64_t length;          // total bytes of the SGEs / inline data
+  core::MwBind bind;        // BindMw (LocalInv: the key to invalidate is in imm_be)
   Sge sge[core::DeviceLimits::kMaxSge];
   uint8_t inline_data[core::DeviceLimits::kMaxInline];
 };

@@ -44,6 +44,9 @@ uint8_t pick_opcode(WrOp op, bool first, bool last) {
       return kRcCompareSwap;
     case WrOp::FetchAdd:
       return kRcFetchAdd;
+    case WrOp::BindMw:
+    case WrOp::LocalInv:
+      break;  // local operations send nothing
   }
   return kRcSendOnly;
 }
@@ -61,6 +64,24 @@ static void gather(const SqEntry& e, uint64_t off, uint8_t* dst, uint32_t len) {
     dst += n;
     return true;
   });
+}
+
+static bool is_local_op(WrOp op) { return op == WrOp::BindMw || op == WrOp::LocalInv; }
+
+// Bind MW and Local Invalidate act on this side's key table when the requester reaches them, so a
+// request posted after them on this QP already sees their effect; they use no PSN and complete in
+// order with the requests around them (IBTA 10.6.7.2, 10.7.2.x).
+void Engine::execute_local_wqe(Qp& qp, SqEntry& e) {
+  e.started = true;
+  e.acked = true;
+  e.npkts = 0;
+  e.first_psn = qp.next_psn;
+  if (e.wqe.op == WrOp::BindMw) {
+    uint32_t rkey = 0;
+    e.status = mrs_.bind_window(e.wqe.bind, qp.cfg.pd, qp.qpn, &rkey) ? WcStatus::Success : WcStatus::MwBindErr;
+  } else {
+    e.status = mrs_.invalidate(e.wqe.imm_be, qp.cfg.pd, qp.qpn, false) ? WcStatus::Success : WcStatus::LocQpOpErr;
+  }
 }
 
 bool Engine::prepare_wqe(Qp& qp, SqEntry& e) {
@@ -168,6 +189,17 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
       // A fenced WQE waits until every earlier WQE (and so every READ/ATOMIC) has completed.
       if ((e.wqe.flags & kFence) && qp.sq.tail.load(std::memory_order_relaxed) != qp.send_index) break;
       if (is_read_or_atomic(e.wqe.op) && qp.reads_outstanding >= qp.max_rd_atomic) break;
+      if (is_local_op(e.wqe.op)) {
+        execute_local_wqe(qp, e);
+        ++qp.send_index;
+        qp.send_offset_pkts = 0;
+        did = true;
+        // A failed one completes in error in order; nothing after it is sent.
+        if (e.status != WcStatus::Success) qp.sq_stopped = true;
+        complete_in_order(qp);
+        if (qp.sq_stopped) return true;
+        continue;
+      }
       if (!prepare_wqe(qp, e)) {
         // Reported in order by the completer; nothing after it is sent.
         e.started = true;

@@ -171,7 +171,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
           if (static_cast<uint32_t>(off) + n > r.npkts ||
               mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead,
-                                &host) != core::AccessResult::Ok)
+                                &host, qp.qpn) != core::AccessResult::Ok)
             break;
           // A request re-issued from its start supersedes the one being streamed out.
           qp.read_jobs.erase(std::remove_if(qp.read_jobs.begin(), qp.read_jobs.end(),
@@ -259,6 +259,12 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           c.wc_flags = core::kWcWithImm;
           c.imm_or_inv = pkt.imm_data_be;
         } else if (info.headers & wire::kHdrIeth) {
+          // Send with Invalidate: only a type 2 window bound through this QP can be invalidated;
+          // any other key is a Class J error (the receive WQE completes in error, QP to error).
+          if (!mrs_.invalidate(pkt.ieth_rkey, qp.cfg.pd, qp.qpn, true)) {
+            responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
+            return;
+          }
           c.wc_flags = core::kWcWithInv;
           c.imm_or_inv = pkt.ieth_rkey;
         }
@@ -282,7 +288,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         uint8_t* host = nullptr;
         if (!(qp.access_flags & core::kRemoteWrite) ||
             mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteWrite,
-                              &host) != core::AccessResult::Ok) {
+                              &host, qp.qpn) != core::AccessResult::Ok) {
           responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
           return;
         }
@@ -329,8 +335,8 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       }
       uint8_t* host = nullptr;
       if (!(qp.access_flags & core::kRemoteRead) ||
-          mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host) !=
-              core::AccessResult::Ok) {
+          mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host,
+                            qp.qpn) != core::AccessResult::Ok) {
         responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
         return;
       }
@@ -352,7 +358,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       }
       uint8_t* host = nullptr;
       if (!(qp.access_flags & core::kRemoteAtomic) ||
-          mrs_.check_remote(pkt.atomic.rkey, qp.cfg.pd, pkt.atomic.va, 8, core::kRemoteAtomic, &host) !=
+          mrs_.check_remote(pkt.atomic.rkey, qp.cfg.pd, pkt.atomic.va, 8, core::kRemoteAtomic, &host, qp.qpn) !=
               core::AccessResult::Ok) {
         responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
         return;

@@ -83,6 +83,7 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.max_qp = L::kMaxQp;
   a.max_qp_wr = L::kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT |
+                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
                        IBV_DEVICE_SRQ_RESIZE;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
@@ -90,6 +91,7 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.max_cqe = L::kMaxCqe;
   a.max_mr = L::kMaxMr;
   a.max_pd = L::kMaxPd;
+  a.max_mw = core::MrTable::kMaxMw;
   a.max_srq = L::kMaxSrq;
   a.max_srq_wr = L::kMaxSrqWr;
   a.max_srq_sge = L::kMaxSrqSge;
@@ -195,6 +197,9 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   ctx.ops.req_notify_cq = req_notify_cq;
   ctx.ops.post_send = post_send;
   ctx.ops.post_recv = post_recv;
+  ctx.ops.alloc_mw = alloc_mw;
+  ctx.ops.dealloc_mw = dealloc_mw;
+  ctx.ops.bind_mw = bind_mw;
   ctx.ops.post_srq_recv = post_srq_recv;
   ctx.cmd_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);  // no kernel: a harmless fd for code that closes it
   ctx.async_fd = c->engine->async_events().fd();

@@ -95,7 +95,7 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, u
 
 SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   auto* m = reinterpret_cast<SoftMr*>(mr);
-  engine_of(mr->context).deregister_mr(m->region);
+  if (int rc = engine_of(mr->context).deregister_mr(m->region)) return rc;  // EBUSY: windows bound to it
   --to_pd(mr->pd)->users;
   delete m;
   return 0;

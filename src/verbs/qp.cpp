@@ -115,6 +115,17 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
     case IBV_WR_RDMA_READ: w.op = WrOp::Read; break;
     case IBV_WR_ATOMIC_CMP_AND_SWP: w.op = WrOp::CompareSwap; break;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: w.op = WrOp::FetchAdd; break;
+    case IBV_WR_BIND_MW:
+    case IBV_WR_LOCAL_INV:
+      // Local operations on memory windows: no data, no packets. ibv_bind_mw(3) allows RC and UC;
+      // only the RC requester executes them so far.
+      if (cfg.type != transport::QpType::Rc) return EINVAL;
+      if (wr.opcode == IBV_WR_BIND_MW) return fill_mw_bind(w, wr.bind_mw.mw, wr.bind_mw.rkey, wr.bind_mw.bind_info);
+      w.op = WrOp::LocalInv;
+      w.imm_be = wr.invalidate_rkey;
+      w.num_sge = 0;
+      w.length = 0;
+      return 0;
     default: return EINVAL;
   }
   // UD sends datagrams only; UC has no READ or ATOMIC (IBTA table 38: no such UC opcodes).
@@ -238,7 +249,8 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   }
   uint64_t ops = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
                  IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
+                 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_BIND_MW |
+                 IBV_QP_EX_WITH_LOCAL_INV;
   if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~ops)) {
     errno = EOPNOTSUPP;
     return nullptr;
@@ -500,8 +512,11 @@ void qpx_install(SoftQp* q) {
     w->flags |= transport::kInline;
   };
   // Not for RC (or not yet): any use fails the batch at ibv_wr_complete.
-  x.wr_bind_mw = [](ibv_qp_ex* x, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { of(x)->staged_error = EOPNOTSUPP; };
-  x.wr_local_inv = [](ibv_qp_ex* x, uint32_t) { of(x)->staged_error = EOPNOTSUPP; };
+  x.wr_bind_mw = [](ibv_qp_ex* x, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
+    SendWqe* w = stage(x, WrOp::BindMw);
+    if (!info || fill_mw_bind(*w, mw, rkey, *info)) of(x)->staged_error = EINVAL;
+  };
+  x.wr_local_inv = [](ibv_qp_ex* x, uint32_t rkey) { stage(x, WrOp::LocalInv)->imm_be = rkey; };
   x.wr_send_tso = [](ibv_qp_ex* x, void*, uint16_t, uint16_t) { of(x)->staged_error = EOPNOTSUPP; };
   x.wr_set_ud_addr = [](ibv_qp_ex* x, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
     SendWqe* w = current(x);
