@@ -1,12 +1,19 @@
 // The unreliable services (IBTA 9.8.x): UD datagrams with DETH and Q_Key checks, and UC messages with
 // PSNs but no acknowledgements. Nothing is retransmitted: a send WQE completes once its packets are
 // handed to the port, and a receiver drops what it cannot take (a whole UC message on any loss).
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "net/registry.h"
 #include "transport/engine.h"
 #include "transport/srq.h"
+#include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
 
@@ -119,6 +126,13 @@ bool Engine::unreliable_requester_run(Qp& qp) {
           gather_wqe(e, 0, scratch, len);
         // A QP of a process on this host is reached at that process's port; others (and groups) at 4791.
         uint16_t port = wire::kRoceUdpPort;
+        if (is_multicast(w.ud_dest_ip_be) && !mcast_if_set_) {
+          // Multicast leaves through the device's own interface, not the default route's.
+          in_addr ifa{};
+          ifa.s_addr = iface_.ip_be;
+          setsockopt(port_->fd(), IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
+          mcast_if_set_ = true;
+        }
         if (!is_multicast(w.ud_dest_ip_be)) {
           auto ep = net::Registry::instance().lookup(w.ud_remote_qpn);
           if (ep && ep->ip_be == w.ud_dest_ip_be) port = ep->port;
@@ -359,6 +373,131 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
   }
   qp.last_opcode = pkt.bth.opcode;
   qp.in_message = !info.last;
+}
+
+// ---- Multicast (IBTA 10.5; RoCE v2: the group's IPv4 multicast address, destination QPN 0xFFFFFF) ----
+
+int Engine::attach_mcast(Qp* qp, uint32_t group_ip_be) {
+  std::lock_guard lock(lock_);
+  for (McastGroup& g : mcast_) {
+    if (g.group_ip_be != group_ip_be) continue;
+    if (std::find(g.members.begin(), g.members.end(), qp) == g.members.end()) g.members.push_back(qp);
+    return 0;
+  }
+  // One socket per group and context, bound to group:4791: every process (and context) that joined
+  // gets its own copy of each datagram (SO_REUSEADDR on a multicast address).
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  // As deep as the unicast ports' buffers: a burst of datagrams must not overflow it.
+  int rcvbuf = 8 << 20;
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(wire::kRoceUdpPort);
+  sa.sin_addr.s_addr = group_ip_be;
+  ip_mreq mreq{};
+  mreq.imr_multiaddr.s_addr = group_ip_be;
+  mreq.imr_interface.s_addr = iface_.ip_be;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq) != 0) {
+    int e = errno;
+    close(fd);
+    return e;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  mcast_.push_back(McastGroup{group_ip_be, fd, {qp}});
+  return 0;
+}
+
+int Engine::detach_mcast(Qp* qp, uint32_t group_ip_be) {
+  std::lock_guard lock(lock_);
+  for (size_t i = 0; i < mcast_.size(); ++i) {
+    McastGroup& g = mcast_[i];
+    if (g.group_ip_be != group_ip_be) continue;
+    auto it = std::find(g.members.begin(), g.members.end(), qp);
+    if (it == g.members.end()) return EINVAL;
+    g.members.erase(it);
+    if (g.members.empty()) {
+      // Closing the socket leaves the group.
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, g.fd, nullptr);
+      close(g.fd);
+      mcast_.erase(mcast_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    return 0;
+  }
+  return EINVAL;
+}
+
+void Engine::mcast_forget_qp(Qp* qp) {
+  for (size_t i = mcast_.size(); i-- > 0;) {
+    McastGroup& g = mcast_[i];
+    g.members.erase(std::remove(g.members.begin(), g.members.end(), qp), g.members.end());
+    if (g.members.empty()) {
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, g.fd, nullptr);
+      close(g.fd);
+      mcast_.erase(mcast_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+}
+
+void Engine::mcast_close_all() {
+  for (McastGroup& g : mcast_) close(g.fd);
+  mcast_.clear();
+}
+
+void Engine::mcast_receive(bool& did) {
+  uint8_t buf[4096 + 256];
+  for (McastGroup& g : mcast_) {
+    for (int n = 0; n < 32; ++n) {
+      sockaddr_in from{};
+      socklen_t fl = sizeof from;
+      ssize_t len = recvfrom(g.fd, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &fl);
+      if (len <= 0) break;
+      did = true;
+      count(nullptr, &core::Counters::rx_packets);
+      count(nullptr, &core::Counters::rx_bytes, static_cast<uint64_t>(len));
+      wire::Packet pkt;
+      uint32_t ulen = static_cast<uint32_t>(len);
+      if (wire::parse_packet(buf, ulen, pkt) != wire::ParseError::Ok) {
+        count(nullptr, &core::Counters::drop_malformed);
+        continue;
+      }
+      wire::Ipv4UdpAddr addr{from.sin_addr.s_addr, g.group_ip_be, ntohs(from.sin_port), wire::kRoceUdpPort};
+      if (!wire::check_icrc(addr, buf, ulen) && !wire::check_icrc_unknown_ip_id(addr, buf, ulen)) {
+        count(nullptr, &core::Counters::drop_icrc);
+        continue;
+      }
+      if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
+        count(nullptr, &core::Counters::drop_pkey);
+        continue;
+      }
+      // Only UD datagrams to the multicast QPN belong to a group (IBTA 10.5.2.x).
+      if (wire::opcode_info(pkt.bth.opcode).qp_class != wire::QpClass::UD || pkt.bth.dest_qp != 0xFFFFFF) {
+        count(nullptr, &core::Counters::drop_bad_opcode);
+        continue;
+      }
+      // Each attached QP gets its own copy.
+      for (Qp* qp : g.members) {
+        QpState st = qp->state.load(std::memory_order_relaxed);
+        if (st != QpState::Rtr && st != QpState::Rts && st != QpState::Sqd && st != QpState::Sqe) {
+          count(qp, &core::Counters::drop_bad_state);
+          continue;
+        }
+        if (qp->stats) {
+          ++qp->stats->rx_packets;
+          qp->stats->rx_bytes += ulen;
+        }
+        datagram_receive(*qp, pkt, from.sin_addr.s_addr, g.group_ip_be, ulen);
+      }
+    }
+  }
 }
 
 }  // namespace softrdma::transport

@@ -130,6 +130,7 @@ Engine::~Engine() {
     delete srq;
   }
   close(doorbell_fd_);
+  mcast_close_all();
   close(epoll_fd_);
 }
 
@@ -204,6 +205,7 @@ bool Engine::progress_once() {
   uint64_t now = now_ns();
   try_take_roce_port(now);
   if (roce_port_) receive_from(*roce_port_, did);
+  if (!mcast_.empty()) mcast_receive(did);
   for (Qp* qp : qp_list_) {
     if (qp->state.load(std::memory_order_relaxed) == QpState::Err) {
       if (qp->sq.count() || qp->rq.count() || qp->recv_active || (qp->srq && !qp->last_wqe_reached)) {
@@ -546,6 +548,7 @@ void Engine::destroy_qp(Qp* qp) {
     qps_.erase(qp->qpn);
     qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
     ack_owed_.erase(std::remove(ack_owed_.begin(), ack_owed_.end(), qp), ack_owed_.end());
+    mcast_forget_qp(qp);  // a destroyed QP leaves its multicast groups
     mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);

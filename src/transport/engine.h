@@ -105,6 +105,10 @@ class Engine {
   // Feeds one datagram through the receive path as if it had arrived on udp_port() from
   // (peer_ip_be, peer_port): for fuzzing and hostile-input tests.
   void inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port);
+  // UD multicast (datagram.cpp): the QP joins/leaves the IPv4 group on this device's interface.
+  // Returns 0 or an errno.
+  int attach_mcast(Qp* qp, uint32_t group_ip_be);
+  int detach_mcast(Qp* qp, uint32_t group_ip_be);
 
  private:
   // engine.cpp
@@ -187,6 +191,17 @@ class Engine {
   std::atomic<uint32_t> work_hint_{0};
   int doorbell_fd_ = -1;
   int epoll_fd_ = -1;
+  // Multicast groups some QP of this context joined: a socket bound to group:4791 each.
+  struct McastGroup {
+    uint32_t group_ip_be;
+    int fd;
+    std::vector<Qp*> members;
+  };
+  std::vector<McastGroup> mcast_;
+  bool mcast_if_set_ = false;  // port_ sends multicast out of the device's interface
+  void mcast_receive(bool& did);
+  void mcast_forget_qp(Qp* qp);
+  void mcast_close_all();
 };
 
 uint64_t now_ns();

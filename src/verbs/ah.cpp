@@ -1,5 +1,6 @@
 // Address handles: ibv_create_ah/ibv_destroy_ah, and the reply address of a received UD message
-// (ibv_init_ah_from_wc/ibv_create_ah_from_wc) read from the GRH area RoCE v2 fills.
+// (ibv_init_ah_from_wc/ibv_create_ah_from_wc) read from the GRH area RoCE v2 fills; and UD multicast
+// (ibv_attach_mcast/ibv_detach_mcast) over the IPv4 groups the multicast GIDs map to.
 #include "verbs/ah.h"
 
 #include <cerrno>
@@ -99,4 +100,27 @@ SOFTRDMA_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* g
   ibv_ah_attr attr;
   if (!pd || ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr)) return nullptr;
   return ibv_create_ah(pd, &attr);
+}
+
+namespace {
+// The IPv4 group a multicast GID names: ::ffff:224.0.0.0/4 (RoCE v2 over IPv4).
+int mcast_group(const ibv_qp* qp, const ibv_gid* gid, uint32_t* ip_be) {
+  if (!qp || !gid || qp->qp_type != IBV_QPT_UD) return EINVAL;  // only UD QPs join groups
+  if (std::memcmp(gid->raw, kMappedPrefix, sizeof kMappedPrefix) != 0 || (gid->raw[12] & 0xF0) != 0xE0)
+    return EINVAL;
+  std::memcpy(ip_be, gid->raw + 12, 4);
+  return 0;
+}
+}  // namespace
+
+SOFTRDMA_EXPORT int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  uint32_t ip = 0;
+  if (int rc = mcast_group(qp, gid, &ip)) return rc;
+  return engine_of(qp->context).attach_mcast(to_qp(qp)->tqp, ip);
+}
+
+SOFTRDMA_EXPORT int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  uint32_t ip = 0;
+  if (int rc = mcast_group(qp, gid, &ip)) return rc;
+  return engine_of(qp->context).detach_mcast(to_qp(qp)->tqp, ip);
 }

@@ -4,8 +4,6 @@
 
 #include "verbs/soft_objects.h"
 
-SOFTRDMA_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-SOFTRDMA_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 SOFTRDMA_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t*, uint16_t*) {
   return EOPNOTSUPP;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compat.ud_uc: the unreliable services with unmodified binaries: ibv_ud_pingpong and ibv_uc_pingpong
-# (payload validation with -c), perftest's ib_send_bw -c UD, ib_send_lat -c UD and ib_write_bw -c UC;
+# (payload validation with -c), perftest's ib_send_bw -c UD (also to a multicast group, --mcg),
+# ib_send_lat -c UD and ib_write_bw -c UC;
 # each on loopback (two processes) and across two network namespaces joined by a veth pair (that
 # part needs root and `ip netns`; without them it is skipped and only the loopback part counts).
 set -euo pipefail
@@ -48,6 +49,11 @@ all_cases() {
   perf "$p ib_send_bw -c UD" "$sdev" "$cdev" "$host" ib_send_bw -c UD
   perf "$p ib_send_lat -c UD" "$sdev" "$cdev" "$host" ib_send_lat -c UD
   perf "$p ib_write_bw -c UC" "$sdev" "$cdev" "$host" ib_write_bw -c UC
+  # UD multicast: the server's QP joins an IPv4 group (a RoCE v2 GID ::ffff:239.x.y.z of this run's
+  # own), the client sends to it.
+  local mgid
+  mgid=$(printf '00:00:00:00:00:00:00:00:00:00:255:255:239:%02d:%02d:%02d' $((RANDOM % 100)) $((RANDOM % 100)) $((RANDOM % 100)))
+  perf "$p ib_send_bw -c UD --mcg" "$sdev" "$cdev" "$host" ib_send_bw -c UD --mcg --MGID="$mgid"
 }
 
 dev=$(compat_device 127.0.0.1)

@@ -1,6 +1,8 @@
 // UD queue pairs and address handles: datagrams with the GRH area RoCE v2 fills, Q_Keys, replies
 // through ibv_create_ah_from_wc, and what is dropped (wrong Q_Key, no receive posted, over the MTU).
 // Only the public verbs API is used, so these run unchanged on a RoCE NIC.
+#include <unistd.h>
+
 #include <cstring>
 
 #include "helpers.h"
@@ -462,6 +464,63 @@ TEST_F(Ud, ReceivesFromASharedReceiveQueue) {
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+TEST_F(Ud, MulticastReachesEveryAttachedQp) {
+  // A group of its own per run (parallel runs on one host must not see each other's datagrams).
+  ibv_gid group{};
+  group.raw[10] = group.raw[11] = 0xFF;
+  group.raw[12] = 239;
+  group.raw[13] = 77;
+  group.raw[14] = static_cast<uint8_t>(getpid() >> 8);
+  group.raw[15] = static_cast<uint8_t>(getpid());
+  UdQp c;
+  ASSERT_TRUE(c.create(dev.ctx, pd));
+  ASSERT_EQ(ibv_attach_mcast(b.qp, &group, 0), 0);
+  ASSERT_EQ(ibv_attach_mcast(c.qp, &group, 0), 0);
+  ibv_ah* mah = make_ah(group);
+  ASSERT_NE(mah, nullptr);
+  ASSERT_EQ(recv(b, 1, 8192, kGrh + 512), 0);
+  ASSERT_EQ(recv(c, 2, 16384, kGrh + 512), 0);
+  send_ok(a, mah, 0xFFFFFF, kQkey, 333, 30, 700);
+  for (UdQp* q : {&b, &c}) {
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_wc(q->rcq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc.byte_len, kGrh + 333);
+    EXPECT_EQ(wc.src_qp, a.qpn());
+    EXPECT_TRUE(wc.wc_flags & IBV_WC_GRH);
+    const uint8_t* g = mem->data + (q == &b ? 8192 : 16384);
+    EXPECT_EQ(check_pattern(g + kGrh, 333, 30), 333u);
+    EXPECT_EQ(std::memcmp(g + 20 + 16, group.raw + 12, 4), 0) << "GRH destination is the group";
+    EXPECT_EQ(std::memcmp(g + 20 + 12, dev.gid.raw + 12, 4), 0) << "GRH source is the sender";
+  }
+  // c leaves: the next datagram reaches b only (both copies arrive on one socket of this context, so
+  // when b has its copy, c would have had one).
+  ASSERT_EQ(ibv_detach_mcast(c.qp, &group, 0), 0);
+  EXPECT_EQ(ibv_detach_mcast(c.qp, &group, 0), EINVAL);
+  ASSERT_EQ(recv(b, 3, 8192, kGrh + 512), 0);
+  ASSERT_EQ(recv(c, 4, 16384, kGrh + 512), 0);
+  send_ok(a, mah, 0xFFFFFF, kQkey, 44, 31, 701);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  EXPECT_EQ(wc.wr_id, 3u);
+  EXPECT_EQ(check_pattern(mem->data + 8192 + kGrh, 44, 31), 44u);
+  EXPECT_EQ(drain_cq(c.rcq), 0);
+  EXPECT_EQ(ibv_detach_mcast(b.qp, &group, 0), 0);
+  EXPECT_EQ(ibv_destroy_ah(mah), 0);
+
+  // Only UD QPs, only multicast GIDs.
+  EXPECT_EQ(ibv_attach_mcast(b.qp, &dev.gid, 0), EINVAL);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = c.scq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 1;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ibv_qp* rc = ibv_create_qp(pd, &ia);
+  ASSERT_NE(rc, nullptr);
+  EXPECT_EQ(ibv_attach_mcast(rc, &group, 0), EINVAL);
+  EXPECT_EQ(ibv_destroy_qp(rc), 0);
 }
 
 }  // namespace
