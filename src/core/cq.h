@@ -34,6 +34,11 @@ struct Cqe {
   uint32_t src_qp;
   uint32_t wc_flags;
   uint64_t timestamp_ns;  // CompletionQueue::clock_ns() when written, on CQs with timestamps enabled
+  // Send-queue CQEs: which SQ slots polling this CQE gives back to the application (transport::SqCredit).
+  // sq_ref = 0 for receive CQEs, else the QP's credit slot + 1 | its generation << 16; sq_index = the
+  // low 32 bits of the WQE's SQ index.
+  uint32_t sq_ref;
+  uint32_t sq_index;
 };
 
 class CompletionQueue {

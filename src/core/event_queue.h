@@ -37,12 +37,14 @@ class EventQueue {
     [[maybe_unused]] ssize_t n = write(fds_[1], &b, 1);
   }
 
-  // Blocks (unless fd() is O_NONBLOCK) until an event is queued. Returns 0, or -1 with errno.
+  // Blocks (unless fd() is O_NONBLOCK) until an event is queued. Returns 0, or -1 with errno. A signal
+  // ends the wait with EINTR, as a read of the kernel's channel fd does: programs such as qperf stop
+  // their ibv_get_cq_event loop from a SIGALRM handler.
   int pop(Event& out) {
     for (;;) {
       char b;
       ssize_t n = read(fds_[0], &b, 1);
-      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINTR) return -1;
       std::lock_guard lock(mutex_);
       if (!events_.empty()) {
         out = events_.front();

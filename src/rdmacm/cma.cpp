@@ -94,6 +94,10 @@ class Manager {
   int sock = -1;
   uint16_t sock_port = 0;
   int wake_fd = -1;
+  // Passes of the CM thread out of poll(): a socket it polls stays bound until poll returns (the kernel
+  // holds the file while polling), so rdma_destroy_id waits for one pass before its port is free.
+  uint64_t loop_gen = 0;
+  std::condition_variable loop_cv;
 
   void wake() {
     uint64_t one = 1;
@@ -254,6 +258,9 @@ void Manager::send_rej(Id* id, uint16_t reason, uint8_t msg, const void* pdata, 
   send_mad(id, mad, false);
 }
 
+// Called in the application's threads only (rdma_disconnect, rdma_get_cm_event): the application may
+// have destroyed the QP by now without telling us, as it may with rdma-core's librdmacm, which also
+// moves the QP to ERR when it hands out the event rather than when the MAD arrives.
 void Manager::to_error(Id* id) {
   if (!id->pub.qp) return;
   ibv_qp_attr a{};
@@ -491,7 +498,6 @@ void Manager::on_mad(const uint8_t* mad, Id* listener) {
       wire::decode_rej(mad, rej);
       if (id->st != St::ReqSent && id->st != St::RepSent && id->st != St::RepRcvd) return;
       id->awaiting = false;
-      to_error(id);
       id->st = St::Rejected;
       post(id, RDMA_CM_EVENT_REJECTED, rej.reason, rej.private_data, wire::kRejPrivateLen);
       return;
@@ -516,7 +522,6 @@ void Manager::on_mad(const uint8_t* mad, Id* listener) {
       send_mad(id, out, false);
       if (id->st == St::Connected || id->st == St::DreqSent || id->st == St::RepSent) {
         id->awaiting = false;
-        to_error(id);
         id->st = St::Disconnected;
         post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
       }
@@ -569,7 +574,6 @@ void Manager::timers() {
     switch (id->st) {
       case St::ReqSent:
       case St::RepSent:
-        to_error(id);
         id->st = St::Failed;
         post(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
         break;
@@ -589,7 +593,6 @@ void Manager::timers() {
     if (id->st != St::Connected || !id->peer_local) continue;
     auto ep = net::Registry::instance().lookup(id->remote_comm_id & 0xFFFFFF);
     if (ep && !(kill(ep->pid, 0) != 0 && errno == ESRCH)) continue;
-    to_error(id);
     id->st = St::Disconnected;
     post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
   }
@@ -618,6 +621,8 @@ void Manager::loop() {
     }
     poll(fds.data(), fds.size(), timeout_ms);
     std::lock_guard lock(mu);
+    ++loop_gen;
+    loop_cv.notify_all();
     uint64_t v;
     [[maybe_unused]] ssize_t n = read(wake_fd, &v, sizeof v);
     receive(sock, nullptr);
@@ -780,8 +785,17 @@ SOFTRDMA_EXPORT int rdma_destroy_id(rdma_cm_id* pid) {
   // Children of a destroyed listener keep working, as in the kernel.
   for (Id* o : m.ids)
     if (o->listener == id) o->listener = nullptr;
+  bool polled = id->st == St::Listen;
   std::erase(m.ids, id);
-  if (id->sock >= 0) close(id->sock);
+  if (id->sock >= 0) {
+    if (polled) {
+      // The application may bind this port again at once (perftest -R re-listens).
+      const uint64_t gen = m.loop_gen;
+      m.wake();
+      m.loop_cv.wait(lock, [&] { return m.loop_gen != gen; });
+    }
+    close(id->sock);
+  }
   lock.unlock();
   if (id->sync) rdma_destroy_event_channel(id->pub.channel);
   delete id;
@@ -803,7 +817,19 @@ SOFTRDMA_EXPORT int rdma_get_cm_event(rdma_event_channel* ch, rdma_cm_event** ev
     if (c->queue.empty()) continue;  // the event's id was destroyed
     Event* e = c->queue.front();
     c->queue.pop_front();
-    to_id(e->ev.id)->events_out++;
+    Id* id = to_id(e->ev.id);
+    id->events_out++;
+    switch (e->ev.event) {
+      // A connection that failed to form: its QP flushes. DISCONNECTED leaves the QP alone, as with
+      // rdma-core (the application may be destroying it in another thread; rdma_disconnect flushes).
+      case RDMA_CM_EVENT_REJECTED:
+      case RDMA_CM_EVENT_UNREACHABLE:
+      case RDMA_CM_EVENT_CONNECT_ERROR:
+        M().to_error(id);
+        break;
+      default:
+        break;
+    }
     *event = &e->ev;
     return 0;
   }
@@ -1076,6 +1102,9 @@ SOFTRDMA_EXPORT int rdma_listen(rdma_cm_id* pid, int /*backlog*/) {
   if (id->sock < 0)
     if (int e = bind_port(id, INADDR_ANY, 0)) return fail(e);
   if (id->st != St::Bound && id->st != St::Listen) return fail(EINVAL);
+  // A wildcard listener hears every device, as the kernel's: open them all, so that this host has a
+  // 4791 holder to forward REQs from other hosts even when no other softrdma process runs here.
+  if (!id->dev) M().device_for_ip(0);
   id->st = St::Listen;
   M().wake();
   return 0;

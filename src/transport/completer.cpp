@@ -47,16 +47,21 @@ void scatter(SqEntry& e, uint64_t off, const uint8_t* src, uint32_t len) {
 void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
   bool signaled = qp.cfg.sq_sig_all || (e.wqe.flags & kSignaled);
   // Errors always complete, signaled or not (IBTA 10.7.2.2).
-  if (signaled || status != WcStatus::Success) {
-    core::Cqe c{};
+  bool report = signaled || status != WcStatus::Success;
+  core::Cqe c{};
+  if (report) {
     c.wr_id = e.wqe.wr_id;
     c.status = status;
     c.opcode = wc_opcode(e.wqe.op);
     c.qp_num = qp.qpn;
     if (status == WcStatus::Success)
       c.byte_len = is_atomic(e) ? 8 : static_cast<uint32_t>(e.wqe.length);
-    post_cqe(qp.cfg.send_cq, c, false);
+    tag_sq_cqe(qp, c, qp.sq.tail.load(std::memory_order_relaxed));  // e is the oldest WQE
   }
+  // e is the oldest WQE: its slot is free before its CQE can be polled, so an application that reposts
+  // one WQE per polled CQE always finds room (qperf fills the SQ and does). e is not touched after this.
+  qp.sq.tail.store(qp.sq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  if (report) post_cqe(qp.cfg.send_cq, c, false);
 }
 
 void Engine::complete_in_order(Qp& qp) {
@@ -67,14 +72,15 @@ void Engine::complete_in_order(Qp& qp) {
     SqEntry& e = qp.sq.at(tail);
     if (!e.started || !e.acked) break;
     if (is_read(e) || is_atomic(e)) qp.reads_outstanding -= qp.reads_outstanding ? 1 : 0;
-    complete_sq_entry(qp, e, e.status);
-    qp.sq.tail.store(++tail, std::memory_order_release);
+    const WcStatus status = e.status;
+    complete_sq_entry(qp, e, status);  // advances the tail
+    ++tail;
     if (tail > qp.send_index) {
       // It completed while rewound: nothing of it is left to resend.
       qp.send_index = tail;
       qp.send_offset_pkts = 0;
     }
-    if (e.status != WcStatus::Success) {
+    if (status != WcStatus::Success) {
       move_to_error(qp);
       return;
     }
@@ -89,8 +95,7 @@ void Engine::requester_error(Qp& qp, WcStatus status) {
   if (tail < qp.sq.head.load(std::memory_order_acquire)) {
     SqEntry& e = qp.sq.at(tail);
     if (is_read(e) || is_atomic(e)) qp.reads_outstanding -= qp.reads_outstanding ? 1 : 0;
-    complete_sq_entry(qp, e, status);
-    qp.sq.tail.store(tail + 1, std::memory_order_release);
+    complete_sq_entry(qp, e, status);  // advances the tail
   }
   move_to_error(qp);
 }

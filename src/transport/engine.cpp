@@ -71,6 +71,8 @@ Engine::Engine(const net::Interface& iface)
     ev.data.fd = fd;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   }
+  sq_credits_ = std::make_unique<SqCredit[]>(core::DeviceLimits::kMaxQp);
+  for (uint32_t i = core::DeviceLimits::kMaxQp; i-- > 0;) free_credits_.push_back(i);
   try_take_roce_port(0);
   if (direct_enabled()) {
     try {
@@ -384,6 +386,7 @@ void Engine::flush_queues(Qp& qp) {
     c.wr_id = e.wqe.wr_id;
     c.status = WcStatus::WrFlushErr;
     c.qp_num = qp.qpn;
+    tag_sq_cqe(qp, c, i);
     qp.sq.tail.store(i + 1, std::memory_order_release);
     post_cqe(qp.cfg.send_cq, c, false);
   }
@@ -528,6 +531,10 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     return nullptr;
   }
   qp->src_port = static_cast<uint16_t>(0xC000 | (qp->qpn & 0x3FFF));
+  qp->sq_credit_slot = free_credits_.back();  // qps_ holds fewer than kMaxQp: one is free
+  free_credits_.pop_back();
+  qp->sq_credit = &sq_credits_[qp->sq_credit_slot];
+  qp->sq_credit->renew();
   if (cfg.ud_mtu) qp->mtu = cfg.ud_mtu;
   if (cfg.srq) {
     qp->srq = cfg.srq;
@@ -553,6 +560,8 @@ void Engine::destroy_qp(Qp* qp) {
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
     if (direct_) direct_->qp_destroyed(*qp);
+    qp->sq_credit->renew();  // its CQEs still in a CQ give nothing back to the slot's next QP
+    free_credits_.push_back(qp->sq_credit_slot);
     arena_.release(qp->rq.slots, qp->rq_bytes);
     if (qp->srq) --qp->srq->qp_refs;
   }
@@ -564,6 +573,7 @@ namespace {
 void reset_transport_state(Qp& qp) {
   qp.sq.head.store(0);
   qp.sq.tail.store(0);
+  qp.sq_credit->renew();
   qp.rq.head.store(0);
   qp.rq.tail.store(0);
   qp.send_index = 0;
@@ -669,8 +679,8 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
              !op_allowed(*qp, w);
     };
     if (whole_batch) {
-      // The completer only frees slots, so room found now is still there below.
-      uint64_t room = qp->sq.max_wr - (head - qp->sq.tail.load(std::memory_order_acquire));
+      // Polling only frees slots, so room found now is still there below.
+      uint64_t room = qp->sq.max_wr - ((head - qp->sq_credit->polled()) & SqCredit::kMask);
       for (int i = 0; i < n; ++i) {
         if (is_bad(wqes[i]) || static_cast<uint64_t>(i) >= room) {
           *bad = i;
@@ -681,7 +691,8 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     for (int i = 0; i < n; ++i) {
       const SendWqe& w = wqes[i];
       bool bad_wqe = is_bad(w);
-      if (bad_wqe || head - qp->sq.tail.load(std::memory_order_acquire) >= qp->sq.max_wr) {
+      // A slot is free once its completion (or a later one) was polled, whatever path completed it.
+      if (bad_wqe || ((head - qp->sq_credit->polled()) & SqCredit::kMask) >= qp->sq.max_wr) {
         *bad = i;
         rc = bad_wqe ? EINVAL : ENOMEM;
         break;
@@ -756,6 +767,10 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     lock_.unlock();
     got = cq->poll(out, n);
   }
+  // Send-queue slots are the application's again once their completions are polled.
+  for (int i = 0; i < got; ++i)
+    if (uint32_t ref = out[i].sq_ref)
+      sq_credits_[(ref & 0xFFFF) - 1].give_back(ref >> 16, out[i].sq_index);
   return got;
 }
 

@@ -184,6 +184,14 @@ class Engine {
   std::vector<Srq*> srqs_;
   core::StatsPage stats_;
   std::unique_ptr<DirectEndpoint> direct_;  // the intra-host direct path; nullptr when off
+  // Send-queue credits (qp.h), one per QP slot; free_credits_ under the engine lock.
+  std::unique_ptr<SqCredit[]> sq_credits_;
+  std::vector<uint32_t> free_credits_;
+  // Marks c as the CQE of qp's SQ WQE at sq_index: polling it gives that slot (and older ones) back.
+  static void tag_sq_cqe(const Qp& qp, core::Cqe& c, uint64_t sq_index) {
+    c.sq_ref = (qp.sq_credit_slot + 1) | qp.sq_credit->gen() << 16;
+    c.sq_index = static_cast<uint32_t>(sq_index);
+  }
 
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -112,6 +112,36 @@ struct WorkQueue {
   uint64_t count() const { return head.load(std::memory_order_acquire) - tail.load(std::memory_order_acquire); }
 };
 
+// The send-queue slots the application has got back. A WR occupies its SQ slot until its completion,
+// or a later one of the same SQ, has been polled (ibv_post_send(3): unsignaled WRs are freed by a
+// later signaled one); hardware never reuses a slot whose CQE is unread. The engine keeps one per QP
+// slot, outliving the QP (its CQEs may be polled after ibv_destroy_qp); the generation changes when a
+// QP takes the slot, is reset or destroyed, so a stale CQE frees nothing.
+struct SqCredit {
+  static constexpr uint64_t kMask = (uint64_t{1} << 48) - 1;
+  std::atomic<uint64_t> word{0};  // generation << 48 | polled (low 48 bits of an SQ index)
+  uint32_t gen() const { return static_cast<uint32_t>(word.load(std::memory_order_relaxed) >> 48); }
+  // Every WQE before this SQ index has been given back (low 48 bits).
+  uint64_t polled() const { return word.load(std::memory_order_acquire) & kMask; }
+  // A CQE of generation g for the WQE whose SQ index has low 32 bits idx was polled.
+  void give_back(uint32_t g, uint32_t idx) {
+    uint64_t w = word.load(std::memory_order_relaxed);
+    for (;;) {
+      if ((w >> 48) != g) return;
+      // Ahead of what is given back already? (Two threads polling one CQ may process CQEs out of order.)
+      auto ahead = static_cast<int32_t>(idx + 1 - static_cast<uint32_t>(w));
+      if (ahead <= 0) return;
+      uint64_t next = (w & ~kMask) | (((w & kMask) + static_cast<uint64_t>(ahead)) & kMask);
+      if (word.compare_exchange_weak(w, next, std::memory_order_release, std::memory_order_relaxed)) return;
+    }
+  }
+  // New generation, nothing polled: for a new, reset or destroyed QP (its SQ indices restart at 0).
+  void renew() {
+    uint64_t g = ((word.load(std::memory_order_relaxed) >> 48) + 1) & 0xFFFF;
+    word.store(g << 48, std::memory_order_release);
+  }
+};
+
 // Bits of a modify (numerically enum ibv_qp_attr_mask).
 enum ModifyMask : int {
   kModState = 1 << 0, kModCurState = 1 << 1, kModAccessFlags = 1 << 3, kModPkeyIndex = 1 << 4,
@@ -191,6 +221,8 @@ struct Qp {
   bool uc_dropping = false;        // UC: the message in progress lost a packet; wait for a FIRST/ONLY
 
   WorkQueue<SqEntry> sq;
+  SqCredit* sq_credit = nullptr;   // the engine's entry for this QP (never null once created)
+  uint32_t sq_credit_slot = 0;
   WorkQueue<RecvWqe> rq;
   // Receive WQEs come from a shared receive queue instead of rq when set (ibv_qp_init_attr.srq).
   WorkQueue<RecvWqe>* shared_rq = nullptr;

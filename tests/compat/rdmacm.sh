@@ -4,7 +4,7 @@
 # An rdma_cm port is a UDP socket of the listening process (docs/rdmacm.md), so "listening" here
 # means that UDP port is bound.
 # Not covered yet (docs/rdmacm.md, "Status"): udaddy and mckey (UD ids / SIDR and multicast are not
-# implemented), qperf -cm1 (fails), ucmatose across namespaces (hangs).
+# implemented); qperf ud_lat/ud_bw (qperf 0.4.11 does not use rdma_cm for UD, docs/rdmacm.md).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/compat_lib.sh"
 compat_require_softrdma
@@ -12,6 +12,16 @@ export SOFTRDMA_CM_TIMEOUT_MS=${SOFTRDMA_CM_TIMEOUT_MS:-200}
 
 SRV_PREFIX=()
 CLI_PREFIX=()
+
+# An rdma_cm port is a UDP port here: a free port must be free for UDP too (other softrdma processes
+# hold ephemeral UDP ports), not only for TCP as compat_free_port checks.
+cm_free_port() {
+  local port
+  while :; do
+    port=$(compat_free_port)
+    udp_bound "$port" || { echo "$port"; return; }
+  done
+}
 
 udp_bound() { # PORT PREFIX...
   local hex
@@ -44,9 +54,41 @@ cm_pair() {
   return 0
 }
 
+# qperf_cm LABEL SERVER_IP: one qperf server (it serves until killed; its rdma_cm ids bind ephemeral
+# ports on the wildcard address), one client running the RC tests with -cm1. Every test must print
+# its result.
+qperf_cm() {
+  local where=$1 ip=$2 port spid crc=0 n name="$1 qperf -cm1"
+  local -a sp=("${SRV_PREFIX[@]+"${SRV_PREFIX[@]}"}") cp=("${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"}")
+  local -a tests=(rc_rdma_write_lat rc_rdma_write_bw rc_rdma_read_bw rc_bw rc_lat)
+  port=$(cm_free_port)
+  PAIR_SRV_LOG=$COMPAT_LOG_DIR/${where}_qperf.server.log
+  PAIR_CLI_LOG=$COMPAT_LOG_DIR/${where}_qperf.client.log
+  compat_log "$name: server: qperf -lp $port"
+  "${sp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- qperf -lp "$port" >"$PAIR_SRV_LOG" 2>&1 &
+  spid=$!
+  if ! compat_wait_listen "$port" "$spid" "${sp[@]}"; then
+    kill "$spid" 2>/dev/null || true
+    wait "$spid" 2>/dev/null || true
+    compat_result "$name" 0 "qperf server never listened on $port"
+    return
+  fi
+  compat_log "$name: client: qperf -lp $port -cm1 $ip -t 1 ${tests[*]}"
+  "${cp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- qperf -lp "$port" -cm1 "$ip" -t 1 "${tests[@]}" \
+    >"$PAIR_CLI_LOG" 2>&1 || crc=$?
+  kill "$spid" 2>/dev/null || true
+  wait "$spid" 2>/dev/null || true
+  n=$(grep -cE '^ +(latency|bw) += +[0-9.]+ ' "$PAIR_CLI_LOG" || true)
+  if ((crc == 0 && n == ${#tests[@]})); then
+    compat_result "$name" 1
+  else
+    compat_result "$name" 0 "client exit $crc, $n of ${#tests[@]} results"
+  fi
+}
+
 suite() { # LABEL SERVER_IP
   local where=$1 ip=$2 port n
-  port=$(compat_free_port)
+  port=$(cm_free_port)
   SRV=(rping -s -a "$ip" -p "$port" -v -C 1000)
   CLI=(rping -c -a "$ip" -p "$port" -v -C 1000)
   if cm_pair "$where rping" "$port"; then
@@ -58,9 +100,8 @@ suite() { # LABEL SERVER_IP
     compat_result "$where rping" 0
   fi
 
-  # ucmatose across namespaces hangs (known, docs/rdmacm.md): loopback only for now.
-  [[ $where == loopback ]] && {
-  port=$(compat_free_port)
+  # The server listens on the wildcard address (its CM must hear every device).
+  port=$(cm_free_port)
   SRV=(ucmatose -p "$port" -c 4)
   CLI=(ucmatose -s "$ip" -p "$port" -c 4)
   if cm_pair "$where ucmatose" "$port" && grep -q 'return status 0' "$PAIR_CLI_LOG"; then
@@ -68,11 +109,12 @@ suite() { # LABEL SERVER_IP
   else
     compat_result "$where ucmatose" 0
   fi
-  }
+
+  qperf_cm "$where" "$ip"
 
   local t
   for t in ib_write_bw ib_send_lat ib_read_bw; do
-    port=$(compat_free_port)
+    port=$(cm_free_port)
     SRV=("$t" -R -n 500 -p "$port")
     CLI=("$t" -R -n 500 -p "$port" "$ip")
     if cm_pair "$where $t -R" "$port" && (($(compat_perftest_rows "$PAIR_CLI_LOG") >= 1)); then
