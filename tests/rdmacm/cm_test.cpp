@@ -1,0 +1,493 @@
+// rdma_cm programs over softrdma's librdmacm: connection setup with private data both ways and data
+// over the connected QPs, rejection, nobody listening, a peer that never answers, peer death. Only
+// the public <rdma/rdma_cma.h> / <infiniband/verbs.h> API: these would pass against the kernel's
+// rdma_cm on a RoCE NIC (with 127.0.0.1 replaced by the NIC's address).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kWaitMs = 20000;  // bound on every wait: fail instead of hanging
+constexpr const char* kIp = "127.0.0.1";
+
+sockaddr_in addr(const char* ip, uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  return a;
+}
+
+// The next event on ch (nullptr after kWaitMs). The caller acks it.
+rdma_cm_event* next_event(rdma_event_channel* ch, int timeout_ms = kWaitMs) {
+  pollfd p{ch->fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) != 1) return nullptr;
+  rdma_cm_event* ev = nullptr;
+  if (rdma_get_cm_event(ch, &ev)) return nullptr;
+  return ev;
+}
+
+std::string name(const rdma_cm_event* ev) { return ev ? rdma_event_str(ev->event) : "no event"; }
+
+// One side's verbs resources on a cm id: PD, one CQ, an RC QP, a registered buffer.
+struct Side {
+  rdma_cm_id* id = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_mr* mr = nullptr;
+  std::vector<uint8_t> buf;
+
+  bool setup(rdma_cm_id* cm_id, size_t len) {
+    id = cm_id;
+    buf.assign(len, 0);
+    pd = ibv_alloc_pd(id->verbs);
+    cq = pd ? ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0) : nullptr;
+    if (!cq) return false;
+    mr = ibv_reg_mr(pd, buf.data(), len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+    ibv_qp_init_attr qa{};
+    qa.send_cq = qa.recv_cq = cq;
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    return mr && rdma_create_qp(id, pd, &qa) == 0;
+  }
+  // Frees the QP and the rest; the id itself stays (its owner destroys it afterwards).
+  void release() {
+    if (id && id->qp) rdma_destroy_qp(id);
+    if (mr) ibv_dereg_mr(mr);
+    if (cq) ibv_destroy_cq(cq);
+    if (pd) ibv_dealloc_pd(pd);
+    id = nullptr;
+    mr = nullptr;
+    cq = nullptr;
+    pd = nullptr;
+  }
+  ~Side() { release(); }
+  ibv_sge sge(size_t off, size_t len) const {
+    return ibv_sge{reinterpret_cast<uint64_t>(buf.data() + off), static_cast<uint32_t>(len), mr->lkey};
+  }
+  // Polls one completion (status IBV_WC_GENERAL_ERR + 1000 when none comes).
+  ibv_wc poll_one() {
+    ibv_wc wc{};
+    wc.status = static_cast<ibv_wc_status>(IBV_WC_GENERAL_ERR + 1000);
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kWaitMs);
+    while (std::chrono::steady_clock::now() < end)
+      if (ibv_poll_cq(cq, 1, &wc) == 1) break;
+    return wc;
+  }
+};
+
+// A listener on 127.0.0.1 with an ephemeral port.
+struct Listener {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  uint16_t port = 0;
+  Listener() {
+    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return;
+    sockaddr_in a = addr(kIp, 0);
+    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(id, 8)) return;
+    port = ntohs(rdma_get_src_port(id));
+  }
+  ~Listener() {
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+};
+
+// An active id with its route resolved to 127.0.0.1:port.
+struct Client {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  bool resolve(uint16_t port) {
+    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return false;
+    sockaddr_in a = addr(kIp, port);
+    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 2000)) return false;
+    rdma_cm_event* ev = next_event(ch);
+    bool ok = ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->status == 0;
+    if (ev) rdma_ack_cm_event(ev);
+    if (!ok || rdma_resolve_route(id, 2000)) return false;
+    ev = next_event(ch);
+    ok = ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED && ev->status == 0;
+    if (ev) rdma_ack_cm_event(ev);
+    return ok && id->verbs != nullptr;
+  }
+  ~Client() {
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+};
+
+// What the server tells the client in its accept: where to RDMA READ from.
+struct Remote {
+  uint64_t addr;
+  uint32_t rkey;
+  char text[20];
+};
+
+TEST(RdmaCm, ConnectAcceptPrivateDataBothWaysThenSendReadAndDisconnect) {
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  Side cs;
+  ASSERT_TRUE(cs.setup(C.id, 8192));
+
+  const char hello[] = "client-hello-0123";
+  rdma_conn_param cp{};
+  cp.private_data = hello;
+  cp.private_data_len = sizeof hello;
+  cp.responder_resources = 1;
+  cp.initiator_depth = 1;
+  cp.retry_count = 7;
+  cp.rnr_retry_count = 7;
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+  EXPECT_EQ(ev->listen_id, L.id);
+  ASSERT_GE(ev->param.conn.private_data_len, sizeof hello);
+  EXPECT_EQ(memcmp(ev->param.conn.private_data, hello, sizeof hello), 0);
+  EXPECT_EQ(ev->param.conn.initiator_depth, 1);  // the client's responder resources, seen from here
+  EXPECT_EQ(ev->param.conn.responder_resources, 1);
+  rdma_cm_id* child = ev->id;
+  ASSERT_EQ(rdma_ack_cm_event(ev), 0);
+  EXPECT_EQ(ntohs(rdma_get_src_port(child)), L.port);
+  EXPECT_EQ(rdma_get_dst_port(child), rdma_get_src_port(C.id));
+
+  Side ss;
+  ASSERT_TRUE(ss.setup(child, 8192));
+  for (size_t i = 0; i < 4096; ++i) ss.buf[4096 + i] = static_cast<uint8_t>(i * 7 + 3);  // READ source
+  ibv_sge rs = ss.sge(0, 4096);
+  ibv_recv_wr rwr{};
+  rwr.wr_id = 11;
+  rwr.sg_list = &rs;
+  rwr.num_sge = 1;
+  ibv_recv_wr* bad_r = nullptr;
+  ASSERT_EQ(ibv_post_recv(child->qp, &rwr, &bad_r), 0);
+
+  Remote rem{reinterpret_cast<uint64_t>(ss.buf.data() + 4096), ss.mr->rkey, "server-accepts"};
+  rdma_conn_param ap{};
+  ap.private_data = &rem;
+  ap.private_data_len = sizeof rem;
+  ap.responder_resources = 1;
+  ap.initiator_depth = 1;
+  ap.rnr_retry_count = 7;
+  ASSERT_EQ(rdma_accept(child, &ap), 0);
+
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+  ASSERT_GE(ev->param.conn.private_data_len, sizeof rem);
+  Remote got;
+  memcpy(&got, ev->param.conn.private_data, sizeof got);
+  EXPECT_EQ(memcmp(&got, &rem, sizeof rem), 0);
+  ASSERT_EQ(rdma_ack_cm_event(ev), 0);
+  ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id == child) << name(ev);
+  ASSERT_EQ(rdma_ack_cm_event(ev), 0);
+
+  // SEND client -> server, checked byte by byte.
+  for (size_t i = 0; i < 4096; ++i) cs.buf[i] = static_cast<uint8_t>(i ^ 0x5A);
+  ibv_sge s = cs.sge(0, 4096);
+  ibv_send_wr swr{};
+  swr.wr_id = 21;
+  swr.sg_list = &s;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad_s = nullptr;
+  ASSERT_EQ(ibv_post_send(C.id->qp, &swr, &bad_s), 0);
+  ibv_wc wc = cs.poll_one();
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 21u);
+  wc = ss.poll_one();
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+  EXPECT_EQ(wc.byte_len, 4096u);
+  EXPECT_EQ(memcmp(ss.buf.data(), cs.buf.data(), 4096), 0);
+
+  // RDMA READ from the buffer the server named in its private data.
+  ibv_sge d = cs.sge(4096, 4096);
+  swr.wr_id = 22;
+  swr.sg_list = &d;
+  swr.opcode = IBV_WR_RDMA_READ;
+  swr.wr.rdma.remote_addr = got.addr;
+  swr.wr.rdma.rkey = got.rkey;
+  ASSERT_EQ(ibv_post_send(C.id->qp, &swr, &bad_s), 0);
+  wc = cs.poll_one();
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(memcmp(cs.buf.data() + 4096, ss.buf.data() + 4096, 4096), 0);
+
+  // Disconnect: both sides see DISCONNECTED.
+  ASSERT_EQ(rdma_disconnect(C.id), 0);
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED) << name(ev);
+  rdma_ack_cm_event(ev);
+  ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED && ev->id == child) << name(ev);
+  rdma_ack_cm_event(ev);
+  // rdma_disconnect flushed the client's QP: a receive posted now completes in error.
+  ibv_sge r2 = cs.sge(0, 16);
+  rwr.sg_list = &r2;
+  rwr.wr_id = 31;
+  if (ibv_post_recv(C.id->qp, &rwr, &bad_r) == 0) {
+    wc = cs.poll_one();
+    EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+  }
+  ss.release();
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+
+TEST(RdmaCm, RejectCarriesReasonAndPrivateData) {
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  Side cs;
+  ASSERT_TRUE(cs.setup(C.id, 64));
+  rdma_conn_param cp{};
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  const char why[] = "server-busy-try-later";
+  ASSERT_EQ(rdma_reject(child, why, sizeof why), 0);
+
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_REJECTED) << name(ev);
+  EXPECT_EQ(ev->status, 28);  // IBTA REJ reason 28: consumer defined
+  ASSERT_GE(ev->param.conn.private_data_len, sizeof why);
+  EXPECT_EQ(memcmp(ev->param.conn.private_data, why, sizeof why), 0);
+  rdma_ack_cm_event(ev);
+  // A rejected connection's QP is flushed: a receive completes in error.
+  ibv_sge r = cs.sge(0, 16);
+  ibv_recv_wr rwr{};
+  rwr.wr_id = 5;
+  rwr.sg_list = &r;
+  rwr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_recv(C.id->qp, &rwr, &bad), 0);
+  EXPECT_EQ(cs.poll_one().status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+
+TEST(RdmaCm, RejectTwiceOrAcceptAfterRejectFails) {
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  rdma_conn_param cp{};
+  cp.qp_num = 0x123;  // no QP: rdma_connect without one sends the given QPN
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+  EXPECT_EQ(ev->param.conn.qp_num, 0x123u);
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  ASSERT_EQ(rdma_reject(child, nullptr, 0), 0);
+  errno = 0;
+  EXPECT_EQ(rdma_reject(child, nullptr, 0), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_accept(child, nullptr), -1);
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_REJECTED) << name(ev);
+  EXPECT_EQ(ev->status, 28);
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+
+// A port nobody listens on: the peer's CM answers REJ "invalid service ID" (IBTA reason 8), as the
+// kernel's does.
+TEST(RdmaCm, NobodyListeningIsRejected) {
+  uint16_t port;
+  {
+    // A port that was free a moment ago (bound, then released).
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in a = addr(kIp, 0);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    socklen_t l = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
+    port = ntohs(a.sin_port);
+    close(fd);
+  }
+  Client C;
+  ASSERT_TRUE(C.resolve(port));
+  Side cs;
+  ASSERT_TRUE(cs.setup(C.id, 64));
+  rdma_conn_param cp{};
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+  rdma_cm_event* ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_REJECTED) << name(ev);
+  EXPECT_EQ(ev->status, 8);
+  rdma_ack_cm_event(ev);
+}
+
+// Starts tests/rdmacm/peer with args; its stdin and stdout are pipes.
+struct Peer {
+  pid_t pid = -1;
+  int to = -1, from = -1;
+  bool start(std::vector<std::string> args) {
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)) return false;
+    pid = fork();
+    if (pid == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      std::vector<char*> argv;
+      static char path[] = RDMACM_PEER;
+      argv.push_back(path);
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(path, argv.data());
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to = in[1];
+    from = out[0];
+    return pid > 0;
+  }
+  // One line of the peer's stdout ("" on EOF or after kWaitMs).
+  std::string line() {
+    std::string s;
+    char c;
+    pollfd p{from, POLLIN, 0};
+    while (poll(&p, 1, kWaitMs) == 1 && read(from, &c, 1) == 1 && c != '\n') s += c;
+    return s;
+  }
+  int wait() {
+    int st = 0;
+    if (pid > 0) waitpid(pid, &st, 0);
+    pid = -1;
+    return st;
+  }
+  ~Peer() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      wait();
+    }
+    if (to >= 0) close(to);
+    if (from >= 0) close(from);
+  }
+};
+
+// A listener whose process never answers (stopped): the REQ is resent SOFTRDMA_CM_RETRIES times,
+// SOFTRDMA_CM_TIMEOUT_MS apart, then UNREACHABLE with -ETIMEDOUT.
+TEST(RdmaCm, SilentPeerIsUnreachableAfterTheTimeout) {
+  Peer P;
+  ASSERT_TRUE(P.start({"listen-stop", kIp}));
+  int port = atoi(P.line().c_str());
+  ASSERT_GT(port, 0);
+  int st = 0;
+  ASSERT_EQ(waitpid(P.pid, &st, WUNTRACED), P.pid);
+  ASSERT_TRUE(WIFSTOPPED(st));
+  // No id of this process awaits an answer now, so the CM thread reads no environment meanwhile.
+  setenv("SOFTRDMA_CM_TIMEOUT_MS", "100", 1);
+  setenv("SOFTRDMA_CM_RETRIES", "2", 1);
+  {
+    Client C;
+    ASSERT_TRUE(C.resolve(static_cast<uint16_t>(port)));
+    Side cs;
+    ASSERT_TRUE(cs.setup(C.id, 64));
+    rdma_conn_param cp{};
+    ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+    rdma_cm_event* ev = next_event(C.ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_UNREACHABLE) << name(ev);
+    EXPECT_EQ(ev->status, -ETIMEDOUT);
+    rdma_ack_cm_event(ev);
+  }
+  unsetenv("SOFTRDMA_CM_TIMEOUT_MS");
+  unsetenv("SOFTRDMA_CM_RETRIES");
+}
+
+// A connected peer process that goes away: the survivor gets DISCONNECTED, whether the peer exits
+// (its exit handlers send a DREQ, as the kernel does for a dying process) or is killed outright.
+void peer_goes_away(bool killed) {
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  Peer P;
+  ASSERT_TRUE(P.start({"connect", kIp, std::to_string(L.port)}));
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  {
+    Side ss;
+    ASSERT_TRUE(ss.setup(child, 64));
+    rdma_conn_param ap{};
+    ASSERT_EQ(rdma_accept(child, &ap), 0);
+    ev = next_event(L.ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+    rdma_ack_cm_event(ev);
+    ASSERT_EQ(P.line(), "up");
+    if (killed) {
+      kill(P.pid, SIGKILL);
+    } else {
+      close(P.to);
+      P.to = -1;
+    }
+    int st = P.wait();
+    if (killed)
+      EXPECT_TRUE(WIFSIGNALED(st));
+    else
+      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+    ev = next_event(L.ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED && ev->id == child) << name(ev);
+    rdma_ack_cm_event(ev);
+  }
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+
+TEST(RdmaCm, PeerExitWithoutDisconnectIsDisconnected) { peer_goes_away(false); }
+TEST(RdmaCm, KilledPeerIsDisconnected) { peer_goes_away(true); }
+
+TEST(RdmaCm, BadCallsFailWithErrno) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  rdma_cm_id* id = nullptr;
+  errno = 0;
+  EXPECT_EQ(rdma_create_id(ch, &id, nullptr, static_cast<rdma_port_space>(0x7777)), -1);
+  EXPECT_EQ(errno, EINVAL);
+  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  // Connecting or accepting before the route is resolved / a request arrived.
+  EXPECT_EQ(rdma_connect(id, nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_accept(id, nullptr), -1);
+  EXPECT_EQ(rdma_reject(id, nullptr, 0), -1);
+  // Two ids cannot hold one port.
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  sockaddr_in a = addr(kIp, L.port);
+  EXPECT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+  // Private data over the REQ's room (92 bytes less the 36-byte rdma_cm header).
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  uint8_t big[57] = {};
+  rdma_conn_param cp{};
+  cp.private_data = big;
+  cp.private_data_len = sizeof big;
+  EXPECT_EQ(rdma_connect(C.id, &cp), -1);
+  EXPECT_EQ(errno, EINVAL);
+  rdma_destroy_event_channel(ch);
+}
+
+}  // namespace
