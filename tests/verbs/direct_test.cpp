@@ -146,6 +146,7 @@ class DirectPath : public ::testing::Test {
   Side s;
   std::unique_ptr<Buffer> src, dst;
   ConnConfig conn;
+  QpConfig qcfg;
 
   void SetUp() override {
     int sv[2];
@@ -185,7 +186,7 @@ class DirectPath : public ::testing::Test {
   void connect() {
     dev = std::make_unique<Device>();
     ASSERT_TRUE(dev->ok());
-    ASSERT_TRUE(s.create(*dev, QpConfig{}));
+    ASSERT_TRUE(s.create(*dev, qcfg));
     src = s.buf(kALen);
     dst = s.buf(kALen);
     ASSERT_TRUE(src->mr && dst->mr);
@@ -376,6 +377,54 @@ TEST_F(DirectPath, DestroyedQpIsRetryExceeded) {
   ibv_wc wc = one(w);
   EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << ibv_wc_status_str(wc.status);
   expect_untouched();
+}
+
+// A send-queue slot is the application's again only once its completion, or a later one of the same
+// send queue, has been polled (ibv_post_send(3)): also when the operation is done at once (on the direct
+// path, inside ibv_post_send), for unsignaled WRs, and for WRs flushed in error.
+TEST_F(DirectPath, SendQueueSlotsReturnWhenCompletionsArePolled) {
+  qcfg.max_send_wr = 4;
+  ASSERT_NO_FATAL_FAILURE(connect());
+  const uint32_t depth = s.cap.max_send_wr;
+  ASSERT_GE(depth, 4u);
+  fill_pattern(src->data, 64, 27);
+  auto write = [&](uint64_t id, unsigned flags) {
+    SendWr w(id, IBV_WR_RDMA_WRITE, {src->sge(0, 8)}, flags);
+    w.rdma(peer.a_addr, peer.a_rkey);
+    return post_send(s.qp, w);
+  };
+  for (uint32_t i = 0; i + 1 < depth; ++i) ASSERT_EQ(write(i, 0), 0) << "unsignaled WR " << i;
+  ASSERT_EQ(write(100, IBV_SEND_SIGNALED), 0);
+  EXPECT_EQ(write(101, IBV_SEND_SIGNALED), ENOMEM) << "full until a completion is polled";
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(s.scq, &wc));
+  expect_wc(wc, {.wr_id = 100, .opcode = IBV_WC_RDMA_WRITE, .qp_num = s.qpn()});
+  // That one completion gave back its own slot and those of the unsignaled WRs before it.
+  for (uint32_t i = 0; i < depth; ++i) ASSERT_EQ(write(200 + i, IBV_SEND_SIGNALED), 0) << "WR " << i;
+  EXPECT_EQ(write(300, IBV_SEND_SIGNALED), ENOMEM);
+  ASSERT_TRUE(poll_wc(s.scq, &wc));
+  expect_wc(wc, {.wr_id = 200, .opcode = IBV_WC_RDMA_WRITE, .qp_num = s.qpn()});
+  EXPECT_EQ(write(301, IBV_SEND_SIGNALED), 0) << "one polled completion, one slot";
+  EXPECT_EQ(write(302, IBV_SEND_SIGNALED), ENOMEM);
+  // Flushed WRs hold their slots until their flush completions are polled too.
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(s.qp, &attr, IBV_QP_STATE), 0);
+  EXPECT_EQ(write(400, 0), ENOMEM);
+  auto wcs = poll_wcs(s.scq, depth);
+  ASSERT_EQ(wcs.size(), depth);
+  for (uint32_t i = 0; i + 1 < depth; ++i)
+    EXPECT_EQ(wcs[i].wr_id, 201 + i) << "completions in order";
+  EXPECT_EQ(wcs[depth - 1].wr_id, 301u);
+  for (uint32_t i = 0; i < depth; ++i) ASSERT_EQ(write(500 + i, 0), 0) << "posted in error, WR " << i;
+  EXPECT_EQ(write(600, 0), ENOMEM);
+  wcs = poll_wcs(s.scq, depth);
+  ASSERT_EQ(wcs.size(), depth);
+  for (uint32_t i = 0; i < depth; ++i) {
+    EXPECT_EQ(wcs[i].wr_id, 500 + i);
+    EXPECT_EQ(wcs[i].status, IBV_WC_WR_FLUSH_ERR) << ibv_wc_status_str(wcs[i].status);
+  }
+  EXPECT_EQ(write(601, 0), 0);
 }
 
 }  // namespace
