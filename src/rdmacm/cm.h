@@ -30,6 +30,7 @@ struct Id;
 struct Event {
   rdma_cm_event ev{};
   uint8_t pdata[256] = {};
+  ibv_gid mgid{};  // MULTICAST_JOIN: the group the id's QP is attached to when the event is read
 };
 
 struct Channel {
@@ -74,6 +75,7 @@ struct Id {
   ibv_qp_init_attr ep_attr{};
   ibv_pd* ep_pd = nullptr;
   bool own_cqs = false;
+  std::vector<uint32_t> mcast_groups;  // IPv4 groups joined (network order)
 };
 
 }  // namespace softrdma::rdmacm

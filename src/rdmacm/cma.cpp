@@ -66,6 +66,19 @@ uint32_t gid_ip(const uint8_t* raw) {
 
 sockaddr_in* sin_of(sockaddr* a) { return reinterpret_cast<sockaddr_in*>(a); }
 
+// UD port spaces connect with SIDR (IBTA 12.11) instead of REQ/REP/RTU.
+bool is_ud(const Id* id) { return id->pub.ps == RDMA_PS_UDP || id->pub.ps == RDMA_PS_IPOIB; }
+
+// The address vector to reach a peer GID from port 1, GID index 0 (what a UD event hands out).
+void fill_ah_attr(ibv_ah_attr& ah, const ibv_gid& dgid) {
+  std::memset(&ah, 0, sizeof ah);
+  ah.is_global = 1;
+  ah.port_num = 1;
+  ah.grh.dgid = dgid;
+  ah.grh.sgid_index = 0;
+  ah.grh.hop_limit = 64;
+}
+
 bool udp_port_held(uint16_t port) {
   // Read from /proc/net/udp rather than by a test bind, which would make the owner's own bind of the
   // port fail if it came at that instant.
@@ -113,6 +126,9 @@ class Manager {
   void receive(int fd, Id* listener);
   void on_mad(const uint8_t* mad, Id* listener);
   void on_req(const wire::MadHeader& h, const uint8_t* mad, Id* listener);
+  void on_sidr_req(const wire::MadHeader& h, const uint8_t* mad, Id* listener);
+  void on_sidr_rep(Id* id, const uint8_t* mad);
+  void send_sidr_rep(Id* id, uint8_t status, uint32_t qpn, const void* pdata, uint8_t len);
   void timers();
   void send_dreq(Id* id);
   void send_rej(Id* id, uint16_t reason, uint8_t msg, const void* pdata, uint8_t len);
@@ -235,7 +251,7 @@ void Manager::send_mad(Id* id, const uint8_t* mad, bool request) {
     return;
   }
   // A peer on this host: straight to its socket (DESIGN §4), by service port or by its comm ID.
-  if (h.attr_id == static_cast<uint16_t>(wire::CmAttr::Req)) {
+  if (h.attr_id == static_cast<uint16_t>(wire::CmAttr::Req) || h.attr_id == static_cast<uint16_t>(wire::CmAttr::SidrReq)) {
     send_to(id->peer_ip_be, id->service_port, src_ip, mad);
     return;
   }
@@ -411,24 +427,117 @@ void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Id* L) {
   }
 }
 
+void Manager::send_sidr_rep(Id* id, uint8_t status, uint32_t qpn, const void* pdata, uint8_t len) {
+  wire::MadHeader h;
+  h.tid = id->tid;
+  h.attr_id = static_cast<uint16_t>(wire::CmAttr::SidrRep);
+  wire::CmSidrRep rep;
+  rep.request_id = id->remote_comm_id;
+  rep.status = status;
+  rep.qpn = status == 0 ? qpn : 0;
+  rep.qkey = status == 0 ? RDMA_UDP_QKEY : 0;
+  rep.service_id = wire::ip_service_id(static_cast<uint16_t>(id->pub.ps), id->service_port);
+  if (pdata && len) std::memcpy(rep.private_data, pdata, std::min<size_t>(len, wire::kSidrRepPrivateLen));
+  wire::encode_sidr_rep(h, rep, id->last_mad);  // kept: a resent SIDR_REQ gets the same answer
+  send_mad(id, id->last_mad, false);
+}
+
+void Manager::on_sidr_req(const wire::MadHeader& h, const uint8_t* mad, Id* L) {
+  wire::CmSidrReq req;
+  wire::decode_sidr_req(mad, req);
+  wire::CmaIpHeader cma;
+  if (!L || !wire::decode_cma_header(req.private_data, cma)) return;
+  for (Id* c : ids) {
+    if (c->listener == L && c->remote_comm_id == req.request_id && c->peer_ip_be == cma.src_ip_be) {
+      if (c->st == St::Connected || c->st == St::Rejected) send_mad(c, c->last_mad, false);
+      return;
+    }
+  }
+  auto* c = new Id;
+  c->pub.channel = L->pub.channel;
+  c->pub.context = L->pub.context;
+  c->pub.ps = L->pub.ps;
+  c->pub.qp_type = IBV_QPT_UD;
+  c->pub.port_num = 1;
+  c->listener = L;
+  c->sync = L->sync;
+  c->dev = device_for_ip(cma.dst_ip_be);
+  if (!c->dev && L->dev) c->dev = L->dev;
+  if (c->dev) c->pub.verbs = c->dev->ctx;
+  c->peer_ip_be = cma.src_ip_be;
+  c->peer_local = net::is_local_ip(cma.src_ip_be);
+  c->tid = h.tid;
+  c->remote_comm_id = req.request_id;
+  c->service_port = L->service_port;
+  auto& r = c->pub.route;
+  auto* src = sin_of(&r.addr.src_addr);
+  src->sin_family = AF_INET;
+  src->sin_addr.s_addr = cma.dst_ip_be;
+  src->sin_port = htons(L->service_port);
+  auto* dst = sin_of(&r.addr.dst_addr);
+  dst->sin_family = AF_INET;
+  dst->sin_addr.s_addr = cma.src_ip_be;
+  dst->sin_port = htons(cma.src_port);
+  set_gid(r.addr.addr.ibaddr.sgid, cma.dst_ip_be);
+  set_gid(r.addr.addr.ibaddr.dgid, cma.src_ip_be);
+  r.addr.addr.ibaddr.pkey = 0xFFFF;
+  c->st = St::ReqRcvd;
+  ids.push_back(c);
+  Event* e = nullptr;
+  post(c, RDMA_CM_EVENT_CONNECT_REQUEST, 0, req.private_data + wire::kCmaHeaderLen,
+       static_cast<uint8_t>(wire::kSidrReqPrivateLen - wire::kCmaHeaderLen), L,
+       reinterpret_cast<Channel*>(L->pub.channel), &e);
+  if (e) fill_ah_attr(e->ev.param.ud.ah_attr, r.addr.addr.ibaddr.dgid);  // the way back to the requester
+}
+
+void Manager::on_sidr_rep(Id* id, const uint8_t* mad) {
+  if (id->st != St::ReqSent || id->listener_probes) return;
+  wire::CmSidrRep rep;
+  wire::decode_sidr_rep(mad, rep);
+  id->awaiting = false;
+  if (rep.status != 0) {
+    // Kernel rdma_cm: a SIDR_REP other than "valid QP" is UNREACHABLE with the SIDR status.
+    id->st = St::Failed;
+    post(id, RDMA_CM_EVENT_UNREACHABLE, rep.status);
+    return;
+  }
+  id->st = St::Connected;
+  id->remote_qpn = rep.qpn;
+  Event* e = nullptr;
+  post(id, RDMA_CM_EVENT_ESTABLISHED, 0, rep.private_data, wire::kSidrRepPrivateLen, nullptr, nullptr, &e);
+  if (e) {
+    auto& u = e->ev.param.ud;
+    fill_ah_attr(u.ah_attr, id->pub.route.addr.addr.ibaddr.dgid);
+    u.qp_num = rep.qpn;
+    u.qkey = rep.qkey;
+  }
+}
+
 void Manager::on_mad(const uint8_t* mad, Id* listener) {
   wire::MadHeader h;
   if (!wire::decode_mad_header(mad, wire::kMadLen, h)) return;
   auto attr = static_cast<wire::CmAttr>(h.attr_id);
-  if (attr == wire::CmAttr::Req) {
+  if (attr == wire::CmAttr::Req || attr == wire::CmAttr::SidrReq) {
     if (!listener) {
       uint16_t port = wire::cm_service_id(mad, h.attr_id) & 0xFFFF;
       for (Id* i : ids)
         if (i->st == St::Listen && i->service_port == port) listener = i;
     }
-    on_req(h, mad, listener);
+    // A REQ names a connected port space, a SIDR_REQ a datagram one: the other kind finds no listener.
+    if (listener && is_ud(listener) != (attr == wire::CmAttr::SidrReq)) listener = nullptr;
+    if (attr == wire::CmAttr::Req)
+      on_req(h, mad, listener);
+    else
+      on_sidr_req(h, mad, listener);
     return;
   }
-  if (attr == wire::CmAttr::SidrReq || attr == wire::CmAttr::SidrRep) return;  // UD ids: not yet
   auto it = by_comm.find(wire::cm_destination_comm_id(mad, h.attr_id));
   if (it == by_comm.end()) return;
   Id* id = it->second;
   switch (attr) {
+    case wire::CmAttr::SidrRep:
+      on_sidr_rep(id, mad);
+      return;
     case wire::CmAttr::Rep: {
       wire::CmRep rep;
       wire::decode_rep(mad, rep);
@@ -559,7 +668,10 @@ void Manager::timers() {
       } else if (--id->listener_probes == 0) {
         id->awaiting = false;
         id->st = St::Rejected;
-        post(id, RDMA_CM_EVENT_REJECTED, wire::kRejInvalidServiceId);
+        if (is_ud(id))
+          post(id, RDMA_CM_EVENT_UNREACHABLE, 1);  // SIDR_REP status 1: service ID not supported
+        else
+          post(id, RDMA_CM_EVENT_REJECTED, wire::kRejInvalidServiceId);
       } else {
         id->deadline_ns = now + kProbeIntervalNs;
       }
@@ -590,7 +702,7 @@ void Manager::timers() {
   if (now - last_liveness_ns_ < 200000000ull) return;
   last_liveness_ns_ = now;
   for (Id* id : ids) {
-    if (id->st != St::Connected || !id->peer_local) continue;
+    if (id->st != St::Connected || !id->peer_local || is_ud(id)) continue;
     auto ep = net::Registry::instance().lookup(id->remote_comm_id & 0xFFFFFF);
     if (ep && !(kill(ep->pid, 0) != 0 && errno == ESRCH)) continue;
     id->st = St::Disconnected;
@@ -640,7 +752,7 @@ void Manager::at_exit() {
   // A process that exits with connections up disconnects them, as the kernel does for a dying process.
   std::lock_guard lock(mu);
   for (Id* id : ids)
-    if (id->st == St::Connected) send_dreq(id);
+    if (id->st == St::Connected && !is_ud(id)) send_dreq(id);
 }
 
 Manager& M() { return Manager::get(); }
@@ -776,10 +888,13 @@ SOFTRDMA_EXPORT int rdma_destroy_id(rdma_cm_id* pid) {
       return mine;
     });
   m.acked.wait(lock, [&] { return id->events_out <= 0; });
-  if (id->st == St::Connected) {
+  if (id->st == St::Connected && !is_ud(id)) {
     m.send_dreq(id);
   } else if (id->st == St::ReqRcvd) {
-    m.send_rej(id, wire::kRejConsumerDefined, wire::kMsgReq, nullptr, 0);
+    if (is_ud(id))
+      m.send_sidr_rep(id, 2, 0, nullptr, 0);
+    else
+      m.send_rej(id, wire::kRejConsumerDefined, wire::kMsgReq, nullptr, 0);
   }
   m.release_comm_id(id);
   // Children of a destroyed listener keep working, as in the kernel.
@@ -826,6 +941,13 @@ SOFTRDMA_EXPORT int rdma_get_cm_event(rdma_event_channel* ch, rdma_cm_event** ev
       case RDMA_CM_EVENT_UNREACHABLE:
       case RDMA_CM_EVENT_CONNECT_ERROR:
         M().to_error(id);
+        break;
+      case RDMA_CM_EVENT_MULTICAST_JOIN:
+        // As rdma-core: the id's QP joins the group when the application learns of the join.
+        if (id->pub.qp && ibv_attach_mcast(id->pub.qp, &e->mgid, 0) != 0) {
+          e->ev.event = RDMA_CM_EVENT_MULTICAST_ERROR;
+          e->ev.status = -EINVAL;
+        }
         break;
       default:
         break;
@@ -1031,9 +1153,37 @@ SOFTRDMA_EXPORT int rdma_connect(rdma_cm_id* pid, rdma_conn_param* param) {
   {
     std::lock_guard lock(m.mu);
     if (id->st != St::RouteResolved) return fail(EINVAL);
-    if (id->pub.ps == RDMA_PS_UDP || id->pub.ps == RDMA_PS_IPOIB) return fail(ENOSYS);  // SIDR: not yet
     rdma_conn_param dflt{};
     const rdma_conn_param& p = param ? *param : dflt;
+    if (is_ud(id)) {
+      // SIDR_REQ: asks the service for its QPN and Q_Key (IBTA 12.11.1).
+      if (p.private_data_len > wire::kSidrReqPrivateLen - wire::kCmaHeaderLen) return fail(EINVAL);
+      id->tid = (uint64_t(random_u32()) << 32) | random_u32();
+      id->service_port = ntohs(sin_of(&id->pub.route.addr.dst_addr)->sin_port);
+      if (!m.alloc_comm_id(id)) return fail(ENOMEM);
+      wire::CmSidrReq req;
+      req.request_id = id->local_comm_id;
+      req.service_id = wire::ip_service_id(static_cast<uint16_t>(id->pub.ps), id->service_port);
+      wire::CmaIpHeader cma;
+      cma.src_port = ntohs(sin_of(&id->pub.route.addr.src_addr)->sin_port);
+      cma.src_ip_be = sin_of(&id->pub.route.addr.src_addr)->sin_addr.s_addr;
+      cma.dst_ip_be = id->peer_ip_be;
+      wire::encode_cma_header(cma, req.private_data);
+      if (p.private_data_len)
+        std::memcpy(req.private_data + wire::kCmaHeaderLen, p.private_data, p.private_data_len);
+      wire::MadHeader h;
+      h.tid = id->tid;
+      h.attr_id = static_cast<uint16_t>(wire::CmAttr::SidrReq);
+      uint8_t mad[wire::kMadLen];
+      wire::encode_sidr_req(h, req, mad);
+      id->st = St::ReqSent;
+      m.send_mad(id, mad, true);
+      if (id->peer_local && !udp_port_held(id->service_port)) {
+        id->listener_probes = 20;  // as for a REQ (below)
+        id->deadline_ns = now_ns() + kProbeIntervalNs;
+      }
+      m.wake();
+    } else {
     if (p.private_data_len > wire::kReqPrivateLen - wire::kCmaHeaderLen) return fail(EINVAL);
     uint8_t max_rd = id->dev->max_rd_atom;
     if (p.responder_resources != RDMA_MAX_RESP_RES && p.responder_resources > max_rd) return fail(EINVAL);
@@ -1091,6 +1241,7 @@ SOFTRDMA_EXPORT int rdma_connect(rdma_cm_id* pid, rdma_conn_param* param) {
       id->deadline_ns = now_ns() + kProbeIntervalNs;
     }
     m.wake();
+    }
   }
   return id->sync ? wait_for(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
@@ -1149,6 +1300,13 @@ SOFTRDMA_EXPORT int rdma_accept(rdma_cm_id* pid, rdma_conn_param* param) {
     dflt.responder_resources = RDMA_MAX_RESP_RES;
     dflt.initiator_depth = RDMA_MAX_INIT_DEPTH;
     const rdma_conn_param& p = param ? *param : dflt;
+    if (is_ud(id)) {
+      // SIDR_REP "valid QP" with our QPN and Q_Key. No ESTABLISHED here, as with the kernel's CM.
+      if (p.private_data_len > wire::kSidrRepPrivateLen) return fail(EINVAL);
+      m.send_sidr_rep(id, 0, id->pub.qp ? id->pub.qp->qp_num : p.qp_num, p.private_data, p.private_data_len);
+      id->st = St::Connected;
+      return 0;
+    }
     if (p.private_data_len > wire::kRepPrivateLen) return fail(EINVAL);
     uint8_t max_rd = id->dev ? id->dev->max_rd_atom : 16;
     id->resp_res = std::min(p.responder_resources, max_rd);
@@ -1188,6 +1346,12 @@ SOFTRDMA_EXPORT int rdma_reject(rdma_cm_id* pid, const void* private_data, uint8
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
   if (id->st != St::ReqRcvd) return fail(EINVAL);
+  if (is_ud(id)) {
+    if (len > wire::kSidrRepPrivateLen) return fail(EINVAL);
+    M().send_sidr_rep(id, 2, 0, private_data, len);  // status 2: rejected by the service
+    id->st = St::Rejected;
+    return 0;
+  }
   if (len > wire::kRejPrivateLen) return fail(EINVAL);
   M().send_rej(id, wire::kRejConsumerDefined, wire::kMsgReq, private_data, len);
   id->st = St::Rejected;
@@ -1221,6 +1385,10 @@ SOFTRDMA_EXPORT int rdma_disconnect(rdma_cm_id* pid) {
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
   M().to_error(id);
+  if (is_ud(id)) {
+    if (id->st == St::Connected) id->st = St::Disconnected;  // SIDR leaves no connection to tear down
+    return 0;
+  }
   if (id->st == St::Connected || id->st == St::RepSent || id->st == St::RepRcvd) {
     id->st = St::DreqSent;
     M().send_dreq(id);
@@ -1307,9 +1475,53 @@ SOFTRDMA_EXPORT ibv_context** rdma_get_devices(int* num) {
 }
 SOFTRDMA_EXPORT void rdma_free_devices(ibv_context** list) { free(list); }
 
-SOFTRDMA_EXPORT int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return fail(ENOSYS); }
-SOFTRDMA_EXPORT int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) { return fail(ENOSYS); }
-SOFTRDMA_EXPORT int rdma_leave_multicast(rdma_cm_id*, sockaddr*) { return fail(ENOSYS); }
+// RoCE multicast needs no subnet administrator: joining is local (the QP's engine joins the IPv4 group
+// when the QP is attached, src/verbs/ah.cpp), and the event hands out the group's address vector.
+SOFTRDMA_EXPORT int rdma_join_multicast(rdma_cm_id* pid, sockaddr* addr, void* context) {
+  if (!pid || !addr) return fail(EINVAL);
+  if (addr->sa_family != AF_INET) return fail(EAFNOSUPPORT);
+  Id* id = to_id(pid);
+  const uint32_t group = sin_of(addr)->sin_addr.s_addr;
+  if (!IN_MULTICAST(ntohl(group))) return fail(EINVAL);
+  std::lock_guard lock(M().mu);
+  if (!id->dev || !is_ud(id)) return fail(EINVAL);
+  if (std::find(id->mcast_groups.begin(), id->mcast_groups.end(), group) != id->mcast_groups.end())
+    return fail(EADDRINUSE);
+  id->mcast_groups.push_back(group);
+  Event* e = nullptr;
+  M().post(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0, nullptr, 0, nullptr, nullptr, &e);
+  if (e) {
+    set_gid(e->mgid, group);
+    auto& u = e->ev.param.ud;
+    u.private_data = context;  // as rdma-core: the join's context
+    fill_ah_attr(u.ah_attr, e->mgid);
+    u.qp_num = 0xFFFFFF;
+    u.qkey = RDMA_UDP_QKEY;
+  }
+  return 0;
+}
+SOFTRDMA_EXPORT int rdma_join_multicast_ex(rdma_cm_id* pid, rdma_cm_join_mc_attr_ex* attr, void* context) {
+  if (!attr || !(attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS)) return fail(EINVAL);
+  return rdma_join_multicast(pid, attr->addr, context);
+}
+SOFTRDMA_EXPORT int rdma_leave_multicast(rdma_cm_id* pid, sockaddr* addr) {
+  if (!pid || !addr) return fail(EINVAL);
+  if (addr->sa_family != AF_INET) return fail(EAFNOSUPPORT);
+  Id* id = to_id(pid);
+  const uint32_t group = sin_of(addr)->sin_addr.s_addr;
+  {
+    std::lock_guard lock(M().mu);
+    auto it = std::find(id->mcast_groups.begin(), id->mcast_groups.end(), group);
+    if (it == id->mcast_groups.end()) return fail(EADDRNOTAVAIL);
+    id->mcast_groups.erase(it);
+  }
+  if (pid->qp) {
+    ibv_gid g;
+    set_gid(g, group);
+    ibv_detach_mcast(pid->qp, &g, 0);  // fails harmlessly when the join event was never read
+  }
+  return 0;
+}
 SOFTRDMA_EXPORT int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
 SOFTRDMA_EXPORT int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
 

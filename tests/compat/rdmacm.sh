@@ -3,8 +3,8 @@
 # loopback and across two network namespaces (the second part needs root; skipped without it).
 # An rdma_cm port is a UDP socket of the listening process (docs/rdmacm.md), so "listening" here
 # means that UDP port is bound.
-# Not covered yet (docs/rdmacm.md, "Status"): udaddy and mckey (UD ids / SIDR and multicast are not
-# implemented); qperf ud_lat/ud_bw (qperf 0.4.11 does not use rdma_cm for UD, docs/rdmacm.md).
+# Not covered (docs/rdmacm.md, "Status"): qperf ud_lat/ud_bw (qperf 0.4.11 does not use rdma_cm for
+# UD and gives a LID-only address handle, which no RoCE device accepts).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/compat_lib.sh"
 compat_require_softrdma
@@ -86,7 +86,36 @@ qperf_cm() {
   fi
 }
 
-suite() { # LABEL SERVER_IP
+# mckey_pair LABEL RECEIVER_IP SENDER_IP: a receiver joins a group, then a sender joins and sends 10
+# datagrams to it; the receiver must get all 10 ("data transfers complete").
+mckey_pair() {
+  local where=$1 rip=$2 sip=$3 rpid i crc=0 rrc=0 group sock name="$1 mckey" g1 g2 g3
+  local -a sp=("${SRV_PREFIX[@]+"${SRV_PREFIX[@]}"}") cp=("${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"}")
+  g1=$((RANDOM % 256)) g2=$((RANDOM % 256)) g3=$((1 + RANDOM % 254))
+  group=239.$g1.$g2.$g3
+  # The receiver's QP is attached once its context holds a UDP socket on group:4791 (as /proc shows it).
+  sock=$(printf '%02X%02X%02X%02X:12B7' "$g3" "$g2" "$g1" 239)
+  PAIR_SRV_LOG=$COMPAT_LOG_DIR/${where}_mckey.receiver.log
+  PAIR_CLI_LOG=$COMPAT_LOG_DIR/${where}_mckey.sender.log
+  compat_log "$name: receiver: mckey -m $group -b $rip -C 10"
+  "${sp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- mckey -m "$group" -b "$rip" -C 10 >"$PAIR_SRV_LOG" 2>&1 &
+  rpid=$!
+  for ((i = 0; i < 300; i++)); do
+    "${sp[@]}" awk -v s="$sock" 'NR>1 && $2==s { f=1 } END { exit !f }' /proc/net/udp && break
+    kill -0 "$rpid" 2>/dev/null || break
+    sleep 0.1
+  done
+  compat_log "$name: sender: mckey -m $group -b $sip -s -C 10"
+  "${cp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- mckey -m "$group" -b "$sip" -s -C 10 >"$PAIR_CLI_LOG" 2>&1 || crc=$?
+  wait "$rpid" || rrc=$?
+  if ((crc == 0 && rrc == 0)) && grep -q 'data transfers complete' "$PAIR_SRV_LOG"; then
+    compat_result "$name" 1
+  else
+    compat_result "$name" 0 "exit codes: receiver $rrc, sender $crc"
+  fi
+}
+
+suite() { # LABEL SERVER_IP CLIENT_IP
   local where=$1 ip=$2 port n
   port=$(cm_free_port)
   SRV=(rping -s -a "$ip" -p "$port" -v -C 1000)
@@ -112,6 +141,22 @@ suite() { # LABEL SERVER_IP
 
   qperf_cm "$where" "$ip"
 
+  # udaddy: UD ids through SIDR_REQ/REP; its port is fixed (7174), -p is its port space.
+  if [[ $where == loopback ]] && udp_bound 7174; then
+    compat_result "$where udaddy" 0 "UDP port 7174 (udaddy's) is taken on this host"
+  else
+    SRV=(udaddy -c 2 -C 10)
+    CLI=(udaddy -s "$ip" -c 2 -C 10)
+    if cm_pair "$where udaddy" 7174 && grep -q 'return status 0' "$PAIR_CLI_LOG" &&
+      grep -q 'data transfers complete' "$PAIR_SRV_LOG"; then
+      compat_result "$where udaddy" 1
+    else
+      compat_result "$where udaddy" 0
+    fi
+  fi
+
+  mckey_pair "$where" "$ip" "$3"
+
   local t
   for t in ib_write_bw ib_send_lat ib_read_bw; do
     port=$(cm_free_port)
@@ -125,13 +170,13 @@ suite() { # LABEL SERVER_IP
   done
 }
 
-suite loopback 127.0.0.1
+suite loopback 127.0.0.1 127.0.0.1
 
 if [[ $(id -u) == 0 ]] && command -v ip >/dev/null && ip netns list >/dev/null 2>&1; then
   compat_netns_setup
   SRV_PREFIX=("${inA[@]}")
   CLI_PREFIX=("${inB[@]}")
-  suite netns "$ipA"
+  suite netns "$ipA" "$ipB"
 else
   compat_log "two-namespace part skipped: needs root and ip netns"
 fi

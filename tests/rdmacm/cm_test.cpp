@@ -52,7 +52,7 @@ struct Side {
   ibv_mr* mr = nullptr;
   std::vector<uint8_t> buf;
 
-  bool setup(rdma_cm_id* cm_id, size_t len) {
+  bool setup(rdma_cm_id* cm_id, size_t len, ibv_qp_type type = IBV_QPT_RC) {
     id = cm_id;
     buf.assign(len, 0);
     pd = ibv_alloc_pd(id->verbs);
@@ -61,7 +61,7 @@ struct Side {
     mr = ibv_reg_mr(pd, buf.data(), len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
     ibv_qp_init_attr qa{};
     qa.send_cq = qa.recv_cq = cq;
-    qa.qp_type = IBV_QPT_RC;
+    qa.qp_type = type;
     qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
     qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
     return mr && rdma_create_qp(id, pd, &qa) == 0;
@@ -97,8 +97,8 @@ struct Listener {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   uint16_t port = 0;
-  Listener() {
-    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return;
+  explicit Listener(rdma_port_space ps = RDMA_PS_TCP) {
+    if (!ch || rdma_create_id(ch, &id, nullptr, ps)) return;
     sockaddr_in a = addr(kIp, 0);
     if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(id, 8)) return;
     port = ntohs(rdma_get_src_port(id));
@@ -113,8 +113,8 @@ struct Listener {
 struct Client {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
-  bool resolve(uint16_t port) {
-    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return false;
+  bool resolve(uint16_t port, rdma_port_space ps = RDMA_PS_TCP) {
+    if (!ch || rdma_create_id(ch, &id, nullptr, ps)) return false;
     sockaddr_in a = addr(kIp, port);
     if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 2000)) return false;
     rdma_cm_event* ev = next_event(ch);
@@ -488,6 +488,184 @@ TEST(RdmaCm, BadCallsFailWithErrno) {
   EXPECT_EQ(rdma_connect(C.id, &cp), -1);
   EXPECT_EQ(errno, EINVAL);
   rdma_destroy_event_channel(ch);
+}
+
+// UD ids: rdma_connect sends a SIDR_REQ, rdma_accept answers with the QPN and Q_Key; the client's
+// ESTABLISHED carries them with an address vector, and datagrams flow.
+TEST(RdmaCm, UdIdLearnsServiceQpnAndQkeyThenDatagramsFlow) {
+  Listener L(RDMA_PS_UDP);
+  ASSERT_NE(L.port, 0);
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port, RDMA_PS_UDP));
+  Side cs;
+  ASSERT_TRUE(cs.setup(C.id, 4096, IBV_QPT_UD));
+  const char hello[] = "ud-hello";
+  rdma_conn_param cp{};
+  cp.private_data = hello;
+  cp.private_data_len = sizeof hello;
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+  ASSERT_GE(ev->param.ud.private_data_len, sizeof hello);
+  EXPECT_EQ(memcmp(ev->param.ud.private_data, hello, sizeof hello), 0);
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  Side ss;
+  ASSERT_TRUE(ss.setup(child, 4096, IBV_QPT_UD));
+  ibv_sge rs = ss.sge(0, 40 + 256);  // GRH area, then the datagram
+  ibv_recv_wr rwr{};
+  rwr.wr_id = 1;
+  rwr.sg_list = &rs;
+  rwr.num_sge = 1;
+  ibv_recv_wr* bad_r = nullptr;
+  ASSERT_EQ(ibv_post_recv(child->qp, &rwr, &bad_r), 0);
+  const char welcome[] = "ud-welcome";
+  rdma_conn_param ap{};
+  ap.private_data = welcome;
+  ap.private_data_len = sizeof welcome;
+  ASSERT_EQ(rdma_accept(child, &ap), 0);
+
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+  EXPECT_EQ(ev->status, 0);
+  ASSERT_GE(ev->param.ud.private_data_len, sizeof welcome);
+  EXPECT_EQ(memcmp(ev->param.ud.private_data, welcome, sizeof welcome), 0);
+  EXPECT_EQ(ev->param.ud.qp_num, child->qp->qp_num);
+  EXPECT_EQ(ev->param.ud.qkey, static_cast<uint32_t>(RDMA_UDP_QKEY));
+  const uint32_t qpn = ev->param.ud.qp_num, qkey = ev->param.ud.qkey;
+  ibv_ah* ah = ibv_create_ah(cs.pd, &ev->param.ud.ah_attr);
+  rdma_ack_cm_event(ev);
+  ASSERT_NE(ah, nullptr);
+
+  for (size_t i = 0; i < 256; ++i) cs.buf[i] = static_cast<uint8_t>(255 - i);
+  ibv_sge s = cs.sge(0, 256);
+  ibv_send_wr swr{};
+  swr.wr_id = 2;
+  swr.sg_list = &s;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  swr.wr.ud.ah = ah;
+  swr.wr.ud.remote_qpn = qpn;
+  swr.wr.ud.remote_qkey = qkey;
+  ibv_send_wr* bad_s = nullptr;
+  ASSERT_EQ(ibv_post_send(C.id->qp, &swr, &bad_s), 0);
+  EXPECT_EQ(cs.poll_one().status, IBV_WC_SUCCESS);
+  ibv_wc wc = ss.poll_one();
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 40u + 256u);
+  EXPECT_EQ(wc.src_qp, C.id->qp->qp_num);
+  EXPECT_EQ(memcmp(ss.buf.data() + 40, cs.buf.data(), 256), 0);
+  ibv_destroy_ah(ah);
+  ss.release();
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+
+// A SIDR_REP other than "valid QP" ends in UNREACHABLE with the SIDR status, as with the kernel:
+// 2 when the service rejects, 1 when no service listens on the port.
+TEST(RdmaCm, UdRejectAndNobodyListeningAreUnreachable) {
+  {
+    Listener L(RDMA_PS_UDP);
+    ASSERT_NE(L.port, 0);
+    Client C;
+    ASSERT_TRUE(C.resolve(L.port, RDMA_PS_UDP));
+    rdma_conn_param cp{};
+    ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+    rdma_cm_event* ev = next_event(L.ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+    rdma_cm_id* child = ev->id;
+    rdma_ack_cm_event(ev);
+    ASSERT_EQ(rdma_reject(child, nullptr, 0), 0);
+    ev = next_event(C.ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_UNREACHABLE) << name(ev);
+    EXPECT_EQ(ev->status, 2);
+    rdma_ack_cm_event(ev);
+    EXPECT_EQ(rdma_destroy_id(child), 0);
+  }
+  uint16_t port;
+  {
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in a = addr(kIp, 0);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    socklen_t l = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
+    port = ntohs(a.sin_port);
+    close(fd);
+  }
+  Client C;
+  ASSERT_TRUE(C.resolve(port, RDMA_PS_UDP));
+  rdma_conn_param cp{};
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+  rdma_cm_event* ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_UNREACHABLE) << name(ev);
+  EXPECT_EQ(ev->status, 1);
+  rdma_ack_cm_event(ev);
+}
+
+// rdma_join_multicast: MULTICAST_JOIN hands out the group's address vector (QPN 0xFFFFFF, the UDP
+// Q_Key); the id's QP is attached when the event is read, and receives what is sent to the group.
+TEST(RdmaCm, MulticastJoinAttachesTheQp) {
+  sockaddr_in group = addr("239.0.0.1", 0);
+  group.sin_addr.s_addr = htonl(0xEF000000u | (static_cast<uint32_t>(getpid()) & 0xFFFF) << 8 | 7);
+  struct Member {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    rdma_cm_id* id = nullptr;
+    Side side;
+    ibv_ah* ah = nullptr;
+    ~Member() {
+      if (ah) ibv_destroy_ah(ah);
+      side.release();
+      if (id) rdma_destroy_id(id);
+      if (ch) rdma_destroy_event_channel(ch);
+    }
+  } rx, tx;
+  int ctx_rx = 1, ctx_tx = 2;
+  for (Member* m : {&rx, &tx}) {
+    ASSERT_EQ(rdma_create_id(m->ch, &m->id, nullptr, RDMA_PS_UDP), 0);
+    sockaddr_in a = addr(kIp, 0);
+    ASSERT_EQ(rdma_bind_addr(m->id, reinterpret_cast<sockaddr*>(&a)), 0);
+    ASSERT_TRUE(m->side.setup(m->id, 4096, IBV_QPT_UD));
+    ASSERT_EQ(rdma_join_multicast(m->id, reinterpret_cast<sockaddr*>(&group), m == &rx ? &ctx_rx : &ctx_tx), 0);
+    rdma_cm_event* ev = next_event(m->ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_MULTICAST_JOIN) << name(ev);
+    EXPECT_EQ(ev->param.ud.private_data, m == &rx ? &ctx_rx : &ctx_tx);
+    EXPECT_EQ(ev->param.ud.qp_num, 0xFFFFFFu);
+    EXPECT_EQ(ev->param.ud.qkey, static_cast<uint32_t>(RDMA_UDP_QKEY));
+    EXPECT_EQ(ev->param.ud.ah_attr.is_global, 1);
+    EXPECT_EQ(memcmp(ev->param.ud.ah_attr.grh.dgid.raw + 12, &group.sin_addr.s_addr, 4), 0);
+    m->ah = ibv_create_ah(m->side.pd, &ev->param.ud.ah_attr);
+    rdma_ack_cm_event(ev);
+    ASSERT_NE(m->ah, nullptr);
+  }
+  EXPECT_EQ(rdma_join_multicast(rx.id, reinterpret_cast<sockaddr*>(&group), nullptr), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+  ibv_sge rs = rx.side.sge(0, 40 + 64);
+  ibv_recv_wr rwr{};
+  rwr.sg_list = &rs;
+  rwr.num_sge = 1;
+  ibv_recv_wr* bad_r = nullptr;
+  ASSERT_EQ(ibv_post_recv(rx.id->qp, &rwr, &bad_r), 0);
+  for (size_t i = 0; i < 64; ++i) tx.side.buf[i] = static_cast<uint8_t>(i * 3);
+  ibv_sge s = tx.side.sge(0, 64);
+  ibv_send_wr swr{};
+  swr.sg_list = &s;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  swr.wr.ud.ah = tx.ah;
+  swr.wr.ud.remote_qpn = 0xFFFFFF;
+  swr.wr.ud.remote_qkey = RDMA_UDP_QKEY;
+  ibv_send_wr* bad_s = nullptr;
+  ASSERT_EQ(ibv_post_send(tx.id->qp, &swr, &bad_s), 0);
+  EXPECT_EQ(tx.side.poll_one().status, IBV_WC_SUCCESS);
+  ibv_wc wc = rx.side.poll_one();
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 40u + 64u);
+  EXPECT_EQ(memcmp(rx.side.buf.data() + 40, tx.side.buf.data(), 64), 0);
+  EXPECT_EQ(rdma_leave_multicast(rx.id, reinterpret_cast<sockaddr*>(&group)), 0);
+  EXPECT_EQ(rdma_leave_multicast(rx.id, reinterpret_cast<sockaddr*>(&group)), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
 }
 
 }  // namespace
