@@ -34,6 +34,12 @@ namespace {
 // The arena is a sparse memfd: only the pages that rings and tables touch cost memory.
 constexpr size_t kArenaBytes = size_t{1} << 30;
 
+// A packet the 4791 holder hands to another local process carries the original source after its
+// ICRC: IPv4 address (4), UDP port (2, big-endian), then this magic (4).
+constexpr uint32_t kForwardTrailerLen = 10;
+constexpr uint8_t kForwardMagic[4] = {'S', 'R', 'F', 'W'};
+constexpr uint32_t kMaxDatagram = 8192;  // far above MTU 4096 plus every header
+
 uint64_t spin_window_ns() {
   // How long the progress thread keeps spinning after its last piece of work before it blocks.
   static const uint64_t ns = [] {
@@ -241,14 +247,20 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
                            uint16_t local_port) {
   count(nullptr, &core::Counters::rx_packets);
   count(nullptr, &core::Counters::rx_bytes, len);
+  // Forwarded by this host's 4791 holder, which checked the ICRC against the original addresses and
+  // appended them (UD receivers report the sender's address in the GRH).
+  bool forwarded = peer_ip == iface_.ip_be && peer_port == wire::kRoceUdpPort && local_port != wire::kRoceUdpPort;
+  if (forwarded && len >= kForwardTrailerLen && std::memcmp(data + len - 4, kForwardMagic, 4) == 0) {
+    len -= kForwardTrailerLen;
+    std::memcpy(&peer_ip, data + len, 4);
+    peer_port = static_cast<uint16_t>(data[len + 4] << 8 | data[len + 5]);
+  }
   wire::Packet pkt;
   if (wire::parse_packet(data, len, pkt) != wire::ParseError::Ok) {
     count(nullptr, &core::Counters::drop_malformed);
     return;
   }
   wire::Ipv4UdpAddr addr{peer_ip, iface_.ip_be, peer_port, local_port};
-  // Forwarded by this host's 4791 holder, which checked the ICRC against the original addresses.
-  bool forwarded = peer_ip == iface_.ip_be && peer_port == wire::kRoceUdpPort && local_port != wire::kRoceUdpPort;
   // softrdma peers send IP identification 0; other RoCE stacks do not, and a UDP socket cannot see it.
   if (!forwarded && !wire::check_icrc(addr, data, len) && !wire::check_icrc_unknown_ip_id(addr, data, len)) {
     count(nullptr, &core::Counters::drop_icrc);
@@ -267,8 +279,15 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
   if (it == qps_.end() && local_port == wire::kRoceUdpPort && roce_port_) {
     // From another host, for a QP of another process here: hand it over (DESIGN §4).
     auto ep = net::Registry::instance().lookup(pkt.bth.dest_qp);
-    if (ep && ep->ip_be == iface_.ip_be && ep->port != port_->port()) {
-      roce_port_->send(data, len, ep->ip_be, ep->port);
+    if (ep && ep->ip_be == iface_.ip_be && ep->port != port_->port() && len <= kMaxDatagram - kForwardTrailerLen) {
+      // The original source address travels in a trailer after the ICRC.
+      uint8_t fwd[kMaxDatagram];
+      std::memcpy(fwd, data, len);
+      std::memcpy(fwd + len, &peer_ip, 4);
+      fwd[len + 4] = static_cast<uint8_t>(peer_port >> 8);
+      fwd[len + 5] = static_cast<uint8_t>(peer_port);
+      std::memcpy(fwd + len + 6, kForwardMagic, 4);
+      roce_port_->send(fwd, len + kForwardTrailerLen, ep->ip_be, ep->port);
       count(nullptr, &core::Counters::forwarded);
       return;
     }
