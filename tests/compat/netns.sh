@@ -45,6 +45,9 @@ if "${inA[@]}" ss -uln | grep -q ":4791 "; then
   netns_pair ib_write_bw -n 2000
   netns_pair ib_read_bw -n 2000
   netns_pair ib_send_lat -n 500
+  # UD through the holder: the original source address travels with the handed-over datagram.
+  netns_pair ib_send_lat -c UD -n 500
+  netns_pair ib_send_bw -c UD -n 2000
 else
   compat_result "a second process in A holds UDP 4791" 0 "nobody bound 4791 in namespace A"
 fi
