@@ -76,6 +76,8 @@ struct Id {
   ibv_pd* ep_pd = nullptr;
   bool own_cqs = false;
   std::vector<uint32_t> mcast_groups;  // IPv4 groups joined (network order)
+  bool passive = false;                // made by a REQ (its last_mad is our REP)
+  uint64_t next_probe_ns = 0;          // connected to another host: when to check on the peer next
 };
 
 }  // namespace softrdma::rdmacm

@@ -47,6 +47,8 @@ uint64_t env_u64(const char* name, uint64_t dflt) {
 uint64_t cm_timeout_ns() { return env_u64("SOFTRDMA_CM_TIMEOUT_MS", 1000) * 1000000ull; }
 constexpr uint64_t kProbeIntervalNs = 50000000;  // 50 ms
 int cm_retries() { return static_cast<int>(env_u64("SOFTRDMA_CM_RETRIES", 15)); }
+// How often a connection to another host checks that its peer process still exists (docs/rdmacm.md).
+uint64_t cm_probe_ns() { return env_u64("SOFTRDMA_CM_PROBE_MS", 2000) * 1000000ull; }
 
 uint32_t random_u32() {
   thread_local std::mt19937 gen{std::random_device{}() ^ static_cast<uint32_t>(getpid())};
@@ -376,6 +378,7 @@ void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Id* L) {
   c->pub.qp_type = L->pub.qp_type;
   c->pub.port_num = 1;
   c->listener = L;
+  c->passive = true;
   c->sync = L->sync;
   c->dev = device_for_ip(local_ip);
   if (!c->dev && L->dev) c->dev = L->dev;
@@ -605,6 +608,13 @@ void Manager::on_mad(const uint8_t* mad, Id* listener) {
     case wire::CmAttr::Rej: {
       wire::CmRej rej;
       wire::decode_rej(mad, rej);
+      if ((id->st == St::Connected || id->st == St::DreqSent) && rej.reason == wire::kRejInvalidCommId) {
+        // Our peer's host no longer knows the connection: its process is gone (gsi.cpp).
+        id->awaiting = false;
+        id->st = St::Disconnected;
+        post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+        return;
+      }
       if (id->st != St::ReqSent && id->st != St::RepSent && id->st != St::RepRcvd) return;
       id->awaiting = false;
       id->st = St::Rejected;
@@ -701,6 +711,29 @@ void Manager::timers() {
   // learns this from the peer's kernel, which sends the DREQ for a dying process.)
   if (now - last_liveness_ns_ < 200000000ull) return;
   last_liveness_ns_ = now;
+  // A peer process on another host that died: its host answers for it (gsi.cpp) when we resend what
+  // a live peer ignores or answers harmlessly (IBTA 12.9.x duplicates): the active side its RTU, the
+  // passive side its REP (the peer answers with its RTU). A kernel rdma_cm peer needs none of this
+  // (its kernel sends the DREQ for a dying process) and ignores the duplicates.
+  for (Id* id : ids) {
+    if (id->st != St::Connected || id->peer_local || is_ud(id) || id->awaiting) continue;
+    if (!id->next_probe_ns) id->next_probe_ns = now + cm_probe_ns();
+    if (now < id->next_probe_ns) continue;
+    id->next_probe_ns = now + cm_probe_ns();
+    if (id->passive) {
+      send_mad(id, id->last_mad, false);
+    } else {
+      wire::MadHeader rh;
+      rh.tid = id->tid;
+      rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Rtu);
+      wire::CmSimple rtu;
+      rtu.local_comm_id = id->local_comm_id;
+      rtu.remote_comm_id = id->remote_comm_id;
+      uint8_t out[wire::kMadLen];
+      wire::encode_simple(rh, rtu, out);
+      send_mad(id, out, false);
+    }
+  }
   for (Id* id : ids) {
     if (id->st != St::Connected || !id->peer_local || is_ud(id)) continue;
     auto ep = net::Registry::instance().lookup(id->remote_comm_id & 0xFFFFFF);

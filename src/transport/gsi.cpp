@@ -8,10 +8,16 @@
 //  - Every other MAD names the receiver's comm ID (SIDR_REP its request ID). CM processes take their comm
 //    IDs from the host registry (the low 24 bits are a registry number that maps to the process's CM
 //    socket), so a registry lookup finds the owner.
+//  - A MAD for a comm ID whose owner is gone (the process died, and with it its connection manager)
+//    is answered here, as the kernel CM of a dying process's host would have spoken for it: DREQ with
+//    DREP; REP and RTU (what a surviving peer resends now and then to check on the connection,
+//    docs/rdmacm.md) with REJ "invalid comm ID".
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <mutex>
 #include <unordered_map>
@@ -103,7 +109,7 @@ void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uin
   }
   uint32_t comm_id = wire::cm_destination_comm_id(mad, h.attr_id);
   auto ep = net::Registry::instance().lookup(comm_id & 0xFFFFFF);
-  if (ep && ep->port) {
+  if (ep && ep->port && !(kill(ep->pid, 0) != 0 && errno == ESRCH)) {
     roce_port_->send(data, len, iface_.ip_be, ep->port);
     count(nullptr, &core::Counters::forwarded);
     return;
@@ -120,6 +126,29 @@ void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uin
     rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Drep);
     uint8_t out[wire::kMadLen];
     wire::encode_simple(rh, drep, out);
+    reply(out);
+    return;
+  }
+  if (attr == wire::CmAttr::Rep || attr == wire::CmAttr::Rtu) {
+    wire::CmRej rej;
+    if (attr == wire::CmAttr::Rep) {
+      wire::CmRep rep;
+      wire::decode_rep(mad, rep);
+      rej.remote_comm_id = rep.local_comm_id;
+      rej.message_rejected = wire::kMsgRep;
+    } else {
+      wire::CmSimple rtu;
+      wire::decode_simple(mad, h.attr_id, rtu);
+      rej.remote_comm_id = rtu.local_comm_id;
+      rej.message_rejected = wire::kMsgOther;
+    }
+    rej.local_comm_id = comm_id;
+    rej.reason = wire::kRejInvalidCommId;
+    wire::MadHeader rh;
+    rh.tid = h.tid;
+    rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Rej);
+    uint8_t out[wire::kMadLen];
+    wire::encode_rej(rh, rej, out);
     reply(out);
     return;
   }

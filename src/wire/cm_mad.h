@@ -34,7 +34,7 @@ inline constexpr size_t kReqPrivateLen = 92, kRepPrivateLen = 196, kRejPrivateLe
 
 // REJ reasons (IBTA table 109) that rdma_cm peers produce.
 enum CmRejReason : uint16_t {
-  kRejNoQp = 1, kRejTimeout = 3, kRejInvalidCommId = 5, kRejInvalidServiceId = 8, kRejStaleConn = 10,
+  kRejNoQp = 1, kRejTimeout = 4, kRejInvalidCommId = 6, kRejInvalidServiceId = 8, kRejStaleConn = 10,
   kRejConsumerDefined = 28,
 };
 // REJ/MRA "message rejected/MRAed" codes.

@@ -170,6 +170,54 @@ suite() { # LABEL SERVER_IP CLIENT_IP
   done
 }
 
+# peer_death_netns: a connected peer on the other "host" is SIGKILLed; the survivor must get
+# DISCONNECTED (its probes are answered by the dead peer's host, docs/rdmacm.md). Uses the project's own
+# rdmacm_peer program (tests/rdmacm/peer); another softrdma process on the victim's side holds 4791 there.
+peer_death_netns() {
+  local peer=${RDMACM_PEER:-$SOFTRDMA_BIN/../tests/rdmacm_peer} side port hpid vpid spid vt st i
+  if [[ ! -x $peer ]]; then
+    compat_log "peer death: skipped, no $peer"
+    return
+  fi
+  for side in passive active; do
+    local name="netns peer death ($side survivor)"
+    local -a sv vv
+    PAIR_SRV_LOG=$COMPAT_LOG_DIR/peer_death_$side.survivor.log
+    PAIR_CLI_LOG=$COMPAT_LOG_DIR/peer_death_$side.victim.log
+    if [[ $side == passive ]]; then sv=("${inA[@]}"); vv=("${inB[@]}"); else sv=("${inB[@]}"); vv=("${inA[@]}"); fi
+    local vip=$ipB
+    [[ $side == active ]] && vip=$ipA
+    "${vv[@]}" timeout 60 "$peer" accept "$vip" >"$COMPAT_LOG_DIR/peer_death_$side.holder.log" 2>&1 &
+    hpid=$!
+    sleep 0.5
+    if [[ $side == passive ]]; then
+      "${sv[@]}" timeout 60 "$peer" accept "$ipA" >"$PAIR_SRV_LOG" 2>&1 &
+      spid=$!
+      for ((i = 0; i < 100; i++)); do [[ -s $PAIR_SRV_LOG ]] && break; sleep 0.1; done
+      port=$(head -n1 "$PAIR_SRV_LOG")
+      "${vv[@]}" timeout 60 "$peer" connect "$ipA" "$port" wait >"$PAIR_CLI_LOG" 2>&1 &
+      vt=$!
+    else
+      "${vv[@]}" timeout 60 "$peer" accept "$ipA" >"$PAIR_CLI_LOG" 2>&1 &
+      vt=$!
+      for ((i = 0; i < 100; i++)); do [[ -s $PAIR_CLI_LOG ]] && break; sleep 0.1; done
+      port=$(head -n1 "$PAIR_CLI_LOG")
+      "${sv[@]}" timeout 60 "$peer" connect "$ipA" "$port" wait >"$PAIR_SRV_LOG" 2>&1 &
+      spid=$!
+    fi
+    for ((i = 0; i < 200; i++)); do grep -q '^up' "$PAIR_SRV_LOG" && break; sleep 0.1; done
+    vpid=$(pgrep -P "$vt" | head -n1)  # timeout's child: the victim itself
+    st=1
+    if grep -q '^up' "$PAIR_SRV_LOG" && [[ -n $vpid ]]; then
+      kill -9 "$vpid"
+      wait "$spid" && grep -q '^disconnected' "$PAIR_SRV_LOG" && st=0
+    fi
+    kill "$hpid" "$spid" "$vt" 2>/dev/null || true
+    wait "$hpid" "$spid" "$vt" 2>/dev/null || true
+    if ((st == 0)); then compat_result "$name" 1; else compat_result "$name" 0 "survivor saw no DISCONNECTED"; fi
+  done
+}
+
 suite loopback 127.0.0.1 127.0.0.1
 
 if [[ $(id -u) == 0 ]] && command -v ip >/dev/null && ip netns list >/dev/null 2>&1; then
@@ -177,6 +225,7 @@ if [[ $(id -u) == 0 ]] && command -v ip >/dev/null && ip netns list >/dev/null 2
   SRV_PREFIX=("${inA[@]}")
   CLI_PREFIX=("${inB[@]}")
   suite netns "$ipA" "$ipB"
+  peer_death_netns
 else
   compat_log "two-namespace part skipped: needs root and ip netns"
 fi

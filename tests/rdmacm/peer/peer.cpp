@@ -4,6 +4,10 @@
 //                                  a peer whose CM never answers.
 //   rdmacm_peer connect IP PORT    connects an RC QP, prints "up", then waits for stdin to close and
 //                                  exits without rdma_disconnect (exit handlers run).
+//   rdmacm_peer connect IP PORT wait  the same, but after "up" waits (up to 60 s) for DISCONNECTED and
+//                                  prints "disconnected".
+//   rdmacm_peer accept IP          binds IP:0, prints the port, accepts one RC connection, prints "up",
+//                                  then waits (up to 60 s) for DISCONNECTED and prints "disconnected".
 // Exit status 0, or 2..9 for the step that failed.
 #include <arpa/inet.h>
 #include <poll.h>
@@ -54,7 +58,34 @@ int main(int argc, char** argv) {
     pause();
     return 0;
   }
-  if (!strcmp(argv[1], "connect") && argc == 4) {
+  if (!strcmp(argv[1], "accept")) {
+    sockaddr_in a = addr(argv[2], 0);
+    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(id, 4)) return 4;
+    printf("%u\n", ntohs(rdma_get_src_port(id)));
+    fflush(stdout);
+    rdma_cm_event* ev = wait_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    if (!ev) return 5;
+    rdma_cm_id* child = ev->id;
+    rdma_ack_cm_event(ev);
+    ibv_qp_init_attr qa{};
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    if (rdma_create_qp(child, nullptr, &qa)) return 6;
+    if (rdma_accept(child, nullptr)) return 7;
+    if (!(ev = wait_event(ch, RDMA_CM_EVENT_ESTABLISHED))) return 8;
+    rdma_ack_cm_event(ev);
+    printf("up\n");
+    fflush(stdout);
+    pollfd p{ch->fd, POLLIN, 0};
+    if (poll(&p, 1, 60000) != 1) return 9;
+    if (!(ev = wait_event(ch, RDMA_CM_EVENT_DISCONNECTED))) return 9;
+    rdma_ack_cm_event(ev);
+    printf("disconnected\n");
+    fflush(stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "connect") && (argc == 4 || argc == 5)) {
     sockaddr_in a = addr(argv[2], static_cast<uint16_t>(atoi(argv[3])));
     if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 5000)) return 4;
     rdma_cm_event* ev = wait_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
@@ -76,6 +107,14 @@ int main(int argc, char** argv) {
     rdma_ack_cm_event(ev);
     printf("up\n");
     fflush(stdout);
+    if (argc == 5) {
+      pollfd p{ch->fd, POLLIN, 0};
+      if (poll(&p, 1, 60000) != 1 || !(ev = wait_event(ch, RDMA_CM_EVENT_DISCONNECTED))) return 9;
+      rdma_ack_cm_event(ev);
+      printf("disconnected\n");
+      fflush(stdout);
+      return 0;
+    }
     char b;
     while (read(0, &b, 1) > 0) {
     }
