@@ -946,6 +946,7 @@ SOFTRDMA_EXPORT int rdma_destroy_id(rdma_cm_id* pid) {
   }
   lock.unlock();
   if (id->sync) rdma_destroy_event_channel(id->pub.channel);
+  free(id->pub.route.path_rec);
   delete id;
   return 0;
 }
@@ -1076,8 +1077,6 @@ SOFTRDMA_EXPORT int rdma_resolve_route(rdma_cm_id* pid, int /*timeout_ms*/) {
     std::lock_guard lock(M().mu);
     if (id->st != St::AddrResolved && id->st != St::RouteResolved) return fail(EINVAL);
     // RoCE has no subnet administrator: the path record is the two GIDs and the port's MTU.
-    static thread_local ibv_sa_path_rec unused;
-    (void)unused;
     auto& r = id->pub.route;
     if (!r.path_rec) r.path_rec = static_cast<ibv_sa_path_rec*>(calloc(1, sizeof(ibv_sa_path_rec)));
     ibv_sa_path_rec& p = *r.path_rec;
