@@ -57,7 +57,8 @@ struct Id {
   bool peer_local = false;
   uint16_t service_port = 0;  // active side: the port the REQ names
   // Negotiated transport parameters.
-  uint32_t remote_qpn = 0, remote_psn = 0, my_psn = 0;
+  uint32_t remote_qpn = 0;
+  uint32_t remote_psn = 0, my_psn = 0;  // our QP's rq_psn and sq_psn
   uint8_t mtu = IBV_MTU_1024;
   uint8_t resp_res = 0, init_depth = 0;  // what our QP accepts / issues (max_dest_rd_atomic / max_rd_atomic)
   uint8_t retry_count = 7, rnr_retry = 7, ack_timeout = 17;

@@ -140,6 +140,10 @@ class Manager {
  private:
   Manager() {
     sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    // DF with IP identification 0, as softrdma's data sockets send: the ICRC covers both
+    // (wire/icrc.h), and kernel rxe drops MADs whose ICRC does not match.
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(sock, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     bind(sock, reinterpret_cast<sockaddr*>(&a), sizeof a);
@@ -388,8 +392,10 @@ void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Id* L) {
   c->tid = h.tid;
   c->remote_comm_id = req.local_comm_id;
   c->remote_qpn = req.local_qpn;
-  c->remote_psn = req.starting_psn;
-  c->my_psn = random_u32() & 0xFFFFFF;
+  // A message's starting PSN is the PSN its sender expects to receive, i.e. the one the other side
+  // sends from (Linux ib_cm: the passive sq_psn is the REQ's, the REP's is its own rq_psn).
+  c->my_psn = req.starting_psn;
+  c->remote_psn = random_u32() & 0xFFFFFF;
   c->mtu = std::min<uint8_t>(req.path_mtu ? req.path_mtu : uint8_t{IBV_MTU_1024}, c->dev ? uint8_t(c->dev->mtu) : uint8_t{IBV_MTU_1024});
   c->retry_count = req.retry_count;
   c->rnr_retry = req.rnr_retry_count;
@@ -560,7 +566,7 @@ void Manager::on_mad(const uint8_t* mad, Id* listener) {
       id->awaiting = false;
       id->remote_comm_id = rep.local_comm_id;
       id->remote_qpn = rep.local_qpn;
-      id->remote_psn = rep.starting_psn;
+      id->my_psn = rep.starting_psn;  // we send from the PSN the passive side expects
       id->init_depth = std::min(id->init_depth, rep.responder_resources);
       id->rnr_retry = rep.rnr_retry_count;
       Event* e = nullptr;
@@ -1223,7 +1229,7 @@ SOFTRDMA_EXPORT int rdma_connect(rdma_cm_id* pid, rdma_conn_param* param) {
     id->resp_res = std::min(p.responder_resources, max_rd);
     id->init_depth = std::min(p.initiator_depth, max_rd);
     id->retry_count = std::min<uint8_t>(p.retry_count, 7);
-    id->my_psn = random_u32() & 0xFFFFFF;
+    id->remote_psn = random_u32() & 0xFFFFFF;  // what we expect to receive; the REP says what we send
     id->tid = (uint64_t(random_u32()) << 32) | random_u32();
     id->service_port = ntohs(sin_of(&id->pub.route.addr.dst_addr)->sin_port);
     if (!m.alloc_comm_id(id)) return fail(ENOMEM);
@@ -1238,7 +1244,7 @@ SOFTRDMA_EXPORT int rdma_connect(rdma_cm_id* pid, rdma_conn_param* param) {
     req.local_cm_response_timeout = 20;
     req.transport_service_type = id->pub.qp && id->pub.qp->qp_type == IBV_QPT_UC ? 1 : 0;
     req.e2e_flow_control = p.flow_control;
-    req.starting_psn = id->my_psn;
+    req.starting_psn = id->remote_psn;
     req.retry_count = id->retry_count;
     req.pkey = 0xFFFF;
     req.path_mtu = id->mtu;
@@ -1352,7 +1358,7 @@ SOFTRDMA_EXPORT int rdma_accept(rdma_cm_id* pid, rdma_conn_param* param) {
     rep.local_comm_id = id->local_comm_id;
     rep.remote_comm_id = id->remote_comm_id;
     rep.local_qpn = id->pub.qp ? id->pub.qp->qp_num : p.qp_num;
-    rep.starting_psn = id->my_psn;
+    rep.starting_psn = id->remote_psn;
     rep.responder_resources = id->resp_res;
     rep.initiator_depth = id->init_depth;
     rep.target_ack_delay = 15;

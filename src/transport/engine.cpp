@@ -77,6 +77,7 @@ Engine::Engine(const net::Interface& iface)
     ev.data.fd = fd;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   }
+  start_link_monitor();
   sq_credits_ = std::make_unique<SqCredit[]>(core::DeviceLimits::kMaxQp);
   for (uint32_t i = core::DeviceLimits::kMaxQp; i-- > 0;) free_credits_.push_back(i);
   try_take_roce_port(0);
@@ -166,6 +167,7 @@ void Engine::progress_loop() {
       did = progress_once();
     }
     uint64_t now = now_ns();
+    check_link(now, false);
     if (did) {
       idle_since = now;
       continue;
@@ -192,13 +194,16 @@ void Engine::progress_loop() {
     if (!did) {
       epoll_event evs[4];
       now = now_ns();
+      int nev;
       if (deadline) {
         uint64_t wait = deadline > now ? deadline - now : 0;
         timespec ts{static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};
-        epoll_pwait2(epoll_fd_, evs, 4, &ts, nullptr);
+        nev = epoll_pwait2(epoll_fd_, evs, 4, &ts, nullptr);
       } else {
-        epoll_pwait2(epoll_fd_, evs, 4, nullptr, nullptr);
+        nev = epoll_pwait2(epoll_fd_, evs, 4, nullptr, nullptr);
       }
+      for (int i = 0; i < nev; ++i)
+        if (link_ && evs[i].data.fd == link_->fd()) check_link(now_ns(), true);
       uint64_t v;
       [[maybe_unused]] ssize_t n = read(doorbell_fd_, &v, sizeof v);
     }

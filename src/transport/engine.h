@@ -18,6 +18,7 @@
 #include "core/mr.h"
 #include "core/stats.h"
 #include "net/interfaces.h"
+#include "net/link_monitor.h"
 #include "net/udp_port.h"
 #include "transport/direct.h"
 #include "transport/qp.h"
@@ -64,6 +65,8 @@ class Engine {
   const net::Interface& interface() const { return iface_; }
   core::Arena& arena() { return arena_; }
   core::EventQueue<AsyncEvent>& async_events() { return async_events_; }
+  // The port's link as last seen by the link monitor (port_state.cpp); always up without one.
+  net::LinkState port_link() const;
   // The device's counters (all QPs, and drops before a QP is known).
   core::Counters counters();
 
@@ -111,6 +114,10 @@ class Engine {
   int detach_mcast(Qp* qp, uint32_t group_ip_be);
 
  private:
+  // port_state.cpp: reads the link monitor; a change of the port's state raises PORT_ERR/PORT_ACTIVE.
+  void start_link_monitor();
+  // readable: epoll saw the monitor's fd ready; otherwise it is read at most every few ms.
+  void check_link(uint64_t now_ns, bool readable);
   // engine.cpp
   void progress_loop();
   bool progress_once();  // lock held; true when anything was done
@@ -199,6 +206,11 @@ class Engine {
   std::atomic<uint32_t> work_hint_{0};
   int doorbell_fd_ = -1;
   int epoll_fd_ = -1;
+  // The device interface's link (port_state.cpp): the monitor is the progress thread's; port_link_
+  // holds its last LinkState (bit 0 admin up, 1 carrier, 2 address) for ibv_query_port.
+  std::unique_ptr<net::LinkMonitor> link_;
+  std::atomic<uint32_t> port_link_{7};
+  uint64_t link_checked_ns_ = 0;
   // Multicast groups some QP of this context joined: a socket bound to group:4791 each.
   struct McastGroup {
     uint32_t group_ip_be;

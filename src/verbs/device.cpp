@@ -108,8 +108,11 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
 int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* out, size_t size) {
   if (port != 1) return EINVAL;
   const SoftDevice& d = *to_ctx(ctx)->device;
+  const net::LinkState link = to_ctx(ctx)->engine->port_link();
   ibv_port_attr a{};
-  a.state = IBV_PORT_ACTIVE;
+  // The port follows its interface as a RoCE port follows its netdev: Disabled while it is down,
+  // Polling while up without carrier (no peer), LinkUp otherwise.
+  a.state = link.active() ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
   a.max_mtu = a.active_mtu = ib_mtu_for(d.iface.mtu);
   a.gid_tbl_len = 1;
   a.max_msg_sz = core::DeviceLimits::kMaxMsgSize;
@@ -117,7 +120,7 @@ int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* out, size_t siz
   a.max_vl_num = 1;
   a.active_width = 2;    // 4X
   a.active_speed = 32;   // EDR: nominal; a software port has no signalling rate
-  a.phys_state = 5;      // LinkUp
+  a.phys_state = !link.admin_up ? 3 : !link.carrier ? 2 : 5;  // Disabled, Polling, LinkUp
   a.link_layer = IBV_LINK_LAYER_ETHERNET;
   std::memcpy(out, &a, std::min(size, sizeof a));
   return 0;

@@ -13,6 +13,8 @@
 #   perftest.*      ib_write_bw, ib_read_bw, ib_send_bw, ib_atomic_bw, ib_write_lat
 #   impair.*        longer transfers while softrdma drops 2 % of the packets it sends
 #                   (SOFTRDMA_IMPAIR=seed=1,tx_drop=0.02), so rxe's NAK/retransmit logic meets ours
+#   rdmacm.*        rping -v -C 100 and udaddy -C 10 between softrdma's librdmacm and the kernel's
+#                   rdma_cm (IBTA CM and SIDR MADs on QP1)
 #   capture.*       tshark on the bridge during SEND/WRITE/READ/ATOMIC traffic both ways: softrdma's
 #                   packets decode as InfiniBand BTH/RETH/AETH/AtomicETH over UDP 4791 with no
 #                   malformed or warning expert info, and every ICRC of both stacks recomputes
@@ -415,6 +417,82 @@ run_capture() {
   fi
 }
 run_capture
+
+# rdma_cm: rping -v (payload verified by rping) between softrdma's librdmacm and the kernel's rdma_cm,
+# both ways: IBTA CM MADs (REQ/REP/RTU/DREQ/DREP) to QP1 on the wire (docs/rdmacm.md).
+run_rping() { # NAME ROLE
+  local name=$1 role=$2 t0 port spid crc=0 src=0 i n
+  case_wanted "$name" || return 0
+  t0=$(date +%s)
+  port=$((PORT++))
+  SRV_LOG=$INTEROP_LOG_DIR/$name.server.log
+  CLI_LOG=$INTEROP_LOG_DIR/$name.client.log
+  WHY=""
+  if [[ $role == host-server ]]; then
+    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- rping -s -a "$HOST_IP" -p "$port" -v -C 100 >"$SRV_LOG" 2>&1 &
+    spid=$!
+    sleep 1
+    guest "timeout -k 5 $INTEROP_TIMEOUT rping -c -a $HOST_IP -p $port -v -C 100" >"$CLI_LOG" 2>&1 || crc=$?
+    ((crc != 0)) && reap_after 15 "$spid"
+    wait "$spid" || src=$?
+  else
+    # Ready once the kernel lists the rdma_cm id as listening on the port.
+    guest "timeout -k 5 $INTEROP_TIMEOUT rping -s -a $GUEST_IP -p $port -v -C 100 & p=\$!; until rdma res show cm_id | grep -q 'LISTEN.*:$port '; do kill -0 \$p 2>/dev/null || break; sleep 0.1; done; echo INTEROP-READY; wait \$p" >"$SRV_LOG" 2>&1 &
+    spid=$!
+    for ((i = 0; i < 600; i++)); do
+      grep -q INTEROP-READY "$SRV_LOG" 2>/dev/null && break
+      kill -0 "$spid" 2>/dev/null || break
+      sleep 0.1
+    done
+    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- rping -c -a "$GUEST_IP" -p "$port" -v -C 100 >"$CLI_LOG" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+  fi
+  n=$(grep -o 'rdma-ping-[0-9]*: ' "$CLI_LOG" | sort -u | wc -l)
+  if ((crc == 0 && src == 0 && n == 100)); then
+    result "$name" 1 "$t0"
+  else
+    WHY="exit codes: server $src, client $crc; client verified $n of 100 pings"
+    result "$name" 0 "$t0"
+  fi
+}
+run_rping rdmacm.rping.host-server host-server
+run_rping rdmacm.rping.host-client host-client
+
+# UD ids: udaddy (SIDR_REQ/SIDR_REP, then 10 datagrams each way) on its fixed port 7174, both ways.
+run_udaddy() { # NAME ROLE
+  local name=$1 role=$2 t0 spid crc=0 src=0 i
+  case_wanted "$name" || return 0
+  t0=$(date +%s)
+  SRV_LOG=$INTEROP_LOG_DIR/$name.server.log
+  CLI_LOG=$INTEROP_LOG_DIR/$name.client.log
+  WHY=""
+  if [[ $role == host-server ]]; then
+    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- udaddy -b "$HOST_IP" -C 10 >"$SRV_LOG" 2>&1 &
+    spid=$!
+    sleep 1
+    guest "timeout -k 5 $INTEROP_TIMEOUT udaddy -s $HOST_IP -C 10" >"$CLI_LOG" 2>&1 || crc=$?
+    ((crc != 0)) && reap_after 15 "$spid"
+    wait "$spid" || src=$?
+  else
+    guest "timeout -k 5 $INTEROP_TIMEOUT udaddy -b $GUEST_IP -C 10 & p=\$!; until rdma res show cm_id | grep -q 'LISTEN.*:7174 '; do kill -0 \$p 2>/dev/null || break; sleep 0.1; done; echo INTEROP-READY; wait \$p" >"$SRV_LOG" 2>&1 &
+    spid=$!
+    for ((i = 0; i < 600; i++)); do
+      grep -q INTEROP-READY "$SRV_LOG" 2>/dev/null && break
+      kill -0 "$spid" 2>/dev/null || break
+      sleep 0.1
+    done
+    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- udaddy -s "$GUEST_IP" -C 10 >"$CLI_LOG" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+  fi
+  if ((crc == 0 && src == 0)) && grep -q 'return status 0' "$CLI_LOG" && grep -q 'data transfers complete' "$SRV_LOG"; then
+    result "$name" 1 "$t0"
+  else
+    WHY="exit codes: server $src, client $crc"
+    result "$name" 0 "$t0"
+  fi
+}
+run_udaddy rdmacm.udaddy.host-server host-server
+run_udaddy rdmacm.udaddy.host-client host-client
 
 # Every datagram the guest received during the suite passed its UDP checksum check.
 t0=$(date +%s)
