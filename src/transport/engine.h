@@ -163,6 +163,7 @@ class Engine {
   // completer.cpp
   void completer_receive(Qp& qp, const wire::Packet& pkt);
   void complete_in_order(Qp& qp);
+  // Completes e, the SQ's oldest WQE: advances the SQ tail, then posts its CQE (if any).
   void complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status);
   void requester_error(Qp& qp, WcStatus status);
   void rewind_to(Qp& qp, uint32_t psn);
