@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Intra-host direct path benchmark (issue 7): unmodified perftest over softrdma with the direct path
-# (SOFTRDMA_DIRECT=1) and without it (=0), side by side in one run with UCX ucx_perftest
+# (SOFTRDMA_DIRECT=1, the default) and without it (=0), side by side in one run with UCX ucx_perftest
 # (UCX_TLS=posix and cma) and libfabric fi_pingpong -p shm when they are installed. Server on CPU 0,
 # client on CPU 1. Prints a markdown table; "ratio" = softrdma direct / peer (latency: < 1 is faster;
 # bandwidth and rates: > 1 is faster). Only ratios from one run count: the host moves this VM's
@@ -60,6 +60,12 @@ fi_lat() {
   wait 2>/dev/null
 }
 
+# Cache-line round trip between CPU 0 and 1 (ns): the placement this run had (near ~60, far ~330).
+probe_bin=${TMPDIR:-/tmp}/softrdma-c2c-probe
+[[ -x $probe_bin ]] || c++ -O2 -std=c++20 -pthread -o "$probe_bin" "$root/bench/c2c_probe.cpp" 2>/dev/null
+probe() { [[ -x $probe_bin ]] && timeout 10 "$probe_bin" 100000; }
+probe_before=$(probe)
+
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
 row() { rows+=("| $1 | ${2:-fail} | ${3:-fail} | $4 | ${5:--} | $(ratio "$2" "$5") |"); }
 
@@ -81,6 +87,9 @@ row "ib_read_bw 64 KiB (GB/s)" "$d" "$p" "UCX ucp_get posix" "$(ucx posix ucp_ge
 d=$(mrate 1 ib_atomic_bw -n 200000); p=$(mrate 0 ib_atomic_bw -n 20000)
 row "ib_atomic_bw 8 B (Mmsg/s)" "$d" "$p" "UCX ucp_atomic_add posix" "$(ucx posix ucp_atomic_add 8 200000)"
 
+probe_after=$(probe)
+echo "cache-line round trip CPU 0 <-> 1: ${probe_before:-?} ns before, ${probe_after:-?} ns after (near ~60, far ~330)"
+echo
 echo "| test | softrdma direct | softrdma packets | peer | peer | ratio direct/peer |"
 echo "|---|---:|---:|---|---:|---:|"
 printf '%s\n' "${rows[@]}"

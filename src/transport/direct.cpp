@@ -19,15 +19,13 @@
 
 namespace softrdma::transport {
 
-// Until the path has passed every suite it is opt-in (SOFTRDMA_DIRECT=1).
-constexpr bool kDirectByDefault = false;
+// On unless SOFTRDMA_DIRECT=0 (for comparison) or SOFTRDMA_IMPAIR asks for packet faults.
+constexpr bool kDirectByDefault = true;
 
 bool direct_enabled() {
-  static const bool on = [] {
-    if (const char* s = getenv("SOFTRDMA_DIRECT")) return strcmp(s, "0") != 0;
-    return kDirectByDefault && getenv("SOFTRDMA_IMPAIR") == nullptr;
-  }();
-  return on;
+  // Read per context (at its creation): a process may open impaired and unimpaired contexts.
+  if (const char* s = getenv("SOFTRDMA_DIRECT")) return strcmp(s, "0") != 0;
+  return kDirectByDefault && getenv("SOFTRDMA_IMPAIR") == nullptr;
 }
 
 namespace {

@@ -24,8 +24,8 @@
 
 namespace softrdma::transport {
 
-// Off when SOFTRDMA_DIRECT=0, and by default when SOFTRDMA_IMPAIR asks for packet faults (those
-// tests are about the packet path).
+// On by default; off when SOFTRDMA_DIRECT=0, and by default when SOFTRDMA_IMPAIR asks for packet faults
+// (those tests are about the packet path). Read when a context is created.
 bool direct_enabled();
 
 struct DirectQpDesc {

@@ -129,8 +129,8 @@ uint64_t my_counter(uint64_t core::Counters::*field) {
   return sum;
 }
 
-// Whether softrdma takes the direct path here: SOFTRDMA_DIRECT=0/1, else its default (off for now).
-constexpr bool kDirectByDefault = false;
+// Whether softrdma takes the direct path here: SOFTRDMA_DIRECT=0/1, else its default (on).
+constexpr bool kDirectByDefault = true;
 bool direct_expected() {
   const char* s = getenv("SOFTRDMA_DIRECT");
   bool on = s ? std::strcmp(s, "0") != 0 : kDirectByDefault && getenv("SOFTRDMA_IMPAIR") == nullptr;
@@ -162,9 +162,9 @@ class DirectPath : public ::testing::Test {
   }
 
   void TearDown() override {
-    s.reset();
-    src.reset();
+    src.reset();  // MRs before their PD
     dst.reset();
+    s.reset();
     dev.reset();
     char x = 'x';
     write_full(sock, &x, 1);
