@@ -78,7 +78,7 @@ step_expect() {
   if [[ $got == "$want" ]]; then
     compat_result "$name" 1
   else
-    compat_result "$name" 0 "expected [$(echo $want)], ibv_asyncwatch printed [$(echo $got)]"
+    compat_result "$name" 0 "expected [${want//$'\n'/, }], ibv_asyncwatch printed [${got//$'\n'/, }]"
   fi
 }
 
