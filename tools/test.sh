@@ -65,6 +65,15 @@ run_build() {
 }
 
 run_build "$root/build" ""
+# The intra-host direct path is on by default; the verbs programs and the unmodified binaries must
+# pass with it off too (every operation by packets, as between hosts).
+echo "=== build: ctest with SOFTRDMA_DIRECT=0 (verbs, rdmacm, hostile, compat) ==="
+SOFTRDMA_DIRECT=0 ctest --test-dir "$root/build" --output-on-failure -j "$jobs" -L "verbs|rdmacm|hostile" "${extra[@]}" \
+  2>&1 | tee "$logs/build.direct-off1.log" || true
+count "$logs/build.direct-off1.log"
+SOFTRDMA_DIRECT=0 ctest --test-dir "$root/build" --output-on-failure -L compat "${extra[@]}" \
+  2>&1 | tee "$logs/build.direct-off2.log" || true
+count "$logs/build.direct-off2.log"
 if [[ ${SOFTRDMA_SKIP_ASAN:-0} != 1 ]]; then
   # The mixed-traffic fault test moves 1 GiB in the plain build; a quarter of it under ASan.
   FAULT_MIXED_MIB=256 run_build "$root/build-asan" 'perftest|netns' -DSOFTRDMA_SANITIZE=ON
