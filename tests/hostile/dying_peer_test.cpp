@@ -180,7 +180,19 @@ TEST(DyingPeer, KilledMidTransferThenNewPeerWorks) {
   int st = victim.reap();
   EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
 
-  while (static_cast<uint64_t>(ok_before_kill) + after_kill.size() < posted) {
+  // Keep writing until the death shows. Over packets the outstanding WRs already fail; on the
+  // intra-host direct path the survivor notices the dead target within milliseconds, then sends by
+  // packets, which time out. Until then a write into the dead process's memory may still succeed, as
+  // a write that reaches an HCA before the kernel tears the QP down does.
+  auto completed = [&] { return static_cast<uint64_t>(ok_before_kill) + after_kill.size(); };
+  while (after_kill.empty() || after_kill.back().status == IBV_WC_SUCCESS) {
+    if (posted - completed() < 4) post_one();
+    ibv_wc wc{};
+    if (!poll_wc(s.scq, &wc, kBound)) break;
+    after_kill.push_back(wc);
+    if (seconds_since(killed_at) > kBound) break;
+  }
+  while (completed() < posted) {
     ibv_wc wc{};
     if (!poll_wc(s.scq, &wc, kBound)) break;
     after_kill.push_back(wc);
