@@ -33,21 +33,27 @@ lat() { perftest "$@" | awk '{ print $5 }'; }                 # t_typical (media
 bw() { perftest "$@" | awk '{ printf "%.3f", $4 * 1048576 / 1e9 }'; }  # BW average, GB/s
 mrate() { perftest "$@" | awk '{ print $5 }'; }               # Mpps
 
-# ucx TLS TEST SIZE ITERS: p50 latency (us) or bandwidth (GB/s) or rate (Mmsg/s), by TEST.
+# ucx TLS TEST SIZE ITERS [UCT ARGS...]: p50 latency (us) for *lat tests, message rate (Mmsg/s) for
+# 8 B bandwidth tests and atomics, otherwise bandwidth (GB/s). TLS "uct" runs a UCT test (no UCX_TLS) with
+# the given transport arguments, e.g. -x cma -d memory -D zcopy (the cma rows: UCP over cma alone has no
+# active-message transport and fails).
 ucx() {
   command -v ucx_perftest >/dev/null || return 0
   local tls=$1 test=$2 size=$3 n=$4 out
+  shift 4
+  local -a env=(UCX_WARN_UNUSED_ENV_VARS=n)
+  [[ $tls != uct ]] && env+=(UCX_TLS="$tls")
   port=$((port + 1))
-  UCX_TLS=$tls UCX_WARN_UNUSED_ENV_VARS=n taskset -c 0 timeout "$T" ucx_perftest -p "$port" -c 0 >/dev/null 2>&1 &
+  env "${env[@]}" taskset -c 0 timeout "$T" ucx_perftest -p "$port" -c 0 >/dev/null 2>&1 &
   sleep 0.5
-  out=$(UCX_TLS=$tls UCX_WARN_UNUSED_ENV_VARS=n taskset -c 1 timeout "$T" ucx_perftest 127.0.0.1 -p "$port" -c 1 \
-    -t "$test" -s "$size" -n "$n" 2>/dev/null | awk '/Final:/ { print }')
+  out=$(env "${env[@]}" taskset -c 1 timeout "$T" ucx_perftest 127.0.0.1 -p "$port" -c 1 \
+    -t "$test" -s "$size" -n "$n" -w $((n / 10 + 1)) "$@" 2>/dev/null | awk '/Final:/ { print }')
   wait 2>/dev/null
-  # Final: iterations, typical/avg/overall latency (us), bandwidth avg/overall (MB/s), msgrate avg/overall
+  # Final: iterations, p50/avg/overall latency (us), bandwidth avg/overall (MiB/s), msgrate avg/overall
   case $test in
     *lat) awk '{ print $3 }' <<<"$out" ;;
-    *bw) awk -v s="$size" '{ if (s == 8) print $9 / 1e6; else printf "%.3f", $7 * 1048576 / 1e9 }' <<<"$out" ;;
-    *) awk '{ print $9 / 1e6 }' <<<"$out" ;;
+    *fadd | *add | *swap | *cswap | add_mr) awk '{ printf "%.3f", $9 / 1e6 }' <<<"$out" ;;
+    *) awk -v s="$size" '{ if (s == 8) printf "%.3f", $9 / 1e6; else printf "%.3f", $7 * 1048576 / 1e9 }' <<<"$out" ;;
   esac
 }
 fi_lat() {
@@ -78,14 +84,15 @@ for s in 65536 1048576; do
   n=$((s == 65536 ? 20000 : 2000))
   d=$(bw 1 ib_write_bw -s $s -n $n); p=$(bw 0 ib_write_bw -s $s -n $((n / 4)))
   row "ib_write_bw $s B (GB/s)" "$d" "$p" "UCX ucp_put_bw posix" "$(ucx posix ucp_put_bw $s $n)"
-  row "ib_write_bw $s B (GB/s)" "$d" "$p" "UCX ucp_put_bw cma" "$(ucx cma ucp_put_bw $s $n)"
+  row "ib_write_bw $s B (GB/s)" "$d" "$p" "UCX UCT put_bw cma zcopy" "$(ucx uct put_bw $s $n -x cma -d memory -D zcopy)"
 done
 d=$(mrate 1 ib_write_bw -s 8 -n 1000000); p=$(mrate 0 ib_write_bw -s 8 -n 100000)
 row "ib_write_bw 8 B (Mmsg/s)" "$d" "$p" "UCX ucp_put_bw posix" "$(ucx posix ucp_put_bw 8 1000000)"
 d=$(bw 1 ib_read_bw -s 65536 -n 20000); p=$(bw 0 ib_read_bw -s 65536 -n 5000)
 row "ib_read_bw 64 KiB (GB/s)" "$d" "$p" "UCX ucp_get posix" "$(ucx posix ucp_get 65536 20000)"
+row "ib_read_bw 64 KiB (GB/s)" "$d" "$p" "UCX UCT get cma zcopy" "$(ucx uct get 65536 20000 -x cma -d memory -D zcopy)"
 d=$(mrate 1 ib_atomic_bw -n 200000); p=$(mrate 0 ib_atomic_bw -n 20000)
-row "ib_atomic_bw 8 B (Mmsg/s)" "$d" "$p" "UCX ucp_atomic_add posix" "$(ucx posix ucp_atomic_add 8 200000)"
+row "ib_atomic_bw 8 B (Mmsg/s)" "$d" "$p" "UCX ucp_fadd posix" "$(ucx posix ucp_fadd 8 200000)"
 
 probe_after=$(probe)
 echo "cache-line round trip CPU 0 <-> 1: ${probe_before:-?} ns before, ${probe_after:-?} ns after (near ~60, far ~330)"
