@@ -52,7 +52,7 @@ ucx() {
   # Final: iterations, p50/avg/overall latency (us), bandwidth avg/overall (MiB/s), msgrate avg/overall
   case $test in
     *lat) awk '{ print $3 }' <<<"$out" ;;
-    *fadd | *add | *swap | *cswap | add_mr) awk '{ printf "%.3f", $9 / 1e6 }' <<<"$out" ;;
+    *fadd | *add | *swap | add_mr) awk '{ printf "%.3f", $9 / 1e6 }' <<<"$out" ;;
     *) awk -v s="$size" '{ if (s == 8) printf "%.3f", $9 / 1e6; else printf "%.3f", $7 * 1048576 / 1e9 }' <<<"$out" ;;
   esac
 }
