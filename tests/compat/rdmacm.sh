@@ -181,6 +181,12 @@ peer_death_netns() {
   fi
   for side in passive active; do
     local name="netns peer death ($side survivor)"
+    # Start from namespaces with no process of an earlier case still exiting: a dying process can
+    # still hold UDP 4791 for a moment, and REQs that reach it then are refused.
+    for ((i = 0; i < 50; i++)); do
+      [[ -z $(ip netns pids "$nsA"; ip netns pids "$nsB") ]] && break
+      sleep 0.1
+    done
     local -a sv vv
     PAIR_SRV_LOG=$COMPAT_LOG_DIR/peer_death_$side.survivor.log
     PAIR_CLI_LOG=$COMPAT_LOG_DIR/peer_death_$side.victim.log
@@ -206,7 +212,7 @@ peer_death_netns() {
       spid=$!
     fi
     for ((i = 0; i < 200; i++)); do grep -q '^up' "$PAIR_SRV_LOG" && break; sleep 0.1; done
-    vpid=$(pgrep -P "$vt" | head -n1)  # timeout's child: the victim itself
+    vpid=$(pgrep -P "$vt" | head -n1 || true)  # timeout's child: the victim itself
     st=1
     if grep -q '^up' "$PAIR_SRV_LOG" && [[ -n $vpid ]]; then
       kill -9 "$vpid"
