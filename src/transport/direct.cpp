@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <system_error>
 
 #include "transport/direct_share.h"
@@ -114,6 +115,12 @@ class DirectPeer {
   bool dead = false;
   uint64_t checked_ns = 0;
   std::vector<Mapping> maps;
+  // The last rkey found, valid while the target's key table sequence number is still cached_seq (every
+  // change of the table moves it; odd never matches), and the index of its mapping in maps.
+  uint64_t cached_seq = 1;
+  uint32_t cached_rkey = 0;
+  core::MrRegion cached_region{};
+  size_t cached_map = ~size_t{0};
 
   ~DirectPeer() {
     for (Mapping& m : maps) munmap(m.local, m.length);
@@ -401,6 +408,12 @@ void DirectEndpoint::detach(Qp& qp) {
 }
 
 namespace {
+uint64_t coarse_now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 bool is_one_sided(WrOp op) {
   return op == WrOp::Write || op == WrOp::Read || op == WrOp::CompareSwap || op == WrOp::FetchAdd;
 }
@@ -410,9 +423,12 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
   DirectPeer* peer = qp.direct_peer.get();
   const SendWqe& w = e.wqe;
   if (!peer || peer->dead || !is_one_sided(w.op) || w.length == 0) return Result::Fallback;
-  if (now - peer->checked_ns > 1000000) {
+  // A poster's thread passes no time (now 0): the coarse clock is enough here and much cheaper. Signed,
+  // as the coarse clock lags the precise one the progress thread passes by up to a tick.
+  if (!now) now = coarse_now_ns();
+  if (static_cast<int64_t>(now - peer->checked_ns) > 1000000) {
     // The target process may have died: then its memory is no longer anybody's, and the packet path
-    // gives what the wire would (retries, then RETRY_EXC_ERR). Looked at once a millisecond.
+    // gives what the wire would (retries, then RETRY_EXC_ERR). Looked at once a millisecond or tick.
     peer->checked_ns = now;
     pollfd pf{peer->sock, POLLIN, 0};
     if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR | POLLIN))) {
@@ -435,10 +451,13 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
     uint64_t seq = peer->key_seq->load(std::memory_order_seq_cst);
     auto st = static_cast<QpState>(d.state.load(std::memory_order_acquire));
     core::MrRegion r{};
+    // Unchanged table since the last lookup of this rkey: the same region (seq is never odd when cached).
+    const bool cached = seq == peer->cached_seq && w.rkey == peer->cached_rkey;
+    if (cached) r = peer->cached_region;
     bool ok = !(seq & 1) && d.qpn.load(std::memory_order_acquire) == qp.dest_qpn &&
               (st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd) &&
               (d.access.load(std::memory_order_relaxed) & need) &&
-              core::MrTable::find_remote_in(peer->key_table, w.rkey, &r) && (r.access & need) == need &&
+              (cached || core::MrTable::find_remote_in(peer->key_table, w.rkey, &r)) && (r.access & need) == need &&
               r.pd == d.pd.load(std::memory_order_relaxed) && r.share_id != 0 && w.remote_addr >= r.iova &&
               w.remote_addr - r.iova <= r.length && len <= r.length - (w.remote_addr - r.iova) &&
               peer->key_seq->load(std::memory_order_seq_cst) == seq;
@@ -446,10 +465,24 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       leave();
       return Result::Fallback;
     }
+    // Read under an unchanged even seq: a consistent copy, worth keeping.
+    peer->cached_seq = seq;
+    peer->cached_rkey = w.rkey;
+    peer->cached_region = r;
     uint64_t target = r.addr + (w.remote_addr - r.iova);
     const DirectPeer::Mapping* m = nullptr;
-    for (const DirectPeer::Mapping& x : peer->maps)
-      if (x.id == r.share_id && (x.writable || !writable)) m = &x;
+    const size_t ci = peer->cached_map;
+    if (ci < peer->maps.size() && peer->maps[ci].id == r.share_id && (peer->maps[ci].writable || !writable)) {
+      m = &peer->maps[ci];
+    } else {
+      for (size_t i = 0; i < peer->maps.size(); ++i) {
+        const DirectPeer::Mapping& x = peer->maps[i];
+        if (x.id == r.share_id && (x.writable || !writable)) {
+          m = &x;
+          peer->cached_map = i;
+        }
+      }
+    }
     if (!m) {
       // First use of this range: ask the target for it (its server thread answers), outside the copy
       // window, and check everything again.

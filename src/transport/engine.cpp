@@ -737,7 +737,8 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
   }
   // Send from the caller's thread when the engine is free: no wake-up on the latency path.
   if (lock_.try_lock()) {
-    if (qp->state.load() == QpState::Rts) requester_run(*qp, now_ns());
+    // No time passed: the requester reads the clock only if it arms a timer (a post must not pay for it).
+    if (qp->state.load() == QpState::Rts) requester_run(*qp, 0);
     port_->flush();
     lock_.unlock();
     // Everything done here (the direct path completes at once): no need to wake the progress thread.

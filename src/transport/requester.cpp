@@ -170,7 +170,9 @@ void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
 bool Engine::requester_run(Qp& qp, uint64_t now) {
   if (qp.sq_stopped) return false;
   if (qp.cfg.type != QpType::Rc) return unreliable_requester_run(qp);
+  // now 0 (a post from the caller's thread): the clock is read only where a timer needs it.
   if (qp.rnr_resume_ns) {
+    if (!now) now = now_ns();
     if (now < qp.rnr_resume_ns) return false;
     qp.rnr_resume_ns = 0;
   }
@@ -249,7 +251,10 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
       ++qp.send_offset_pkts;
       --budget;
       did = true;
-      if (!qp.timer_deadline_ns) arm_retransmit_timer(qp, now);
+      if (!qp.timer_deadline_ns) {
+        if (!now) now = now_ns();
+        arm_retransmit_timer(qp, now);
+      }
     }
     if (qp.send_offset_pkts < to_send) break;
     ++qp.send_index;
