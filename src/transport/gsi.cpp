@@ -33,7 +33,10 @@ namespace {
 bool udp_port_held(uint16_t port) {
   // Read from /proc/net/udp rather than by a test bind, which would make the owner's own bind of the
   // port fail if it came at that instant.
-  FILE* f = fopen("/proc/net/udp", "re");
+  // /proc/thread-self: /proc/net follows the thread-group leader, whose network namespace is gone
+  // once it has exited (a process whose main thread ended, or that is dying) while this thread runs.
+  FILE* f = fopen("/proc/thread-self/net/udp", "re");
+  if (!f) f = fopen("/proc/net/udp", "re");
   if (!f) return true;
   char line[512];
   bool held = false;

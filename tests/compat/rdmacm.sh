@@ -190,6 +190,10 @@ peer_death_netns() {
     local -a sv vv
     PAIR_SRV_LOG=$COMPAT_LOG_DIR/peer_death_$side.survivor.log
     PAIR_CLI_LOG=$COMPAT_LOG_DIR/peer_death_$side.victim.log
+    # Empty before anything starts: the port is read from the log as soon as it is non-empty, and a
+    # log of an earlier run in the same directory (ctest's) must not be taken for it.
+    : >"$PAIR_SRV_LOG"
+    : >"$PAIR_CLI_LOG"
     if [[ $side == passive ]]; then sv=("${inA[@]}"); vv=("${inB[@]}"); else sv=("${inB[@]}"); vv=("${inA[@]}"); fi
     local vip=$ipB
     [[ $side == active ]] && vip=$ipA

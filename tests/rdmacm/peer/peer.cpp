@@ -27,7 +27,8 @@ rdma_cm_event* wait_event(rdma_event_channel* ch, rdma_cm_event_type want) {
   rdma_cm_event* ev = nullptr;
   if (rdma_get_cm_event(ch, &ev)) return nullptr;
   if (ev->event != want) {
-    fprintf(stderr, "peer: got %s, wanted %s\n", rdma_event_str(ev->event), rdma_event_str(want));
+    fprintf(stderr, "peer: got %s (status %d), wanted %s\n", rdma_event_str(ev->event), ev->status,
+            rdma_event_str(want));
     rdma_ack_cm_event(ev);
     return nullptr;
   }
