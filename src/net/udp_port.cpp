@@ -289,4 +289,19 @@ void UdpPort::send_batch() {
   tx_count_ = 0;
 }
 
+bool udp_port_bound(uint16_t port) {
+  // /proc/thread-self: /proc/net follows the thread-group leader, whose network namespace is gone once
+  // it has exited (a process whose main thread ended, or that is dying) while this thread runs.
+  FILE* f = fopen("/proc/thread-self/net/udp", "re");
+  if (!f) f = fopen("/proc/net/udp", "re");
+  if (!f) return true;
+  char line[512];
+  bool bound = false;
+  unsigned local_port;
+  while (!bound && fgets(line, sizeof line, f))
+    if (sscanf(line, " %*d: %*x:%x", &local_port) == 1 && local_port == port) bound = true;
+  fclose(f);
+  return bound;
+}
+
 }  // namespace softrdma::net

@@ -70,4 +70,9 @@ class UdpPort {
   std::unique_ptr<PortImpairment> impair_;
 };
 
+// Whether some socket of this network namespace is bound to UDP `port` (any local address), read from
+// /proc rather than by a test bind, which would make the owner's own bind fail if it came at that
+// instant. True when /proc cannot be read.
+bool udp_port_bound(uint16_t port);
+
 }  // namespace softrdma::net

@@ -25,6 +25,7 @@
 
 #include "net/interfaces.h"
 #include "net/registry.h"
+#include "net/udp_port.h"
 #include "rdmacm/cm.h"
 #include "wire/headers.h"
 
@@ -79,20 +80,6 @@ void fill_ah_attr(ibv_ah_attr& ah, const ibv_gid& dgid) {
   ah.grh.dgid = dgid;
   ah.grh.sgid_index = 0;
   ah.grh.hop_limit = 64;
-}
-
-bool udp_port_held(uint16_t port) {
-  // Read from /proc/net/udp rather than by a test bind, which would make the owner's own bind of the
-  // port fail if it came at that instant.
-  FILE* f = fopen("/proc/net/udp", "re");
-  if (!f) return true;
-  char line[512];
-  bool held = false;
-  unsigned local_port;
-  while (!held && fgets(line, sizeof line, f))
-    if (sscanf(line, " %*d: %*x:%x", &local_port) == 1 && local_port == port) held = true;
-  fclose(f);
-  return held;
 }
 
 class Manager {
@@ -678,7 +665,7 @@ void Manager::timers() {
   for (Id* id : ids) {
     if (!id->awaiting || now < id->deadline_ns) continue;
     if (id->listener_probes) {
-      if (udp_port_held(id->service_port)) {
+      if (net::udp_port_bound(id->service_port)) {
         id->listener_probes = 0;
         send_mad(id, id->last_mad, true);
       } else if (--id->listener_probes == 0) {
@@ -1216,7 +1203,7 @@ SOFTRDMA_EXPORT int rdma_connect(rdma_cm_id* pid, rdma_conn_param* param) {
       wire::encode_sidr_req(h, req, mad);
       id->st = St::ReqSent;
       m.send_mad(id, mad, true);
-      if (id->peer_local && !udp_port_held(id->service_port)) {
+      if (id->peer_local && !net::udp_port_bound(id->service_port)) {
         id->listener_probes = 20;  // as for a REQ (below)
         id->deadline_ns = now_ns() + kProbeIntervalNs;
       }
@@ -1271,7 +1258,7 @@ SOFTRDMA_EXPORT int rdma_connect(rdma_cm_id* pid, rdma_conn_param* param) {
     wire::encode_req(h, req, mad);
     id->st = St::ReqSent;
     m.send_mad(id, mad, true);
-    if (id->peer_local && !udp_port_held(id->service_port)) {
+    if (id->peer_local && !net::udp_port_bound(id->service_port)) {
       // Nobody on this host listens on that port yet. A server that re-listens on its port (perftest
       // does between its two connections) gets a moment, as a REQ crossing a real fabric gives it; then
       // the answer is what the 4791 holder gives a remote peer: REJ "invalid service ID".

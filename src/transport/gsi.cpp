@@ -27,27 +27,6 @@
 #include "wire/cm_mad.h"
 
 namespace softrdma::transport {
-namespace {
-
-// True when some socket of this namespace holds UDP `port` (the test bind fails).
-bool udp_port_held(uint16_t port) {
-  // Read from /proc/net/udp rather than by a test bind, which would make the owner's own bind of the
-  // port fail if it came at that instant.
-  // /proc/thread-self: /proc/net follows the thread-group leader, whose network namespace is gone
-  // once it has exited (a process whose main thread ended, or that is dying) while this thread runs.
-  FILE* f = fopen("/proc/thread-self/net/udp", "re");
-  if (!f) f = fopen("/proc/net/udp", "re");
-  if (!f) return true;
-  char line[512];
-  bool held = false;
-  unsigned local_port;
-  while (!held && fgets(line, sizeof line, f))
-    if (sscanf(line, " %*d: %*x:%x", &local_port) == 1 && local_port == port) held = true;
-  fclose(f);
-  return held;
-}
-
-}  // namespace
 
 void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port) {
   const uint8_t* mad = wire::gsi_mad(data, len);
@@ -66,7 +45,7 @@ void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uin
   if (attr == wire::CmAttr::Req || attr == wire::CmAttr::SidrReq) {
     uint64_t sid = wire::cm_service_id(mad, h.attr_id);
     uint16_t port = static_cast<uint16_t>(sid & 0xFFFF);
-    if (wire::is_ip_service_id(sid) && port && udp_port_held(port)) {
+    if (wire::is_ip_service_id(sid) && port && net::udp_port_bound(port)) {
       roce_port_->send(data, len, iface_.ip_be, port);
       count(nullptr, &core::Counters::forwarded);
       return;

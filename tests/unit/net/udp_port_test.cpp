@@ -180,5 +180,18 @@ TEST(UdpPort, ReportsDestinationAddressWhenBoundToAny) {
   EXPECT_EQ(got[0].second.peer_port, a.port());
 }
 
+TEST(UdpPort, BoundPortsAreSeenAndReleasedOnesAreNot) {
+  uint16_t port = 0;
+  {
+    UdpPort p(kLo, 0);
+    port = p.port();
+    EXPECT_TRUE(udp_port_bound(port));
+    UdpPort any(htonl(INADDR_ANY), 0);
+    EXPECT_TRUE(udp_port_bound(any.port()));
+  }
+  // Closed: no longer listed (an ephemeral port is not handed out again at once).
+  EXPECT_FALSE(udp_port_bound(port));
+}
+
 }  // namespace
 }  // namespace softrdma::net
