@@ -42,6 +42,10 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   // Taken here, by the ring's only producer: timestamps are nondecreasing in completion order.
   if (timestamps_) slot.timestamp_ns = clock_ns();
   ring_->head.store(head + 1, std::memory_order_release);
+  // Store head, then load armed; arm() stores armed, then the consumer loads head. Without a full fence
+  // on both sides each can miss the other's store (x86 reorders a store with a later load): the CQE
+  // would sit in the ring with no event raised and a consumer blocked in ibv_get_cq_event forever.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   int armed = armed_.load(std::memory_order_acquire);
   bool fire = armed == kArmedAll ||
               (armed == kArmedSolicited && (solicited || cqe.status != WcStatus::Success));
@@ -66,6 +70,9 @@ void CompletionQueue::arm(bool solicited_only) {
   // Arming for all completions wins over a solicited-only arm that is still pending.
   while (cur < want && !armed_.compare_exchange_weak(cur, want)) {
   }
+  // Pairs with the fence in push(): the poll that follows an arm sees every CQE pushed before the
+  // producer could see the arm.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 uint32_t CompletionQueue::outstanding() const {
