@@ -68,7 +68,11 @@ bool on_own_stack(uint64_t lo, uint64_t hi) {
 // Scans and copies of whole pages touch the bytes around an MR too: other objects, and under ASan their
 // redzones. That is deliberate (the page moves as a whole), so these two are not instrumented, and the
 // copy is a plain loop that the compiler must not turn into an (intercepted) memcpy call.
+#if defined(__clang__)
+#define SOFTRDMA_WHOLE_PAGES __attribute__((no_sanitize("address"), no_builtin))
+#else
 #define SOFTRDMA_WHOLE_PAGES __attribute__((no_sanitize("address"), optimize("no-tree-loop-distribute-patterns")))
+#endif
 
 SOFTRDMA_WHOLE_PAGES bool page_is_zero(const uint8_t* p, size_t n) {
   const uint64_t* w = reinterpret_cast<const uint64_t*>(p);
