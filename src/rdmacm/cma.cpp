@@ -120,6 +120,7 @@ class Manager {
   void send_sidr_rep(Id* id, uint8_t status, uint32_t qpn, const void* pdata, uint8_t len);
   void timers();
   void send_dreq(Id* id);
+  void send_rtu(Id* id);  // answers the REP of id's connection (tid of its REQ)
   void send_rej(Id* id, uint16_t reason, uint8_t msg, const void* pdata, uint8_t len);
   void to_error(Id* id);
   int modify_rtr_rts(Id* id);
@@ -289,6 +290,18 @@ void Manager::send_dreq(Id* id) {
   wire::encode_simple(h, d, mad);
   send_mad(id, mad, true);
   id->retries_left = std::min(id->retries_left, 3);
+}
+
+void Manager::send_rtu(Id* id) {
+  wire::MadHeader h;
+  h.tid = id->tid;
+  h.attr_id = static_cast<uint16_t>(wire::CmAttr::Rtu);
+  wire::CmSimple rtu;
+  rtu.local_comm_id = id->local_comm_id;
+  rtu.remote_comm_id = id->remote_comm_id;
+  uint8_t mad[wire::kMadLen];
+  wire::encode_simple(h, rtu, mad);
+  send_mad(id, mad, false);
 }
 
 // RTR then RTS with the negotiated parameters (what rdma_init_qp_attr reports).
@@ -538,15 +551,7 @@ void Manager::on_mad(const uint8_t* mad, Id* listener) {
       wire::CmRep rep;
       wire::decode_rep(mad, rep);
       if (id->st == St::Connected) {  // our RTU was lost
-        wire::MadHeader rh;
-        rh.tid = id->tid;
-        rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Rtu);
-        wire::CmSimple rtu;
-        rtu.local_comm_id = id->local_comm_id;
-        rtu.remote_comm_id = id->remote_comm_id;
-        uint8_t out[wire::kMadLen];
-        wire::encode_simple(rh, rtu, out);
-        send_mad(id, out, false);
+        send_rtu(id);
         return;
       }
       if (id->st != St::ReqSent) return;
@@ -566,15 +571,7 @@ void Manager::on_mad(const uint8_t* mad, Id* listener) {
         post(id, RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL);
         return;
       } else {
-        wire::MadHeader rh;
-        rh.tid = id->tid;
-        rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Rtu);
-        wire::CmSimple rtu;
-        rtu.local_comm_id = id->local_comm_id;
-        rtu.remote_comm_id = id->remote_comm_id;
-        uint8_t out[wire::kMadLen];
-        wire::encode_simple(rh, rtu, out);
-        send_mad(id, out, false);
+        send_rtu(id);
         id->st = St::Connected;
         post(id, RDMA_CM_EVENT_ESTABLISHED, 0, rep.private_data, wire::kRepPrivateLen, nullptr, nullptr, &e);
       }
@@ -716,15 +713,7 @@ void Manager::timers() {
     if (id->passive) {
       send_mad(id, id->last_mad, false);
     } else {
-      wire::MadHeader rh;
-      rh.tid = id->tid;
-      rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Rtu);
-      wire::CmSimple rtu;
-      rtu.local_comm_id = id->local_comm_id;
-      rtu.remote_comm_id = id->remote_comm_id;
-      uint8_t out[wire::kMadLen];
-      wire::encode_simple(rh, rtu, out);
-      send_mad(id, out, false);
+      send_rtu(id);
     }
   }
   for (Id* id : ids) {
@@ -1392,15 +1381,7 @@ SOFTRDMA_EXPORT int rdma_establish(rdma_cm_id* pid) {
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
   if (id->st != St::RepRcvd) return fail(EINVAL);
-  wire::MadHeader rh;
-  rh.tid = id->tid;
-  rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Rtu);
-  wire::CmSimple rtu;
-  rtu.local_comm_id = id->local_comm_id;
-  rtu.remote_comm_id = id->remote_comm_id;
-  uint8_t out[wire::kMadLen];
-  wire::encode_simple(rh, rtu, out);
-  M().send_mad(id, out, false);
+  M().send_rtu(id);
   id->st = St::Connected;
   return 0;
 }
