@@ -16,6 +16,7 @@ CompletionQueue::CompletionQueue(Arena& arena, uint32_t min_entries) : arena_(ar
   ring_ = new (mem) Ring;
   ring_->head.store(0);
   ring_->tail.store(0);
+  ring_->armed.store(kUnarmed);
 }
 
 CompletionQueue::~CompletionQueue() {
@@ -46,10 +47,10 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   // on both sides each can miss the other's store (x86 reorders a store with a later load): the CQE
   // would sit in the ring with no event raised and a consumer blocked in ibv_get_cq_event forever.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  int armed = armed_.load(std::memory_order_acquire);
+  int armed = ring_->armed.load(std::memory_order_acquire);
   bool fire = armed == kArmedAll ||
               (armed == kArmedSolicited && (solicited || cqe.status != WcStatus::Success));
-  if (fire && armed_.compare_exchange_strong(armed, kUnarmed) && on_completion_) on_completion_(*this);
+  if (fire && ring_->armed.compare_exchange_strong(armed, kUnarmed) && on_completion_) on_completion_(*this);
   return true;
 }
 
@@ -66,9 +67,9 @@ int CompletionQueue::poll(Cqe* out, int n) {
 
 void CompletionQueue::arm(bool solicited_only) {
   int want = solicited_only ? kArmedSolicited : kArmedAll;
-  int cur = armed_.load();
+  int cur = ring_->armed.load();
   // Arming for all completions wins over a solicited-only arm that is still pending.
-  while (cur < want && !armed_.compare_exchange_weak(cur, want)) {
+  while (cur < want && !ring_->armed.compare_exchange_weak(cur, want)) {
   }
   // Pairs with the fence in push(): the poll that follows an arm sees every CQE pushed before the
   // producer could see the arm.

@@ -67,6 +67,9 @@ class CompletionQueue {
     on_overrun_ = std::move(overrun);
   }
   bool in_error() const { return overrun_.load(std::memory_order_acquire); }
+  // The arm state, nonzero while armed, in the arena: an intra-host peer that leaves work for this
+  // context reads it to know whether to wake it (transport/direct.h).
+  const std::atomic<int>* arm_word() const { return &ring_->armed; }
   // ibv_create_cq_ex with completion timestamps: each CQE is stamped as it is written. Called before any
   // QP completes into this CQ.
   void enable_timestamps() { timestamps_ = true; }
@@ -79,6 +82,7 @@ class CompletionQueue {
   struct Ring {
     std::atomic<uint64_t> head;  // next slot the producer fills
     alignas(64) std::atomic<uint64_t> tail;  // next slot a consumer takes
+    alignas(64) std::atomic<int> armed;
     alignas(64) Cqe slots[1];
   };
   static constexpr int kUnarmed = 0, kArmedSolicited = 1, kArmedAll = 2;
@@ -88,7 +92,6 @@ class CompletionQueue {
   size_t ring_bytes_;
   uint32_t mask_;
   std::mutex consumer_mutex_;
-  std::atomic<int> armed_{kUnarmed};
   std::atomic<bool> overrun_{false};
   bool timestamps_ = false;
   NotifyFn on_completion_, on_overrun_;

@@ -107,14 +107,14 @@ AccessResult resolve(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len, 
 }
 }  // namespace
 
-bool MrTable::find_remote_in(const void* slots, uint32_t rkey, MrRegion* out) {
+bool MrTable::find_in(const void* slots, uint32_t key, bool remote, MrRegion* out) {
   // The table may change under us (the caller validates with seq): copy each slot before judging it.
   const auto* table = static_cast<const Slot*>(slots);
-  for (uint32_t i = slot_hash(rkey), n = 0; n < kCapacity; i = (i + 1) & (kCapacity - 1), ++n) {
+  for (uint32_t i = slot_hash(key), n = 0; n < kCapacity; i = (i + 1) & (kCapacity - 1), ++n) {
     Slot s;
     std::memcpy(static_cast<void*>(&s), static_cast<const void*>(&table[i]), sizeof s);
     if (s.used == 0) return false;
-    if (s.key == rkey && s.remote) {
+    if (s.key == key && (s.remote != 0) == remote) {
       // The byte after remote is a window's type (0 for a region's key): windows stay with the responder.
       if (reinterpret_cast<const uint8_t*>(&s)[offsetof(Slot, remote) + 1] != 0) return false;
       *out = s.region;

@@ -58,9 +58,9 @@ class MrTable {
   // while they change, so that another process can look keys up in its mapping of the arena.
   const void* slots() const { return slots_; }
   const std::atomic<uint64_t>* seq() const { return seq_; }
-  // Looks a region's rkey up in a table image (possibly another process's, read under its seq) and
-  // copies the region out. Windows are not found: their checks stay with the responder.
-  static bool find_remote_in(const void* slots, uint32_t rkey, MrRegion* out);
+  // Looks a region's rkey (remote) or lkey up in a table image (possibly another process's, read under
+  // its seq) and copies the region out. Windows are not found: their checks stay with the responder.
+  static bool find_in(const void* slots, uint32_t key, bool remote, MrRegion* out);
 
   // Resolves [va, va+len) under a local key to a host pointer, checking PD, bounds and (for
   // destinations the HCA writes) LOCAL_WRITE.

@@ -31,7 +31,7 @@ bool direct_enabled() {
 
 namespace {
 
-enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3 };
+enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4 };
 
 struct Reply {
   int32_t status;  // 0 or an errno
@@ -105,6 +105,7 @@ class DirectPeer {
     bool writable;
   };
   int sock = -1;
+  int doorbell_fd = -1;  // the target engine's eventfd: wakes it for a SEND left on an armed CQ
   int32_t pid = 0;
   uint8_t* arena = nullptr;
   size_t arena_size = 0;
@@ -121,10 +122,14 @@ class DirectPeer {
   uint32_t cached_rkey = 0;
   core::MrRegion cached_region{};
   size_t cached_map = ~size_t{0};
+  // The same for the last lkey of a receive WQE (odd cached_local_seq: nothing cached).
+  uint64_t cached_local_seq = 1;
+  core::MrRegion cached_local{};
 
   ~DirectPeer() {
     for (Mapping& m : maps) munmap(m.local, m.length);
     if (arena) munmap(arena, arena_size);
+    if (doorbell_fd >= 0) close(doorbell_fd);
     if (sock >= 0) close(sock);  // the target frees our slot
   }
 
@@ -155,8 +160,9 @@ class DirectPeer {
   }
 };
 
-DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port)
-    : arena_(arena) {
+DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port,
+                               int doorbell_fd)
+    : arena_(arena), doorbell_fd_(doorbell_fd) {
   shared_ = static_cast<DirectShared*>(arena_.allocate(sizeof(DirectShared)));
   if (!shared_) throw std::system_error(ENOMEM, std::generic_category(), "direct arena block");
   shared_->magic = DirectShared::kMagic;
@@ -286,6 +292,9 @@ void DirectEndpoint::handle_client(int k, const Request& req) {
       send_reply(fd, rep, -1);
       return;
     }
+    case kDoorbell:
+      send_reply(fd, rep, doorbell_fd_);
+      return;
     case kMap: {
       if (client_slot_[static_cast<size_t>(k)] < 0) {
         rep.status = EPERM;
@@ -320,14 +329,58 @@ void DirectEndpoint::qp_created(Qp& qp) {
   d.state.store(static_cast<uint32_t>(QpState::Reset), std::memory_order_relaxed);
   d.access.store(0, std::memory_order_relaxed);
   d.pd.store(qp.cfg.pd, std::memory_order_relaxed);
+  d.inbox_off.store(0, std::memory_order_relaxed);
+  d.rq_ring_off.store(static_cast<uint64_t>(reinterpret_cast<uint8_t*>(qp.rq.slots) - arena_.base()),
+                      std::memory_order_relaxed);
+  d.rq_mask.store(qp.rq.mask, std::memory_order_relaxed);
+  d.recv_cq_arm_off.store(qp.cfg.recv_cq ? static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(
+                                                                       qp.cfg.recv_cq->arm_word()) -
+                                                                   arena_.base())
+                                         : 0,
+                          std::memory_order_relaxed);
+  d.rq_head.store(0, std::memory_order_relaxed);
+  d.tails.store(0, std::memory_order_relaxed);
+  d.generation.fetch_add(1, std::memory_order_relaxed);
   d.qpn.store(qp.qpn, std::memory_order_release);
 }
 
-void DirectEndpoint::qp_changed(const Qp& qp) {
+void DirectEndpoint::qp_changed(Qp& qp) {
   if (qp.direct_desc == ~0u) return;
   DirectQpDesc& d = shared_->qps[qp.direct_desc];
+  const QpState st = qp.state.load(std::memory_order_relaxed);
+  // An inbox for a connected RC QP whose peer is another context here (attach found it: the peer is
+  // symmetric). With an SRQ, initiators could not know which WQE a message takes: packets.
+  if (st == QpState::Rtr && !qp.direct_inbox && qp.direct_peer && qp.cfg.type == QpType::Rc && !qp.srq) {
+    if (void* mem = arena_.allocate(sizeof(DirectInbox))) {  // zeroed
+      qp.direct_inbox = static_cast<DirectInbox*>(mem);
+      d.inbox_off.store(static_cast<uint64_t>(static_cast<uint8_t*>(mem) - arena_.base()), std::memory_order_release);
+    }
+  }
   d.access.store(qp.access_flags, std::memory_order_relaxed);
-  d.state.store(static_cast<uint32_t>(qp.state.load(std::memory_order_relaxed)), std::memory_order_release);
+  d.state.store(static_cast<uint32_t>(st), std::memory_order_seq_cst);
+  if (st == QpState::Err || st == QpState::Reset) {
+    // From here on no initiator takes the QP as live: nothing more enters its inbox, and what did is
+    // placed (error: before the flush) or dropped (reset).
+    wait_copies();
+    if (st == QpState::Reset) {
+      if (DirectInbox* in = qp.direct_inbox) {
+        in->head = 0;
+        in->data_head = 0;
+        in->data_tail.store(0, std::memory_order_relaxed);
+        for (DirectInboxEntry& en : in->entries) en.stamp.store(0, std::memory_order_relaxed);
+      }
+      d.generation.fetch_add(1, std::memory_order_release);
+      qp.direct_inbox_tail = 0;
+      publish_rq_head(qp, 0);
+      publish_tails(qp);
+    }
+  }
+}
+
+void DirectEndpoint::release_inbox(Qp& qp) {
+  if (!qp.direct_inbox) return;
+  arena_.release(qp.direct_inbox, sizeof(DirectInbox));
+  qp.direct_inbox = nullptr;
 }
 
 void DirectEndpoint::qp_destroyed(Qp& qp) {
@@ -358,6 +411,7 @@ void DirectEndpoint::wait_copies() {
 
 void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
   qp.direct_peer.reset();
+  qp.direct_recv.valid = false;
   uint64_t key = static_cast<uint64_t>(qp.dest_ip_be) << 16 | port;
   std::shared_ptr<DirectPeer>& peer = peers_[key];
   if (peer && (peer->dead || peer->pid != pid)) peer.reset();
@@ -390,6 +444,8 @@ void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
     p->key_table = p->arena + p->shared->key_table_off;
     p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + p->shared->key_seq_off);
     p->slot = rep.index;
+    DirectEndpoint::Request dreq{kDoorbell, 0, 0};
+    if (!call(p->sock, dreq, &rep, &p->doorbell_fd)) return;
     peer = std::move(p);
   }
   Request req{kQpDesc, 0, qp.dest_qpn};
@@ -417,12 +473,163 @@ uint64_t coarse_now_ns() {
 bool is_one_sided(WrOp op) {
   return op == WrOp::Write || op == WrOp::Read || op == WrOp::CompareSwap || op == WrOp::FetchAdd;
 }
+
+// The data movement of a checked WRITE, READ or ATOMIC; dst: the target bytes, mapped here.
+void copy_one_sided(const SendWqe& w, uint8_t* const* host, uint8_t* dst, uint64_t len) {
+  switch (w.op) {
+    case WrOp::Write:
+    case WrOp::WriteImm:
+      if (w.flags & kInline) {
+        std::memcpy(dst, w.inline_data, len);
+      } else {
+        for_each_sge_piece(w.sge, host, w.num_sge, 0, len, [&](uint8_t* p, uint64_t n) {
+          std::memcpy(dst, p, n);
+          dst += n;
+          return true;
+        });
+      }
+      break;
+    case WrOp::Read: {
+      const uint8_t* src = dst;
+      for_each_sge_piece(w.sge, host, w.num_sge, 0, len, [&](uint8_t* p, uint64_t n) {
+        std::memcpy(p, src, n);
+        src += n;
+        return true;
+      });
+      break;
+    }
+    default: {
+      auto* word = reinterpret_cast<uint64_t*>(dst);
+      uint64_t orig;
+      if (w.op == WrOp::CompareSwap) {
+        orig = w.compare_add;
+        __atomic_compare_exchange_n(word, &orig, w.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+      } else {
+        orig = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
+      }
+      // The original value lands in the local buffer in host order, as the packet path leaves it.
+      const auto* src = reinterpret_cast<const uint8_t*>(&orig);
+      for_each_sge_piece(w.sge, host, w.num_sge, 0, 8, [&](uint8_t* p, uint64_t n) {
+        std::memcpy(p, src, n);
+        src += n;
+        return true;
+      });
+    }
+  }
+}
+
+// The target QP's inbox when its next message (of len payload bytes) will find room there and a receive
+// WQE that takes it without error -- exactly what the target's engine checks when it places it;
+// nullptr otherwise (no inbox, RNR, too long, a bad receive SGE: the packet path answers). v: what this
+// QP knows of the target's receive queue, refreshed only when it runs out, so that a message costs one
+// line of the target's that moved (the WQE's). Everything read here is the target's and is
+// bounds-checked. Called inside the copy window, under the key table's seq (which the caller checks
+// again).
+DirectInbox* receive_room(DirectPeer& p, const DirectQpDesc& d, Qp::DirectRecvView& v, uint64_t len) {
+  const uint64_t off = d.inbox_off.load(std::memory_order_acquire);
+  if (!off || off > p.arena_size || sizeof(DirectInbox) > p.arena_size - off) return nullptr;
+  auto* in = reinterpret_cast<DirectInbox*>(p.arena + off);
+  const uint32_t gen = d.generation.load(std::memory_order_acquire);
+  const auto head = static_cast<uint32_t>(in->head);
+  if (!v.valid || v.generation != gen) {
+    const uint64_t tails = d.tails.load(std::memory_order_acquire);
+    v.consumed = static_cast<uint32_t>(tails >> 32);
+    // The WQEs before ours are spoken for by the messages still in the inbox.
+    v.next_wqe = static_cast<uint32_t>(tails) + (head - v.consumed);
+    v.rq_head = static_cast<uint32_t>(d.rq_head.load(std::memory_order_acquire));
+    v.data_tail = in->data_tail.load(std::memory_order_acquire);
+    v.generation = gen;
+    v.valid = true;
+  }
+  if (static_cast<int32_t>(v.rq_head - v.next_wqe) <= 0) {
+    v.rq_head = static_cast<uint32_t>(d.rq_head.load(std::memory_order_acquire));
+    if (static_cast<int32_t>(v.rq_head - v.next_wqe) <= 0) return nullptr;  // RNR: the wire's answer
+  }
+  if (head - v.consumed >= DirectInbox::kEntries) {
+    v.consumed = static_cast<uint32_t>(d.tails.load(std::memory_order_acquire) >> 32);
+    if (head - v.consumed >= DirectInbox::kEntries) return nullptr;
+  }
+  if (len > DirectInboxEntry::kInlineBytes && len > DirectInbox::kDataBytes - (in->data_head - v.data_tail)) {
+    v.data_tail = in->data_tail.load(std::memory_order_acquire);
+    if (len > DirectInbox::kDataBytes - (in->data_head - v.data_tail)) return nullptr;
+  }
+  const uint64_t ring = d.rq_ring_off.load(std::memory_order_relaxed);
+  const uint64_t slots = uint64_t{d.rq_mask.load(std::memory_order_relaxed)} + 1;
+  if (!ring || ring > p.arena_size || slots > (p.arena_size - ring) / sizeof(RecvWqe)) return nullptr;
+  const auto* wqe = reinterpret_cast<const RecvWqe*>(p.arena + ring + (v.next_wqe & (slots - 1)) * sizeof(RecvWqe));
+  const uint32_t num_sge = wqe->num_sge;
+  if (num_sge > core::DeviceLimits::kMaxSge || len > wqe->length) return nullptr;
+  const uint32_t pd = d.pd.load(std::memory_order_relaxed);
+  const uint64_t seq = p.key_seq->load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    const Sge g = wqe->sge[i];
+    core::MrRegion& r = p.cached_local;
+    if (!(seq == p.cached_local_seq && g.lkey == r.lkey) && !core::MrTable::find_in(p.key_table, g.lkey, false, &r))
+      return nullptr;
+    p.cached_local_seq = seq;
+    if (!(r.access & core::kLocalWrite) || r.pd != pd || g.addr < r.iova || g.addr - r.iova > r.length ||
+        g.length > r.length - (g.addr - r.iova))
+      return nullptr;
+  }
+  // The line of the WQE after it, for the next message: by then it is likely posted and still.
+  __builtin_prefetch(p.arena + ring + ((v.next_wqe + 1) & (slots - 1)) * sizeof(RecvWqe));
+  return in;
+}
+
+// Appends the message to the inbox (receive_room said it fits) and publishes it.
+void post_to_inbox(DirectInbox& in, const SqEntry& e, uint64_t payload) {
+  const SendWqe& w = e.wqe;
+  const uint64_t h = in.head;
+  DirectInboxEntry& en = in.entries[h % DirectInbox::kEntries];
+  auto gather = [&](auto&& put) {
+    if (w.flags & kInline)
+      put(w.inline_data, payload);
+    else
+      for_each_sge_piece(w.sge, e.host, w.num_sge, 0, payload, [&](const uint8_t* p, uint64_t n) {
+        put(p, n);
+        return true;
+      });
+  };
+  if (payload <= DirectInboxEntry::kInlineBytes) {
+    uint8_t* dst = en.inline_data;
+    gather([&](const uint8_t* src, uint64_t n) {
+      std::memcpy(dst, src, n);
+      dst += n;
+    });
+  } else {
+    uint64_t dh = in.data_head;
+    gather([&](const uint8_t* src, uint64_t n) {
+      while (n) {
+        const uint64_t at = dh % DirectInbox::kDataBytes;
+        const uint64_t k = std::min<uint64_t>(n, DirectInbox::kDataBytes - at);
+        std::memcpy(in.data + at, src, k);
+        dh += k;
+        src += k;
+        n -= k;
+      }
+    });
+    in.data_head = dh;
+  }
+  en.op = w.op == WrOp::Send ? DirectInbox::kSend : w.op == WrOp::SendImm ? DirectInbox::kSendImm
+                                                                          : DirectInbox::kWriteImm;
+  en.length = static_cast<uint32_t>(w.length);
+  en.imm_be = w.imm_be;
+  en.solicited = (w.flags & kSolicited) ? 1 : 0;
+  en.stamp.store(static_cast<uint32_t>(h + 1), std::memory_order_release);
+  in.head = h + 1;
+}
 }  // namespace
 
 DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now) {
   DirectPeer* peer = qp.direct_peer.get();
   const SendWqe& w = e.wqe;
-  if (!peer || peer->dead || !is_one_sided(w.op) || w.length == 0) return Result::Fallback;
+  const bool send = w.op == WrOp::Send || w.op == WrOp::SendImm;
+  const bool two_sided = send || w.op == WrOp::WriteImm;
+  // A zero-length WRITE or READ is left to the wire (no key is checked there).
+  const bool remote_mem = is_one_sided(w.op) || (w.op == WrOp::WriteImm && w.length);
+  if (!peer || peer->dead || (!two_sided && !is_one_sided(w.op)) || (!two_sided && w.length == 0))
+    return Result::Fallback;
+  if (send && w.length > DirectInbox::kMaxMessage) return Result::Fallback;
   // A poster's thread passes no time (now 0): the coarse clock is enough here and much cheaper. Signed,
   // as the coarse clock lags the precise one the progress thread passes by up to a tick.
   if (!now) now = coarse_now_ns();
@@ -437,8 +644,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
     }
   }
   const bool atomic = w.op == WrOp::CompareSwap || w.op == WrOp::FetchAdd;
-  const uint32_t need = w.op == WrOp::Write ? core::kRemoteWrite : w.op == WrOp::Read ? core::kRemoteRead
-                                                                                       : core::kRemoteAtomic;
+  const uint32_t need = w.op == WrOp::Read ? core::kRemoteRead : atomic ? core::kRemoteAtomic : core::kRemoteWrite;
   const bool writable = w.op != WrOp::Read;
   const uint64_t len = atomic ? 8 : w.length;
   if (atomic && w.remote_addr % 8 != 0) return Result::Fallback;
@@ -450,91 +656,77 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
     auto leave = [&] { slot.busy.store(0, std::memory_order_release); };
     uint64_t seq = peer->key_seq->load(std::memory_order_seq_cst);
     auto st = static_cast<QpState>(d.state.load(std::memory_order_acquire));
-    core::MrRegion r{};
-    // Unchanged table since the last lookup of this rkey: the same region (seq is never odd when cached).
-    const bool cached = seq == peer->cached_seq && w.rkey == peer->cached_rkey;
-    if (cached) r = peer->cached_region;
     bool ok = !(seq & 1) && d.qpn.load(std::memory_order_acquire) == qp.dest_qpn &&
-              (st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd) &&
-              (d.access.load(std::memory_order_relaxed) & need) &&
-              (cached || core::MrTable::find_remote_in(peer->key_table, w.rkey, &r)) && (r.access & need) == need &&
-              r.pd == d.pd.load(std::memory_order_relaxed) && r.share_id != 0 && w.remote_addr >= r.iova &&
-              w.remote_addr - r.iova <= r.length && len <= r.length - (w.remote_addr - r.iova) &&
-              peer->key_seq->load(std::memory_order_seq_cst) == seq;
-    if (!ok) {
+              (st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd);
+    core::MrRegion r{};
+    if (ok && remote_mem) {
+      // Unchanged table since the last lookup of this rkey: the same region (seq is never odd when cached).
+      const bool cached = seq == peer->cached_seq && w.rkey == peer->cached_rkey;
+      if (cached) r = peer->cached_region;
+      ok = (d.access.load(std::memory_order_relaxed) & need) &&
+           (cached || core::MrTable::find_in(peer->key_table, w.rkey, true, &r)) && (r.access & need) == need &&
+           r.pd == d.pd.load(std::memory_order_relaxed) && r.share_id != 0 && w.remote_addr >= r.iova &&
+           w.remote_addr - r.iova <= r.length && len <= r.length - (w.remote_addr - r.iova);
+    }
+    DirectInbox* inbox = nullptr;
+    if (ok && two_sided) {
+      inbox = receive_room(*peer, d, qp.direct_recv, send ? len : 0);
+      ok = inbox != nullptr;
+    }
+    if (!ok || peer->key_seq->load(std::memory_order_seq_cst) != seq) {
       leave();
       return Result::Fallback;
     }
-    // Read under an unchanged even seq: a consistent copy, worth keeping.
-    peer->cached_seq = seq;
-    peer->cached_rkey = w.rkey;
-    peer->cached_region = r;
-    uint64_t target = r.addr + (w.remote_addr - r.iova);
-    const DirectPeer::Mapping* m = nullptr;
-    const size_t ci = peer->cached_map;
-    if (ci < peer->maps.size() && peer->maps[ci].id == r.share_id && (peer->maps[ci].writable || !writable)) {
-      m = &peer->maps[ci];
-    } else {
-      for (size_t i = 0; i < peer->maps.size(); ++i) {
-        const DirectPeer::Mapping& x = peer->maps[i];
-        if (x.id == r.share_id && (x.writable || !writable)) {
-          m = &x;
-          peer->cached_map = i;
+    if (remote_mem) {
+      // Read under an unchanged even seq: a consistent copy, worth keeping.
+      peer->cached_seq = seq;
+      peer->cached_rkey = w.rkey;
+      peer->cached_region = r;
+      uint64_t target = r.addr + (w.remote_addr - r.iova);
+      const DirectPeer::Mapping* m = nullptr;
+      const size_t ci = peer->cached_map;
+      if (ci < peer->maps.size() && peer->maps[ci].id == r.share_id && (peer->maps[ci].writable || !writable)) {
+        m = &peer->maps[ci];
+      } else {
+        for (size_t i = 0; i < peer->maps.size(); ++i) {
+          const DirectPeer::Mapping& x = peer->maps[i];
+          if (x.id == r.share_id && (x.writable || !writable)) {
+            m = &x;
+            peer->cached_map = i;
+          }
         }
       }
-    }
-    if (!m) {
-      // First use of this range: ask the target for it (its server thread answers), outside the copy
-      // window, and check everything again.
-      leave();
-      if (attempt || !peer->mapping(r.share_id, writable)) return Result::Fallback;
-      continue;
-    }
-    if (target < m->base || target - m->base > m->length || len > m->length - (target - m->base)) {
-      leave();
-      return Result::Fallback;
-    }
-    uint8_t* dst = m->local + (target - m->base);
-    switch (w.op) {
-      case WrOp::Write:
-        if (w.flags & kInline) {
-          std::memcpy(dst, w.inline_data, len);
-        } else {
-          for_each_sge_piece(w.sge, e.host, w.num_sge, 0, len, [&](uint8_t* p, uint64_t n) {
-            std::memcpy(dst, p, n);
-            dst += n;
-            return true;
-          });
-        }
-        break;
-      case WrOp::Read: {
-        const uint8_t* src = dst;
-        for_each_sge_piece(w.sge, e.host, w.num_sge, 0, len, [&](uint8_t* p, uint64_t n) {
-          std::memcpy(p, src, n);
-          src += n;
-          return true;
-        });
-        break;
+      if (!m) {
+        // First use of this range: ask the target for it (its server thread answers), outside the copy
+        // window, and check everything again.
+        leave();
+        if (attempt || !peer->mapping(r.share_id, writable)) return Result::Fallback;
+        continue;
       }
-      default: {
-        auto* word = reinterpret_cast<uint64_t*>(dst);
-        uint64_t orig;
-        if (w.op == WrOp::CompareSwap) {
-          orig = w.compare_add;
-          __atomic_compare_exchange_n(word, &orig, w.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-        } else {
-          orig = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
-        }
-        // The original value lands in the local buffer in host order, as the packet path leaves it.
-        const auto* src = reinterpret_cast<const uint8_t*>(&orig);
-        for_each_sge_piece(w.sge, e.host, w.num_sge, 0, 8, [&](uint8_t* p, uint64_t n) {
-          std::memcpy(p, src, n);
-          src += n;
-          return true;
-        });
+      if (target < m->base || target - m->base > m->length || len > m->length - (target - m->base)) {
+        leave();
+        return Result::Fallback;
       }
+      copy_one_sided(w, e.host, m->local + (target - m->base), len);
+    }
+    if (inbox) {
+      post_to_inbox(*inbox, e, send ? len : 0);
+      ++qp.direct_recv.next_wqe;
     }
     leave();
+    if (inbox) {
+      // The target places the message when its application polls; one blocked in ibv_get_cq_event has
+      // armed the CQ first, and then its engine is woken. Publish, then read the arm state: the target
+      // arms, then polls (core/cq.h), so one of the two sides sees the other.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      const uint64_t arm = d.recv_cq_arm_off.load(std::memory_order_relaxed);
+      if (arm && arm <= peer->arena_size - sizeof(std::atomic<int>) &&
+          reinterpret_cast<const std::atomic<int>*>(peer->arena + arm)->load(std::memory_order_relaxed) != 0 &&
+          peer->doorbell_fd >= 0) {
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = write(peer->doorbell_fd, &one, sizeof one);
+      }
+    }
     return Result::Done;
   }
   return Result::Fallback;

@@ -1,6 +1,9 @@
 // The intra-host direct path (DESIGN §5, docs/direct-path.md): for an RC QP whose peer QP belongs to
 // another context on this host, the requester executes RDMA WRITE, READ and ATOMIC itself, on the
-// peer's memory mapped into this process, with the checks the peer's responder would make.
+// peer's memory mapped into this process, with the checks the peer's responder would make. A SEND (and
+// the receive half of WRITE_WITH_IMM) goes into an inbox in the peer's arena, but only once the
+// initiator has seen a receive WQE there that will take it; the peer's engine places it into that WQE
+// and writes the CQE when its application polls, or when woken because the CQ is armed.
 //
 // Each context (Engine) has one DirectEndpoint. As a target it publishes, in its shared arena, a
 // DirectShared block: a seqlock over its key table, the state of each of its QPs, and one slot per
@@ -29,10 +32,52 @@ namespace softrdma::transport {
 bool direct_enabled();
 
 struct DirectQpDesc {
-  std::atomic<uint32_t> qpn;     // 0: free
-  std::atomic<uint32_t> state;   // QpState
-  std::atomic<uint32_t> access;  // the QP's remote access flags
+  // Changed only by ibv_modify_qp and friends: stays in the initiator's cache.
+  alignas(64) std::atomic<uint32_t> qpn;  // 0: free
+  std::atomic<uint32_t> state;            // QpState
+  std::atomic<uint32_t> access;           // the QP's remote access flags
   std::atomic<uint32_t> pd;
+  // Two-sided operations: the QP's inbox (arena offset; 0: none, SENDs go by packets), its receive
+  // queue ring, the arm state of its receive CQ, and a generation that moves at each reset (an
+  // initiator then forgets what it knew of the receive queue).
+  std::atomic<uint32_t> generation;
+  std::atomic<uint32_t> rq_mask;
+  std::atomic<uint64_t> inbox_off;
+  std::atomic<uint64_t> rq_ring_off;
+  std::atomic<uint64_t> recv_cq_arm_off;
+  // Moved by each ibv_post_recv and each message received; an initiator reads them only when what it
+  // knows runs out. The receive queue's consumer index (low 32 bits) and the inbox entries consumed
+  // (high 32) share one word: a consistent pair says which RQ WQE the next message takes.
+  alignas(64) std::atomic<uint64_t> rq_head;
+  std::atomic<uint64_t> tails;
+};
+
+// A SEND, SEND_WITH_IMM or the immediate of a WRITE_WITH_IMM, waiting for the target's engine: one
+// cache line, small payloads inside it.
+struct DirectInboxEntry {
+  static constexpr uint32_t kInlineBytes = 40;
+  std::atomic<uint32_t> stamp;  // low 32 bits of (its index + 1), written last: the entry is there
+  uint32_t op;                  // DirectInbox::kSend...
+  uint32_t length;              // payload bytes (SEND) or bytes the WRITE placed (WRITE_WITH_IMM)
+  uint32_t imm_be;
+  uint32_t solicited;
+  uint32_t pad;
+  uint8_t inline_data[kInlineBytes];
+};
+static_assert(sizeof(DirectInboxEntry) == 64);
+
+// One per connected RC QP (target side), in the arena. One producer: the peer QP's requester (under
+// its engine lock); one consumer: this QP's engine. Larger payloads follow each other in a byte ring.
+struct DirectInbox {
+  static constexpr uint32_t kEntries = 256;
+  static constexpr uint32_t kDataBytes = 256 * 1024;
+  static constexpr uint32_t kMaxMessage = 64 * 1024;  // larger SENDs go by packets
+  enum : uint32_t { kSend = 1, kSendImm = 2, kWriteImm = 3 };
+  alignas(64) uint64_t head;     // entries published (initiator's)
+  uint64_t data_head;            // next payload byte in data (initiator's)
+  alignas(64) std::atomic<uint64_t> data_tail;  // payload bytes consumed (target)
+  alignas(64) DirectInboxEntry entries[kEntries];
+  alignas(64) uint8_t data[kDataBytes];
 };
 
 struct DirectPeerSlot {
@@ -58,15 +103,30 @@ class DirectEndpoint {
  public:
   // The context's arena and key table (in it), and its address in the registry (names our socket).
   // Throws std::system_error when the socket or the arena block cannot be had.
-  DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port);
+  // doorbell_fd: the engine's eventfd, which initiators write when they leave a SEND for an armed CQ.
+  DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port, int doorbell_fd);
   ~DirectEndpoint();
   DirectEndpoint(const DirectEndpoint&) = delete;
   DirectEndpoint& operator=(const DirectEndpoint&) = delete;
 
   // --- as a target (all under the engine lock) ---
   void qp_created(Qp& qp);
-  void qp_changed(const Qp& qp);
-  void qp_destroyed(Qp& qp);
+  void qp_changed(Qp& qp);
+  void qp_destroyed(Qp& qp);  // then the engine places what is left in the inbox, and releases it:
+  void release_inbox(Qp& qp);
+  // The QP's inbox, once it is connected (RC without SRQ): where initiators put SENDs.
+  DirectInbox* inbox(const Qp& qp) const { return qp.direct_inbox; }
+  // Mirrors of the receive queue's indices for initiators: after ibv_post_recv, and after the RQ's
+  // consumer index or the inbox's consumed count moved.
+  void publish_rq_head(const Qp& qp, uint64_t head) {
+    if (qp.direct_desc != ~0u) shared_->qps[qp.direct_desc].rq_head.store(head, std::memory_order_release);
+  }
+  void publish_tails(const Qp& qp) {
+    if (qp.direct_desc == ~0u) return;
+    uint64_t t = static_cast<uint32_t>(qp.rq.tail.load(std::memory_order_relaxed)) |
+                 static_cast<uint64_t>(qp.direct_inbox_tail) << 32;
+    shared_->qps[qp.direct_desc].tails.store(t, std::memory_order_release);
+  }
   // After a key was removed from the table: returns once no initiator can still be copying with it.
   void wait_copies();
 
@@ -77,9 +137,10 @@ class DirectEndpoint {
   void detach(Qp& qp);
 
   enum class Result { Done, Fallback };
-  // Executes a one-sided WQE (WRITE, READ, ATOMIC) of qp on its peer's memory; host: the WQE's local
-  // SGEs, already resolved. Fallback: anything the peer's responder would refuse or that this path
-  // cannot do; the packet path then gives exactly the wire's answer.
+  // Executes a WQE of qp on its peer: WRITE, READ or ATOMIC on the peer's memory, SEND(_IMM) and
+  // WRITE_WITH_IMM also into its inbox; e.host: the WQE's local SGEs, already resolved. Fallback:
+  // anything the peer's responder would refuse or answer with RNR, or that this path cannot do; the
+  // packet path then gives exactly the wire's answer.
   Result execute(Qp& qp, SqEntry& e, uint64_t now);
 
   // One request on the endpoint's socket (the reply may carry an fd).
@@ -94,6 +155,7 @@ class DirectEndpoint {
   void handle_client(int k, const Request& req);
 
   core::Arena& arena_;
+  int doorbell_fd_;
   DirectShared* shared_;
   int listen_fd_ = -1;
   int stop_fd_ = -1;

@@ -83,7 +83,7 @@ Engine::Engine(const net::Interface& iface)
   try_take_roce_port(0);
   if (direct_enabled()) {
     try {
-      direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, port_->port());
+      direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, port_->port(), doorbell_fd_);
     } catch (const std::system_error&) {
       direct_.reset();  // this context is reached by packets only
     }
@@ -214,6 +214,10 @@ void Engine::progress_loop() {
 
 bool Engine::progress_once() {
   bool did = false;
+  // Placing direct messages is not work that keeps the progress thread spinning: the application's
+  // own polls place them, and the thread would only take their core.
+  bool inboxes;
+  if (direct_) direct_receive_all(&inboxes);
   receive_from(*port_, did);
   uint64_t now = now_ns();
   try_take_roce_port(now);
@@ -404,6 +408,8 @@ void Engine::move_to_error(Qp& qp) {
 }
 
 void Engine::flush_queues(Qp& qp) {
+  // Messages an initiator left before the error are received, as an HCA did before it failed.
+  direct_receive(qp);
   for (uint64_t i = qp.sq.tail.load(); i != qp.sq.head.load(std::memory_order_acquire); ++i) {
     SqEntry& e = qp.sq.at(i);
     core::Cqe c{};
@@ -436,6 +442,7 @@ void Engine::flush_queues(Qp& qp) {
     qp.rq.tail.store(i + 1, std::memory_order_release);
     post_cqe(qp.cfg.recv_cq, c, false);
   }
+  if (direct_) direct_->publish_tails(qp);
   qp.recv_active = false;
   report_last_wqe(qp);
 }
@@ -583,7 +590,11 @@ void Engine::destroy_qp(Qp* qp) {
     mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
-    if (direct_) direct_->qp_destroyed(*qp);
+    if (direct_) {
+      direct_->qp_destroyed(*qp);
+      direct_receive(*qp);
+      direct_->release_inbox(*qp);
+    }
     qp->sq_credit->renew();  // its CQEs still in a CQ give nothing back to the slot's next QP
     free_credits_.push_back(qp->sq_credit_slot);
     arena_.release(qp->rq.slots, qp->rq_bytes);
@@ -665,7 +676,10 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           break;
       }
       if (m.state != QpState::Err) qp->state.store(m.state, std::memory_order_release);
-      if (direct_) direct_->qp_changed(*qp);
+      if (direct_) {
+        direct_->qp_changed(*qp);
+        if (qp->direct_inbox) direct_inboxes_.store(true, std::memory_order_relaxed);
+      }
     }
   }
   doorbell();
@@ -773,6 +787,7 @@ int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
       ++head;
     }
     qp->rq.head.store(head, std::memory_order_release);
+    if (direct_) direct_->publish_rq_head(*qp, head);
   }
   if (qp->state.load() == QpState::Err) doorbell();
   return rc;
@@ -787,7 +802,18 @@ void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip
 
 int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
   int got = cq->poll(out, n);
-  if (got == 0 && lock_.try_lock()) {
+  if (got == 0 && direct_inboxes_.load(std::memory_order_relaxed)) {
+    // An empty poll must see what intra-host initiators left: after ibv_req_notify_cq an initiator may
+    // have found the CQ unarmed and woken nobody (direct.cpp), so this poll waits for the lock (the
+    // progress thread holds it for a pass at most; yielding lets it finish on a shared core).
+    while (!lock_.try_lock()) sched_yield();
+    // Only every 32nd empty poll goes on to the sockets and timers (syscalls and clock reads, ~1 us):
+    // the progress thread handles packets too, and a spinning poller must see a message at once.
+    bool inboxes;
+    if (!direct_receive_all(&inboxes) && (++empty_polls_ & 31) == 0) progress_once();
+    lock_.unlock();
+    got = cq->poll(out, n);
+  } else if (got == 0 && lock_.try_lock()) {
     progress_once();
     lock_.unlock();
     got = cq->poll(out, n);

@@ -132,6 +132,10 @@ class Engine {
   void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
   void resolve_destination(Qp& qp);
   void attach_direct(Qp& qp);
+  // The direct path's receive side (direct_receive.cpp): places what initiators left in the QP's inbox
+  // into its receive WQEs and writes the CQEs; true when anything was placed.
+  bool direct_receive(Qp& qp);
+  bool direct_receive_all(bool* any_inbox);  // *any_inbox: some QP has one
   void move_to_error(Qp& qp);
   void flush_queues(Qp& qp);
   void post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited);
@@ -191,6 +195,8 @@ class Engine {
   std::vector<Qp*> ack_owed_;
   std::vector<Srq*> srqs_;
   core::StatsPage stats_;
+  uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
+  std::atomic<bool> direct_inboxes_{false};  // some QP has had a direct inbox: poll_cq looks in them
   std::unique_ptr<DirectEndpoint> direct_;  // the intra-host direct path; nullptr when off
   // Send-queue credits (qp.h), one per QP slot; free_credits_ under the engine lock.
   std::unique_ptr<SqCredit[]> sq_credits_;

@@ -200,6 +200,7 @@ inline constexpr uint32_t kPsnWindow = 1024;
 inline constexpr uint32_t kMinCwnd = 32;
 
 class DirectPeer;  // transport/direct.h
+struct DirectInbox;
 
 struct Qp {
   void* user = nullptr;            // the verbs object that owns this QP (for async events)
@@ -241,6 +242,18 @@ struct Qp {
   std::shared_ptr<DirectPeer> direct_peer;
   uint32_t direct_peer_desc = 0;
   uint32_t direct_desc = ~0u;
+  DirectInbox* direct_inbox = nullptr;  // SENDs from the peer's requester (target side)
+  uint32_t direct_inbox_tail = 0;       // inbox entries consumed
+  // What the requester knows of its peer's receive queue (initiator side, direct.cpp): valid while the
+  // peer's generation is unchanged and no SEND of ours went by packets (its responder took a WQE).
+  struct DirectRecvView {
+    bool valid = false;
+    uint32_t generation = 0;
+    uint32_t next_wqe = 0;       // the RQ WQE our next message takes
+    uint32_t rq_head = 0;        // the peer's RQ producer index, when last read
+    uint32_t consumed = 0;       // inbox entries the peer had consumed, when last read
+    uint64_t data_tail = 0;      // payload bytes it had consumed, when last read
+  } direct_recv;
 
   // Requester.
   uint64_t send_index = 0;         // next SQ entry whose packets are (re)sent

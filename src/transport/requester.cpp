@@ -21,6 +21,11 @@ bool is_read_or_atomic(WrOp op) {
   return op == WrOp::Read || op == WrOp::CompareSwap || op == WrOp::FetchAdd;
 }
 
+// Messages that take a receive WQE at the responder.
+bool consumes_receive(WrOp op) {
+  return op == WrOp::Send || op == WrOp::SendImm || op == WrOp::SendInv || op == WrOp::WriteImm;
+}
+
 uint32_t packets_for(uint64_t len, uint32_t mtu) {
   return len == 0 ? 1 : static_cast<uint32_t>((len + mtu - 1) / mtu);
 }
@@ -229,6 +234,8 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
         count(&qp, &core::Counters::direct_fallbacks);
       }
       if (wire::psn_diff(qp.next_psn, qp.acked_psn) >= static_cast<int32_t>(qp.cwnd)) break;
+      // By packets the peer's responder takes a receive WQE the direct path does not know of.
+      if (consumes_receive(e.wqe.op)) qp.direct_recv.valid = false;
       e.first_psn = qp.next_psn;
       qp.next_psn = wire::psn_add(qp.next_psn, e.npkts);
       e.started = true;

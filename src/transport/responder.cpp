@@ -141,6 +141,8 @@ bool Engine::take_receive(Qp& qp, bool& rnr, WcStatus& err) {
 }
 
 void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
+  // A request by packets comes after whatever its requester left in the inbox before it.
+  if (qp.direct_inbox) direct_receive(qp);
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   uint32_t psn = pkt.bth.psn;
   int32_t d = wire::psn_diff(psn, qp.epsn);

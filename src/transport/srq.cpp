@@ -149,10 +149,12 @@ RecvWqe& Engine::active_recv_wqe(Qp& qp) {
 }
 
 void Engine::retire_recv_wqe(Qp& qp) {
-  if (qp.srq)
+  if (qp.srq) {
     qp.srq_wqe_held = false;
-  else
+  } else {
     qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    if (direct_) direct_->publish_tails(qp);
+  }
 }
 
 void Engine::report_last_wqe(Qp& qp) {

@@ -7,8 +7,7 @@
 //
 // Which path was taken is checked through this process's stats page only where it is stated:
 //  - "packets" (RNR, receive too small, > 64 KiB): whenever the stats page exists (not $VT_DEVICE);
-//  - "direct" (SENDs into pre-posted receives): only with SOFTRDMA_TEST_EXPECT_DIRECT_SEND=1 and the
-//    direct path on (SOFTRDMA_DIRECT not "0"), until SEND on the direct path is the default.
+//  - "direct" (SENDs into pre-posted receives): whenever the direct path is on (SOFTRDMA_DIRECT not "0").
 // The target process does no assertions itself: it reports its CQEs and memory to the test process.
 #include "helpers.h"
 
@@ -271,13 +270,10 @@ uint64_t my_counter(uint64_t core::Counters::*field) {
 // softrdma's stats page is there to read (not another provider under $VT_DEVICE).
 bool stats_available() { return getenv("VT_DEVICE") == nullptr; }
 
-// PATH ASSERTION SWITCH: SENDs are expected on the direct path only when asked for
-// (SOFTRDMA_TEST_EXPECT_DIRECT_SEND=1) and the direct path is on (SOFTRDMA_DIRECT not "0", no
-// SOFTRDMA_IMPAIR unless SOFTRDMA_DIRECT=1), as in direct_test.cpp. Flip the default once SEND,
-// SEND_WITH_IMM and WRITE_WITH_IMM take the direct path.
+// PATH ASSERTION SWITCH: SENDs, SEND_WITH_IMMs and WRITE_WITH_IMMs are expected on the direct path when
+// it is on (SOFTRDMA_DIRECT not "0", no SOFTRDMA_IMPAIR unless SOFTRDMA_DIRECT=1), as in direct_test.cpp.
 bool direct_send_expected() {
-  const char* want = getenv("SOFTRDMA_TEST_EXPECT_DIRECT_SEND");
-  if (!want || std::strcmp(want, "1") != 0 || !stats_available()) return false;
+  if (!stats_available()) return false;
   const char* s = getenv("SOFTRDMA_DIRECT");
   return s ? std::strcmp(s, "0") != 0 : getenv("SOFTRDMA_IMPAIR") == nullptr;
 }
