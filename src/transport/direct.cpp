@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -114,6 +115,7 @@ class DirectPeer {
   const std::atomic<uint64_t>* key_seq = nullptr;
   uint32_t slot = 0;
   bool dead = false;
+  bool vm_denied = false;  // process_vm_writev/readv refused (ptrace rules): unshared memory by packets
   uint64_t checked_ns = 0;
   std::vector<Mapping> maps;
   // The last rkey found, valid while the target's key table sequence number is still cached_seq (every
@@ -618,6 +620,39 @@ void post_to_inbox(DirectInbox& in, const SqEntry& e, uint64_t payload) {
   en.stamp.store(static_cast<uint32_t>(h + 1), std::memory_order_release);
   in.head = h + 1;
 }
+// The target places a message when its application polls; one blocked in ibv_get_cq_event has armed
+// the CQ first, and then its engine is woken. Publish, then read the arm state: the target arms, then
+// polls (core/cq.h), so one of the two sides sees the other.
+void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const uint64_t arm = d.recv_cq_arm_off.load(std::memory_order_relaxed);
+  if (arm && arm <= p.arena_size - sizeof(std::atomic<int>) &&
+      reinterpret_cast<const std::atomic<int>*>(p.arena + arm)->load(std::memory_order_relaxed) != 0 &&
+      p.doorbell_fd >= 0) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(p.doorbell_fd, &one, sizeof one);
+  }
+}
+
+// A WRITE or READ of len bytes at the target's address target, by process_vm_writev/readv; false (and
+// nothing to undo: the packet path repeats the whole operation) when the kernel refuses or falls short.
+bool copy_across(DirectPeer& p, const SendWqe& w, uint8_t* const* host, uint64_t target, uint64_t len) {
+  iovec local[core::DeviceLimits::kMaxSge];
+  unsigned long n = 0;
+  if (w.flags & kInline) {
+    local[n++] = {const_cast<uint8_t*>(w.inline_data), len};
+  } else {
+    for_each_sge_piece(w.sge, host, w.num_sge, 0, len, [&](uint8_t* ptr, uint64_t k) {
+      local[n++] = {ptr, k};
+      return true;
+    });
+  }
+  iovec remote{reinterpret_cast<void*>(target), len};
+  ssize_t got = w.op == WrOp::Read ? process_vm_readv(p.pid, local, n, &remote, 1, 0)
+                                   : process_vm_writev(p.pid, local, n, &remote, 1, 0);
+  if (got < 0 && (errno == EPERM || errno == ENOSYS)) p.vm_denied = true;
+  return got == static_cast<ssize_t>(len);
+}
 }  // namespace
 
 DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now) {
@@ -665,7 +700,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       if (cached) r = peer->cached_region;
       ok = (d.access.load(std::memory_order_relaxed) & need) &&
            (cached || core::MrTable::find_in(peer->key_table, w.rkey, true, &r)) && (r.access & need) == need &&
-           r.pd == d.pd.load(std::memory_order_relaxed) && r.share_id != 0 && w.remote_addr >= r.iova &&
+           r.pd == d.pd.load(std::memory_order_relaxed) && (r.share_id != 0 || !atomic) && w.remote_addr >= r.iova &&
            w.remote_addr - r.iova <= r.length && len <= r.length - (w.remote_addr - r.iova);
     }
     DirectInbox* inbox = nullptr;
@@ -683,6 +718,22 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       peer->cached_rkey = w.rkey;
       peer->cached_region = r;
       uint64_t target = r.addr + (w.remote_addr - r.iova);
+      if (r.share_id == 0) {
+        // Memory the target could not share (stack, private file mapping, hugetlbfs): copied by the
+        // kernel between the address spaces, still inside the copy window.
+        const bool copied = !peer->vm_denied && copy_across(*peer, w, e.host, target, len);
+        if (!copied) {
+          leave();
+          return Result::Fallback;
+        }
+        if (inbox) {
+          post_to_inbox(*inbox, e, 0);
+          ++qp.direct_recv.next_wqe;
+        }
+        leave();
+        if (inbox) wake_if_armed(*peer, d);
+        return Result::Done;
+      }
       const DirectPeer::Mapping* m = nullptr;
       const size_t ci = peer->cached_map;
       if (ci < peer->maps.size() && peer->maps[ci].id == r.share_id && (peer->maps[ci].writable || !writable)) {
@@ -714,19 +765,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       ++qp.direct_recv.next_wqe;
     }
     leave();
-    if (inbox) {
-      // The target places the message when its application polls; one blocked in ibv_get_cq_event has
-      // armed the CQ first, and then its engine is woken. Publish, then read the arm state: the target
-      // arms, then polls (core/cq.h), so one of the two sides sees the other.
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      const uint64_t arm = d.recv_cq_arm_off.load(std::memory_order_relaxed);
-      if (arm && arm <= peer->arena_size - sizeof(std::atomic<int>) &&
-          reinterpret_cast<const std::atomic<int>*>(peer->arena + arm)->load(std::memory_order_relaxed) != 0 &&
-          peer->doorbell_fd >= 0) {
-        uint64_t one = 1;
-        [[maybe_unused]] ssize_t n = write(peer->doorbell_fd, &one, sizeof one);
-      }
-    }
+    if (inbox) wake_if_armed(*peer, d);
     return Result::Done;
   }
   return Result::Fallback;

@@ -25,13 +25,29 @@ namespace {
 constexpr size_t kALen = 64 * 1024;  // the target's main buffer: every right
 constexpr size_t kRLen = 4096;       // LOCAL_WRITE | REMOTE_READ only
 constexpr size_t kDLen = 4096;       // deregistered on request
+constexpr size_t kPLen = 16 * 1024;  // a private file mapping (cannot be shared): every right
 
 struct Info {
   uint32_t qpn, psn;
-  uint32_t a_rkey, r_rkey, d_rkey;
-  uint64_t a_addr, r_addr, d_addr;
+  uint32_t a_rkey, r_rkey, d_rkey, p_rkey;
+  uint64_t a_addr, r_addr, d_addr, p_addr;
   uint8_t gid[16];
 };
+
+// A private writable mapping of a (deleted) temporary file, filled with pattern seed; nullptr on failure.
+uint8_t* private_file_mapping(size_t len, uint32_t seed) {
+  char path[] = "/tmp/softrdma-direct-test-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return nullptr;
+  unlink(path);
+  void* p = ftruncate(fd, static_cast<off_t>(len)) == 0
+                ? mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)
+                : MAP_FAILED;
+  close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  fill_pattern(static_cast<uint8_t*>(p), len, seed);
+  return static_cast<uint8_t*>(p);
+}
 
 bool read_full(int fd, void* p, size_t n) {
   auto* c = static_cast<uint8_t*>(p);
@@ -70,8 +86,12 @@ int target_main(int sock) {
   fill_pattern(a->data, kALen, 11);
   fill_pattern(r->data, kRLen, 12);
   fill_pattern(d->data, kDLen, 13);
+  uint8_t* pm = private_file_mapping(kPLen, 14);
+  ibv_mr* pmr = pm ? ibv_reg_mr(s.pd, pm, kPLen, kAllAccess) : nullptr;
+  if (!pmr) return 12;
   if (modify_to_init(s.qp, kAllAccess)) return 13;
-  Info me{s.qpn(), s.psn, a->rkey(), r->rkey(), d->rkey(), a->addr(), r->addr(), d->addr(), {}};
+  Info me{s.qpn(), s.psn, a->rkey(), r->rkey(), d->rkey(), pmr->rkey,
+          a->addr(), r->addr(), d->addr(), reinterpret_cast<uint64_t>(pm), {}};
   std::memcpy(me.gid, dev.gid.raw, 16);
   Info peer{};
   if (!write_full(sock, &me, sizeof me) || !read_full(sock, &peer, sizeof peer)) return 14;
@@ -90,6 +110,9 @@ int target_main(int sock) {
         if (!write_full(sock, a->data, kALen) || !write_full(sock, r->data, kRLen) ||
             !write_full(sock, d->data, kDLen))
           return 17;
+        break;
+      case 'p':  // contents of P
+        if (!write_full(sock, pm, kPLen)) return 17;
         break;
       case 'd':  // deregister D; its memory stays mapped, so any write to it would show
         if (ibv_dereg_mr(d->mr)) return 18;
@@ -191,7 +214,7 @@ class DirectPath : public ::testing::Test {
     dst = s.buf(kALen);
     ASSERT_TRUE(src->mr && dst->mr);
     ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
-    Info me{s.qpn(), s.psn, 0, 0, 0, 0, 0, 0, {}};
+    Info me{s.qpn(), s.psn, 0, 0, 0, 0, 0, 0, 0, 0, {}};
     std::memcpy(me.gid, dev->gid.raw, 16);
     ASSERT_TRUE(read_full(sock, &peer, sizeof peer)) << "target sent no QP info";
     ASSERT_TRUE(write_full(sock, &me, sizeof me));
@@ -292,6 +315,50 @@ TEST_F(DirectPath, WriteReadAtomicsAcrossProcesses) {
   if (direct_expected()) {
     EXPECT_EQ(my_counter(&core::Counters::direct_ops) - ops_before, 5u) << "every operation on the direct path";
     EXPECT_EQ(my_counter(&core::Counters::tx_packets), tx_before) << "and no packet";
+  }
+}
+
+// Memory the target cannot share (a private file mapping) is still reached without packets for WRITE
+// and READ, by process_vm_writev/readv; an ATOMIC on it must be atomic with the target's own CPU
+// atomics and goes by packets. The data is the same either way.
+TEST_F(DirectPath, UnshareableMemoryWriteReadThroughTheKernel) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+  const uint64_t tx_before = my_counter(&core::Counters::tx_packets);
+  fill_pattern(src->data, kALen, 23);
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, 1000), src->sge(1000, 2000)});
+  w.rdma(peer.p_addr + 5, peer.p_rkey);
+  expect_wc(one(w), {.wr_id = 1, .opcode = IBV_WC_RDMA_WRITE, .qp_num = s.qpn()});
+  SendWr r(2, IBV_WR_RDMA_READ, {dst->sge(0, 100), dst->sge(100, 8092)});
+  r.rdma(peer.p_addr + 4096, peer.p_rkey);
+  expect_wc(one(r), {.wr_id = 2, .opcode = IBV_WC_RDMA_READ, .byte_len = 8192, .qp_num = s.qpn()});
+  EXPECT_EQ(check_pattern(dst->data, 8192, 14, 4096), 8192u) << "READ of P";
+  const uint64_t ops_after_rw = my_counter(&core::Counters::direct_ops);
+  const uint64_t tx_after_rw = my_counter(&core::Counters::tx_packets);
+  SendWr fa(3, IBV_WR_ATOMIC_FETCH_AND_ADD, {dst->sge(0, 8)});
+  fa.fetch_add(peer.p_addr + kPLen - 8, peer.p_rkey, 9);
+  expect_wc(one(fa), {.wr_id = 3, .opcode = IBV_WC_FETCH_ADD, .byte_len = 8, .qp_num = s.qpn()});
+  std::vector<uint8_t> pc(kPLen);
+  char cmd = 'p';
+  ASSERT_TRUE(write_full(sock, &cmd, 1));
+  ASSERT_TRUE(read_full(sock, pc.data(), kPLen));
+  char ack = 0;
+  ASSERT_TRUE(read_full(sock, &ack, 1));
+  uint64_t orig;
+  std::vector<uint8_t> expect(kPLen);
+  fill_pattern(expect.data(), kPLen, 14);
+  std::memcpy(&orig, expect.data() + kPLen - 8, 8);
+  EXPECT_EQ(dst->u64(0), orig) << "FETCH_ADD's original value";
+  EXPECT_EQ(check_pattern(pc.data(), 5, 14), 5u) << "bytes before the WRITE";
+  EXPECT_EQ(check_pattern(pc.data() + 5, 3000, 23), 3000u) << "the WRITE";
+  EXPECT_EQ(check_pattern(pc.data() + 3005, kPLen - 8 - 3005, 14, 3005), kPLen - 8 - 3005) << "bytes after it";
+  uint64_t word;
+  std::memcpy(&word, pc.data() + kPLen - 8, 8);
+  EXPECT_EQ(word, orig + 9);
+  if (direct_expected()) {
+    EXPECT_EQ(ops_after_rw - ops_before, 2u) << "WRITE and READ without packets";
+    EXPECT_EQ(tx_after_rw, tx_before);
+    EXPECT_GT(my_counter(&core::Counters::tx_packets), tx_after_rw) << "the ATOMIC by packets";
   }
 }
 
