@@ -678,7 +678,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
       if (m.state != QpState::Err) qp->state.store(m.state, std::memory_order_release);
       if (direct_) {
         direct_->qp_changed(*qp);
-        if (qp->direct_inbox) direct_inboxes_.store(true, std::memory_order_relaxed);
+        if (qp->direct_peer) direct_active_.store(true, std::memory_order_relaxed);
       }
     }
   }
@@ -749,8 +749,16 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     }
     qp->sq.head.store(head, std::memory_order_release);
   }
-  // Send from the caller's thread when the engine is free: no wake-up on the latency path.
-  if (lock_.try_lock()) {
+  // Send from the caller's thread when the engine is free: no wake-up on the latency path. With an
+  // intra-host peer, wait for the lock: the WQE most likely completes right here, while handing it to
+  // the progress thread would keep that thread spinning on the application's core.
+  if (direct_active_.load(std::memory_order_relaxed)) {
+    while (!lock_.try_lock()) sched_yield();
+    if (qp->state.load() == QpState::Rts) requester_run(*qp, 0);
+    port_->flush();
+    lock_.unlock();
+    if (qp->sq.count() == 0) return rc;
+  } else if (lock_.try_lock()) {
     // No time passed: the requester reads the clock only if it arms a timer (a post must not pay for it).
     if (qp->state.load() == QpState::Rts) requester_run(*qp, 0);
     port_->flush();
@@ -802,15 +810,15 @@ void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip
 
 int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
   int got = cq->poll(out, n);
-  if (got == 0 && direct_inboxes_.load(std::memory_order_relaxed)) {
+  if (got == 0 && direct_active_.load(std::memory_order_relaxed)) {
     // An empty poll must see what intra-host initiators left: after ibv_req_notify_cq an initiator may
     // have found the CQ unarmed and woken nobody (direct.cpp), so this poll waits for the lock (the
     // progress thread holds it for a pass at most; yielding lets it finish on a shared core).
     while (!lock_.try_lock()) sched_yield();
-    // Only every 32nd empty poll goes on to the sockets and timers (syscalls and clock reads, ~1 us):
+    // Only every 1024th empty poll goes on to the sockets and timers (syscalls and clock reads, ~1 us):
     // the progress thread handles packets too, and a spinning poller must see a message at once.
     bool inboxes;
-    if (!direct_receive_all(&inboxes) && (++empty_polls_ & 31) == 0) progress_once();
+    if (!direct_receive_all(&inboxes) && (++empty_polls_ & 1023) == 0) progress_once();
     lock_.unlock();
     got = cq->poll(out, n);
   } else if (got == 0 && lock_.try_lock()) {

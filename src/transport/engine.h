@@ -196,7 +196,8 @@ class Engine {
   std::vector<Srq*> srqs_;
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
-  std::atomic<bool> direct_inboxes_{false};  // some QP has had a direct inbox: poll_cq looks in them
+  // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
+  std::atomic<bool> direct_active_{false};
   std::unique_ptr<DirectEndpoint> direct_;  // the intra-host direct path; nullptr when off
   // Send-queue credits (qp.h), one per QP slot; free_credits_ under the engine lock.
   std::unique_ptr<SqCredit[]> sq_credits_;
