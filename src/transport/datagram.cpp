@@ -310,17 +310,8 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
     }
     qp.recv_offset += pkt.payload_len;
     if (info.last) {
-      core::Cqe c{};
-      c.wr_id = w.wr_id;
-      c.status = WcStatus::Success;
-      c.opcode = core::WcOpcode::Recv;
-      c.byte_len = static_cast<uint32_t>(qp.recv_offset);
-      c.qp_num = qp.qpn;
-      c.src_qp = qp.dest_qpn;
-      if (info.headers & wire::kHdrImm) {
-        c.wc_flags = core::kWcWithImm;
-        c.imm_or_inv = pkt.imm_data_be;
-      }
+      core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.recv_offset,
+                                          (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
       retire_recv_wqe(qp);
       qp.recv_active = false;
       post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
@@ -353,15 +344,8 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
       } else {
         // An SRQ WQE held from an abandoned SEND serves it; otherwise the next one is taken.
         if (!qp.recv_active) take_recv_wqe(qp);
-        core::Cqe c{};
-        c.wr_id = active_recv_wqe(qp).wr_id;
-        c.status = WcStatus::Success;
-        c.opcode = core::WcOpcode::RecvRdmaWithImm;
-        c.byte_len = qp.write_total;
-        c.qp_num = qp.qpn;
-        c.src_qp = qp.dest_qpn;
-        c.wc_flags = core::kWcWithImm;
-        c.imm_or_inv = pkt.imm_data_be;
+        core::Cqe c = connected_receive_cqe(qp, active_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
+                                            qp.write_total, true, pkt.imm_data_be);
         retire_recv_wqe(qp);
         qp.recv_active = false;
         post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);

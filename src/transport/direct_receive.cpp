@@ -31,17 +31,8 @@ bool Engine::direct_receive(Qp& qp) {
       return true;
     }
     take_recv_wqe(qp);
-    core::Cqe c{};
-    c.wr_id = w->wr_id;
-    c.status = WcStatus::Success;
-    c.opcode = send ? core::WcOpcode::Recv : core::WcOpcode::RecvRdmaWithImm;
-    c.byte_len = length;
-    c.qp_num = qp.qpn;
-    c.src_qp = qp.dest_qpn;
-    if (op != DirectInbox::kSend) {
-      c.wc_flags = core::kWcWithImm;
-      c.imm_or_inv = imm_be;
-    }
+    core::Cqe c = connected_receive_cqe(qp, w->wr_id, send ? core::WcOpcode::Recv : core::WcOpcode::RecvRdmaWithImm,
+                                        length, op != DirectInbox::kSend, imm_be);
     if (send) {
       // The initiator checked this WQE against the key table; it can only have changed since by an
       // ibv_dereg_mr racing with the message, which fails it as the responder would.

@@ -294,4 +294,22 @@ struct Qp {
   uint8_t fatal_nak_syndrome = 0;
 };
 
+// The successful receive CQE of a message that arrived on a connected QP (RC, UC): from its peer QP,
+// with the immediate data (network order) when the message carried one.
+inline core::Cqe connected_receive_cqe(const Qp& qp, uint64_t wr_id, core::WcOpcode opcode, uint64_t byte_len,
+                                       bool with_imm, uint32_t imm_be) {
+  core::Cqe c{};
+  c.wr_id = wr_id;
+  c.status = WcStatus::Success;
+  c.opcode = opcode;
+  c.byte_len = static_cast<uint32_t>(byte_len);
+  c.qp_num = qp.qpn;
+  c.src_qp = qp.dest_qpn;
+  if (with_imm) {
+    c.wc_flags = core::kWcWithImm;
+    c.imm_or_inv = imm_be;
+  }
+  return c;
+}
+
 }  // namespace softrdma::transport

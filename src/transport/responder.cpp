@@ -250,17 +250,9 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       }
       qp.recv_offset += pkt.payload_len;
       if (info.last) {
-        core::Cqe c{};
-        c.wr_id = w.wr_id;
-        c.status = WcStatus::Success;
-        c.opcode = core::WcOpcode::Recv;
-        c.byte_len = static_cast<uint32_t>(qp.recv_offset);
-        c.qp_num = qp.qpn;
-        c.src_qp = qp.dest_qpn;
-        if (info.headers & wire::kHdrImm) {
-          c.wc_flags = core::kWcWithImm;
-          c.imm_or_inv = pkt.imm_data_be;
-        } else if (info.headers & wire::kHdrIeth) {
+        core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.recv_offset,
+                                            (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
+        if (info.headers & wire::kHdrIeth) {
           // Send with Invalidate: only a type 2 window bound through this QP can be invalidated;
           // any other key is a Class J error (the receive WQE completes in error, QP to error).
           if (!mrs_.invalidate(pkt.ieth_rkey, qp.cfg.pd, qp.qpn, true)) {
@@ -313,15 +305,8 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       if (info.last) {
         qp.msn = wire::psn_add(qp.msn, 1);
         if (imm) {
-          core::Cqe c{};
-          c.wr_id = take_recv_wqe(qp).wr_id;
-          c.status = WcStatus::Success;
-          c.opcode = core::WcOpcode::RecvRdmaWithImm;
-          c.byte_len = qp.write_total;
-          c.qp_num = qp.qpn;
-          c.src_qp = qp.dest_qpn;
-          c.wc_flags = core::kWcWithImm;
-          c.imm_or_inv = pkt.imm_data_be;
+          core::Cqe c = connected_receive_cqe(qp, take_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
+                                              qp.write_total, true, pkt.imm_data_be);
           retire_recv_wqe(qp);
           post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
         }
