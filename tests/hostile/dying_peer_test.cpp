@@ -4,14 +4,15 @@
 // Both children are forked before this process opens a device (no fork after ibv_open_device).
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
 #include "hostile.h"
+#include "../verbs/two_process.h"
 
 namespace softrdma::hostile_test {
 namespace {
@@ -23,21 +24,6 @@ struct PeerInfo {
   uint64_t addr;
   uint64_t len;
 };
-
-bool read_full(int fd, void* p, size_t n, int timeout_s) {
-  auto* c = static_cast<uint8_t*>(p);
-  while (n) {
-    pollfd pf{fd, POLLIN, 0};
-    if (poll(&pf, 1, timeout_s * 1000) != 1) return false;
-    ssize_t r = read(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool write_full(int fd, const void* p, size_t n) { return write(fd, p, n) == static_cast<ssize_t>(n); }
 
 constexpr size_t kChildLen = 8u << 20;   // the child's MR
 constexpr uint32_t kChunk = 1u << 20;    // one WRITE
@@ -77,16 +63,8 @@ struct Child {
   pid_t pid = -1;
   int sock = -1;
   void fork_it() {
-    int sv[2];
-    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      close(sv[0]);
-      _exit(child_main(sv[1]));
-    }
-    close(sv[1]);
-    sock = sv[0];
+    pid = fork_target(child_main, &sock);
+    ASSERT_GE(pid, 0) << "socketpair or fork: " << strerror(errno);
   }
   ~Child() {
     if (sock >= 0) close(sock);

@@ -9,21 +9,14 @@
 //  - "packets" (RNR, receive too small, > 64 KiB): whenever the stats page exists (not $VT_DEVICE);
 //  - "direct" (SENDs into pre-posted receives): whenever the direct path is on (SOFTRDMA_DIRECT not "0").
 // The target process does no assertions itself: it reports its CQEs and memory to the test process.
-#include "helpers.h"
+#include "two_process.h"
 
-#include <fcntl.h>
-#include <glob.h>
 #include <poll.h>
 #include <sched.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
-
-#include "core/stats.h"  // the stats page's counter layout (header only)
 
 namespace softrdma::verbs_test {
 namespace {
@@ -59,29 +52,8 @@ struct NotifyRecord {
   ibv_wc wc;
 };
 
-bool read_full(int fd, void* p, size_t n, int timeout_s = kReplySeconds) {
-  auto* c = static_cast<uint8_t*>(p);
-  while (n) {
-    pollfd pf{fd, POLLIN, 0};
-    if (poll(&pf, 1, timeout_s * 1000) != 1) return false;
-    ssize_t r = read(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= size_t(r);
-  }
-  return true;
-}
-
-bool write_full(int fd, const void* p, size_t n) {
-  auto* c = static_cast<const uint8_t*>(p);
-  while (n) {
-    ssize_t r = write(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= size_t(r);
-  }
-  return true;
-}
+// Every read from the other process here, on either side, may wait up to kReplySeconds.
+bool read_reply(int fd, void* p, size_t n) { return read_full(fd, p, n, kReplySeconds); }
 
 // One CQE within timeout_s (no gtest failure: the target reports, the test process asserts).
 bool poll_one(ibv_cq* cq, ibv_wc* wc, int timeout_s = kWaitSeconds) {
@@ -109,17 +81,10 @@ int serve(int sock, Device& dev, ibv_comp_channel* ch) {
   std::memset(r->data, kSentinel, kRLen);
   fill_pattern(w->data, kWLen, kWSeed);
   if (modify_to_init(s.qp, kAllAccess)) return 14;
-  Info me{s.qpn(), s.psn, r->rkey(), w->rkey(), r->addr(), w->addr(), {}};
-  std::memcpy(me.gid, dev.gid.raw, 16);
   Info peer{};
-  if (!write_full(sock, &me, sizeof me) || !read_full(sock, &peer, sizeof peer)) return 15;
-  ibv_gid pg{};
-  std::memcpy(pg.raw, peer.gid, 16);
-  ConnConfig conn;
-  if (modify_to_rtr(s.qp, peer.qpn, peer.psn, pg, conn, dev.attr) || modify_to_rts(s.qp, s.psn, conn, dev.attr))
-    return 16;
-  const char ready = 'r';  // our QP is in RTS
-  if (!write_full(sock, &ready, 1)) return 16;
+  if (int rc = serve_connect(sock, dev, s, Info{s.qpn(), s.psn, r->rkey(), w->rkey(), r->addr(), w->addr(), {}},
+                             peer, 15, kReplySeconds))
+    return rc;
   auto post = [&](uint64_t wr_id, uint64_t off, uint64_t len) {
     if (off + len > kRLen) return EINVAL;
     std::vector<ibv_sge> sges;
@@ -133,7 +98,7 @@ int serve(int sock, Device& dev, ibv_comp_channel* ch) {
   };
   for (;;) {
     Cmd cmd;
-    if (!read_full(sock, &cmd, sizeof cmd)) return 17;
+    if (!read_reply(sock, &cmd, sizeof cmd)) return 17;
     switch (cmd.op) {
       case 'p': {  // post n receives
         if (cmd.delay_ms) usleep(cmd.delay_ms * 1000);
@@ -245,28 +210,6 @@ int target_main(int sock) {
   return rc;
 }
 
-// This process's device counters, from its stats page (core/stats.h layout).
-uint64_t my_counter(uint64_t core::Counters::*field) {
-  glob_t g{};
-  std::string pat = "/dev/shm/softrdma-stats-" + std::to_string(getpid()) + "-*";
-  uint64_t sum = 0;
-  if (glob(pat.c_str(), 0, nullptr, &g) != 0) return 0;
-  for (size_t i = 0; i < g.gl_pathc; ++i) {
-    int fd = open(g.gl_pathv[i], O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    // magic, version, pid, device_name[64], then the device's Counters (8-byte aligned).
-    constexpr size_t kCountersOff = 80;
-    core::Counters c{};
-    uint32_t head[2]{};
-    if (pread(fd, head, sizeof head, 0) == sizeof head && head[0] == core::StatsPage::kMagic &&
-        head[1] == core::StatsPage::kVersion && pread(fd, &c, sizeof c, kCountersOff) == sizeof c)
-      sum += c.*field;
-    close(fd);
-  }
-  globfree(&g);
-  return sum;
-}
-
 // softrdma's stats page is there to read (not another provider under $VT_DEVICE).
 bool stats_available() { return getenv("VT_DEVICE") == nullptr; }
 
@@ -300,10 +243,10 @@ void expect_packets(const PathProbe& before) {
   EXPECT_GT(probe().tx, before.tx) << "this case goes by packets";
 }
 
-class DirectSend : public ::testing::Test {
+class DirectSend : public ForkedTarget {
  protected:
-  pid_t pid = -1;
-  int sock = -1;
+  DirectSend() : ForkedTarget(target_main, kReplySeconds) {}
+
   Info peer{};
   std::unique_ptr<Device> dev;
   Side s;
@@ -311,38 +254,13 @@ class DirectSend : public ::testing::Test {
   ConnConfig conn;  // ours; the target uses the defaults (rnr_retry 7)
   QpConfig qcfg;
 
-  void SetUp() override {
-    int sv[2];
-    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      close(sv[0]);
-      _exit(target_main(sv[1]));
-    }
-    close(sv[1]);
-    sock = sv[0];
-  }
-
   void TearDown() override {
     src.reset();  // MRs before their PD
     s.reset();
     dev.reset();
-    Cmd x;
+    Cmd x;  // the target reads whole commands
     x.op = 'x';
-    write_full(sock, &x, sizeof x);
-    close(sock);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kReplySeconds);
-    int st = 0;
-    pid_t got = 0;
-    while ((got = waitpid(pid, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) usleep(5000);
-    if (got != pid) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      ADD_FAILURE() << "target did not exit";
-      return;
-    }
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "target failed at step " << WEXITSTATUS(st);
+    stop_target(&x, sizeof x);
   }
 
   // Opens our side and connects it to the target's QP.
@@ -353,17 +271,7 @@ class DirectSend : public ::testing::Test {
     src = s.buf(kSrcLen);
     ASSERT_TRUE(src->mr);
     ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
-    Info me{s.qpn(), s.psn, 0, 0, 0, 0, {}};
-    std::memcpy(me.gid, dev->gid.raw, 16);
-    ASSERT_TRUE(read_full(sock, &peer, sizeof peer)) << "target sent no QP info";
-    ASSERT_TRUE(write_full(sock, &me, sizeof me));
-    ibv_gid pg{};
-    std::memcpy(pg.raw, peer.gid, 16);
-    ASSERT_EQ(modify_to_rtr(s.qp, peer.qpn, peer.psn, pg, conn, dev->attr), 0);
-    ASSERT_EQ(modify_to_rts(s.qp, s.psn, conn, dev->attr), 0);
-    char ready = 0;
-    ASSERT_TRUE(read_full(sock, &ready, 1));
-    ASSERT_EQ(ready, 'r');
+    ASSERT_NO_FATAL_FAILURE(connect_target(Info{s.qpn(), s.psn, 0, 0, 0, 0, {}}, peer, s, *dev, conn));
   }
 
   void send_cmd(const Cmd& c) { ASSERT_TRUE(write_full(sock, &c, sizeof c)); }
@@ -382,7 +290,7 @@ class DirectSend : public ::testing::Test {
   }
   void recv_ack() {
     int32_t rc = -1;
-    ASSERT_TRUE(read_full(sock, &rc, sizeof rc)) << "no reply to the post-receive command";
+    ASSERT_TRUE(read_reply(sock, &rc, sizeof rc)) << "no reply to the post-receive command";
     ASSERT_EQ(rc, 0) << "target's ibv_post_recv failed";
   }
   void post_recvs(uint32_t n, uint64_t wr_id, uint64_t off, uint64_t len, uint64_t stride = 0) {
@@ -401,15 +309,15 @@ class DirectSend : public ::testing::Test {
     c.len = len;
     EXPECT_TRUE(write_full(sock, &c, sizeof c));
     uint32_t got = 0;
-    if (!read_full(sock, &got, sizeof got) || got > n) {
+    if (!read_reply(sock, &got, sizeof got) || got > n) {
       ADD_FAILURE() << "no reply to the wait command";
       return {};
     }
     std::vector<ibv_wc> wcs(got);
-    EXPECT_TRUE(read_full(sock, wcs.data(), got * sizeof(ibv_wc)));
+    EXPECT_TRUE(read_reply(sock, wcs.data(), got * sizeof(ibv_wc)));
     for (uint32_t i = 0; i < got; ++i) {
       std::vector<uint8_t> snap(len);
-      EXPECT_TRUE(read_full(sock, snap.data(), len));
+      EXPECT_TRUE(read_reply(sock, snap.data(), len));
       if (snaps) snaps->push_back(std::move(snap));
     }
     EXPECT_EQ(got, n) << "receive completions at the target within " << kWaitSeconds << " s";
@@ -422,12 +330,12 @@ class DirectSend : public ::testing::Test {
     c.op = 'e';
     EXPECT_TRUE(write_full(sock, &c, sizeof c));
     uint32_t got = 0;
-    if (!read_full(sock, &got, sizeof got) || got > 1024) {
+    if (!read_reply(sock, &got, sizeof got) || got > 1024) {
       ADD_FAILURE() << "no reply to the drain command";
       return {};
     }
     std::vector<ibv_wc> wcs(got);
-    EXPECT_TRUE(read_full(sock, wcs.data(), got * sizeof(ibv_wc)));
+    EXPECT_TRUE(read_reply(sock, wcs.data(), got * sizeof(ibv_wc)));
     return wcs;
   }
 
@@ -440,7 +348,7 @@ class DirectSend : public ::testing::Test {
     c.stride = w;
     std::vector<uint8_t> out(len);
     EXPECT_TRUE(write_full(sock, &c, sizeof c));
-    EXPECT_TRUE(read_full(sock, out.data(), len)) << "no reply to the contents command";
+    EXPECT_TRUE(read_reply(sock, out.data(), len)) << "no reply to the contents command";
     return out;
   }
 
@@ -603,15 +511,15 @@ TEST_F(DirectSend, ManySendsArriveInOrder) {
   while (completed < kN) ASSERT_TRUE(reap()) << "SEND " << completed;
 
   uint32_t got = 0;
-  ASSERT_TRUE(read_full(sock, &got, sizeof got)) << "no reply to the many-messages command";
+  ASSERT_TRUE(read_reply(sock, &got, sizeof got)) << "no reply to the many-messages command";
   ASSERT_LE(got, kN);
   std::vector<ibv_wc> wcs(got);
-  ASSERT_TRUE(read_full(sock, wcs.data(), got * sizeof(ibv_wc)));
+  ASSERT_TRUE(read_reply(sock, wcs.data(), got * sizeof(ibv_wc)));
   uint64_t bytes = 0;
-  ASSERT_TRUE(read_full(sock, &bytes, sizeof bytes));
+  ASSERT_TRUE(read_reply(sock, &bytes, sizeof bytes));
   ASSERT_LE(bytes, uint64_t(kN) * kSlotLen);
   std::vector<uint8_t> data(bytes);
-  ASSERT_TRUE(read_full(sock, data.data(), bytes));
+  ASSERT_TRUE(read_reply(sock, data.data(), bytes));
   ASSERT_EQ(got, kN) << "receive completions at the target";
   size_t at = 0;
   for (uint32_t k = 0; k < kN; ++k) {
@@ -768,12 +676,12 @@ TEST_F(DirectSend, CompletionChannelWakesTargetForEachSend) {
     ASSERT_TRUE(poll_wc(s.scq, &wc));
     expect_sent(wc, i, IBV_WC_SEND);
     NotifyRecord rec{};
-    ASSERT_TRUE(read_full(sock, &rec, sizeof rec)) << "no word from the target after SEND " << i;
+    ASSERT_TRUE(read_reply(sock, &rec, sizeof rec)) << "no word from the target after SEND " << i;
     ASSERT_EQ(rec.code, 0) << "the target was not woken within " << kWaitSeconds << " s for SEND " << i;
     expect_recv(rec.wc, 200 + i, IBV_WC_RECV, size_of(i));
   }
   uint32_t events = 0;
-  ASSERT_TRUE(read_full(sock, &events, sizeof events));
+  ASSERT_TRUE(read_reply(sock, &events, sizeof events));
   EXPECT_GE(events, 1u);
   EXPECT_LE(events, kN);
   auto r = region(false, 0, kN * kStride);

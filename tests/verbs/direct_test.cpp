@@ -3,21 +3,12 @@
 // missing access right, deregistered region, destroyed QP. On softrdma these run on the intra-host
 // direct path (docs/direct-path.md) unless SOFTRDMA_DIRECT=0; the statuses and data are those of the
 // wire either way, and the test also checks which path was taken (the stats page's direct_ops).
-#include "helpers.h"
+#include "two_process.h"
 
-#include <fcntl.h>
-#include <glob.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstring>
-
-#include "core/stats.h"  // the stats page's counter layout (header only)
 
 namespace softrdma::verbs_test {
 namespace {
@@ -49,30 +40,6 @@ uint8_t* private_file_mapping(size_t len, uint32_t seed) {
   return static_cast<uint8_t*>(p);
 }
 
-bool read_full(int fd, void* p, size_t n) {
-  auto* c = static_cast<uint8_t*>(p);
-  while (n) {
-    pollfd pf{fd, POLLIN, 0};
-    if (poll(&pf, 1, kWaitSeconds * 1000) != 1) return false;
-    ssize_t r = read(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= size_t(r);
-  }
-  return true;
-}
-
-bool write_full(int fd, const void* p, size_t n) {
-  auto* c = static_cast<const uint8_t*>(p);
-  while (n) {
-    ssize_t r = write(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= size_t(r);
-  }
-  return true;
-}
-
 // The target: registers its buffers, connects, then obeys one-byte commands until 'x'.
 int target_main(int sock) {
   Device dev;
@@ -90,18 +57,10 @@ int target_main(int sock) {
   ibv_mr* pmr = pm ? ibv_reg_mr(s.pd, pm, kPLen, kAllAccess) : nullptr;
   if (!pmr) return 12;
   if (modify_to_init(s.qp, kAllAccess)) return 13;
-  Info me{s.qpn(), s.psn, a->rkey(), r->rkey(), d->rkey(), pmr->rkey,
-          a->addr(), r->addr(), d->addr(), reinterpret_cast<uint64_t>(pm), {}};
-  std::memcpy(me.gid, dev.gid.raw, 16);
+  const Info me{s.qpn(), s.psn, a->rkey(), r->rkey(), d->rkey(), pmr->rkey,
+                a->addr(), r->addr(), d->addr(), reinterpret_cast<uint64_t>(pm), {}};
   Info peer{};
-  if (!write_full(sock, &me, sizeof me) || !read_full(sock, &peer, sizeof peer)) return 14;
-  ibv_gid pg{};
-  std::memcpy(pg.raw, peer.gid, 16);
-  ConnConfig conn;
-  if (modify_to_rtr(s.qp, peer.qpn, peer.psn, pg, conn, dev.attr) || modify_to_rts(s.qp, s.psn, conn, dev.attr))
-    return 15;
-  const char ready = 'r';  // our QP is in RTS: requests from now on find it ready
-  if (!write_full(sock, &ready, 1)) return 15;
+  if (int rc = serve_connect(sock, dev, s, me, peer, 14)) return rc;
   for (;;) {
     char cmd = 0;
     if (!read_full(sock, &cmd, 1)) return 16;
@@ -130,28 +89,6 @@ int target_main(int sock) {
   }
 }
 
-// This process's device counters, from its stats page (core/stats.h layout).
-uint64_t my_counter(uint64_t core::Counters::*field) {
-  glob_t g{};
-  std::string pat = "/dev/shm/softrdma-stats-" + std::to_string(getpid()) + "-*";
-  uint64_t sum = 0;
-  if (glob(pat.c_str(), 0, nullptr, &g) != 0) return 0;
-  for (size_t i = 0; i < g.gl_pathc; ++i) {
-    int fd = open(g.gl_pathv[i], O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    // magic, version, pid, device_name[64], then the device's Counters (8-byte aligned).
-    constexpr size_t kCountersOff = 80;
-    core::Counters c{};
-    uint32_t head[2]{};
-    if (pread(fd, head, sizeof head, 0) == sizeof head && head[0] == core::StatsPage::kMagic &&
-        head[1] == core::StatsPage::kVersion && pread(fd, &c, sizeof c, kCountersOff) == sizeof c)
-      sum += c.*field;
-    close(fd);
-  }
-  globfree(&g);
-  return sum;
-}
-
 // Whether softrdma takes the direct path here: SOFTRDMA_DIRECT=0/1, else its default (on).
 constexpr bool kDirectByDefault = true;
 bool direct_expected() {
@@ -160,10 +97,10 @@ bool direct_expected() {
   return on && getenv("VT_DEVICE") == nullptr;
 }
 
-class DirectPath : public ::testing::Test {
+class DirectPath : public ForkedTarget {
  protected:
-  pid_t pid = -1;
-  int sock = -1;
+  DirectPath() : ForkedTarget(target_main) {}
+
   Info peer{};
   std::unique_ptr<Device> dev;
   Side s;
@@ -171,38 +108,12 @@ class DirectPath : public ::testing::Test {
   ConnConfig conn;
   QpConfig qcfg;
 
-  void SetUp() override {
-    int sv[2];
-    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      close(sv[0]);
-      _exit(target_main(sv[1]));
-    }
-    close(sv[1]);
-    sock = sv[0];
-  }
-
   void TearDown() override {
     src.reset();  // MRs before their PD
     dst.reset();
     s.reset();
     dev.reset();
-    char x = 'x';
-    write_full(sock, &x, 1);
-    close(sock);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kWaitSeconds);
-    int st = 0;
-    pid_t got = 0;
-    while ((got = waitpid(pid, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) usleep(5000);
-    if (got != pid) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      ADD_FAILURE() << "target did not exit";
-      return;
-    }
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "target failed at step " << WEXITSTATUS(st);
+    ForkedTarget::TearDown();
   }
 
   // Opens our side and connects it to the target's QP.
@@ -214,17 +125,7 @@ class DirectPath : public ::testing::Test {
     dst = s.buf(kALen);
     ASSERT_TRUE(src->mr && dst->mr);
     ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
-    Info me{s.qpn(), s.psn, 0, 0, 0, 0, 0, 0, 0, 0, {}};
-    std::memcpy(me.gid, dev->gid.raw, 16);
-    ASSERT_TRUE(read_full(sock, &peer, sizeof peer)) << "target sent no QP info";
-    ASSERT_TRUE(write_full(sock, &me, sizeof me));
-    ibv_gid pg{};
-    std::memcpy(pg.raw, peer.gid, 16);
-    ASSERT_EQ(modify_to_rtr(s.qp, peer.qpn, peer.psn, pg, conn, dev->attr), 0);
-    ASSERT_EQ(modify_to_rts(s.qp, s.psn, conn, dev->attr), 0);
-    char ready = 0;
-    ASSERT_TRUE(read_full(sock, &ready, 1));
-    ASSERT_EQ(ready, 'r');
+    ASSERT_NO_FATAL_FAILURE(connect_target(Info{s.qpn(), s.psn, 0, 0, 0, 0, 0, 0, 0, 0, {}}, peer, s, *dev, conn));
   }
 
   void command(char c) {

@@ -1,15 +1,11 @@
 // Two processes: the device is opened after fork in each, QPN/PSN/rkey/address go over a
 // socketpair, then WRITE + READ + SEND one way and SEND back.
-#include "helpers.h"
+#include "two_process.h"
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 namespace softrdma::verbs_test {
@@ -22,23 +18,6 @@ struct PeerInfo {
   uint64_t addr;
   uint8_t gid[16];
 };
-
-bool read_full(int fd, void* p, size_t n, int timeout_s = kWaitSeconds) {
-  auto* c = static_cast<uint8_t*>(p);
-  while (n) {
-    pollfd pf{fd, POLLIN, 0};
-    if (poll(&pf, 1, timeout_s * 1000) != 1) return false;
-    ssize_t r = read(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= size_t(r);
-  }
-  return true;
-}
-
-bool write_full(int fd, const void* p, size_t n) {
-  return write(fd, p, n) == static_cast<ssize_t>(n);
-}
 
 constexpr size_t kWriteLen = 256 * 1024;     // parent WRITEs into child [0, 256K)
 constexpr size_t kReadOff = 256 * 1024;      // parent READs child [256K, 512K)
@@ -90,34 +69,16 @@ int child_main(int sock) {
 }
 
 TEST(TwoProcesses, WriteReadSendAcrossFork) {
-  int sv[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    close(sv[0]);
-    _exit(child_main(sv[1]));
-  }
-  close(sv[1]);
-  const int sock = sv[0];
+  int sock = -1;
+  const pid_t pid = fork_target(child_main, &sock);
+  ASSERT_GE(pid, 0) << "socketpair or fork: " << strerror(errno);
   struct Reap {
     pid_t pid;
     int sock;
     ~Reap() {
       close(sock);
-      if (pid <= 0) return;
-      // Bounded wait for the child, then kill it.
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kWaitSeconds);
       int st = 0;
-      while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (std::chrono::steady_clock::now() > deadline) {
-          kill(pid, SIGKILL);
-          waitpid(pid, &st, 0);
-          ADD_FAILURE() << "child did not exit";
-          return;
-        }
-        usleep(10000);
-      }
+      if (pid > 0 && !reap_within(pid, kWaitSeconds, &st)) ADD_FAILURE() << "child did not exit";
     }
   } reap{pid, sock};
 
@@ -170,11 +131,9 @@ TEST(TwoProcesses, WriteReadSendAcrossFork) {
   const uint8_t done = 1;
   write_full(sock, &done, 1);
   int st = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kWaitSeconds);
-  pid_t got = 0;
-  while ((got = waitpid(pid, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) usleep(10000);
-  ASSERT_EQ(got, pid) << "child did not exit";
-  reap.pid = -1;  // reaped
+  const bool exited = reap_within(pid, kWaitSeconds, &st);
+  reap.pid = -1;  // reaped (killed if it had not exited)
+  ASSERT_TRUE(exited) << "child did not exit";
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 0) << "child failed at step " << WEXITSTATUS(st);
 }
