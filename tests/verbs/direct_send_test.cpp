@@ -192,6 +192,13 @@ int serve(int sock, Device& dev, ibv_comp_channel* ch) {
         if (!write_full(sock, &events, sizeof events)) return 25;
         break;
       }
+      case 'f': {  // move the QP to the error state, without polling first
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_ERR;
+        int32_t rc = ibv_modify_qp(s.qp, &a, IBV_QP_STATE);
+        if (!write_full(sock, &rc, sizeof rc)) return 29;
+        break;
+      }
       case 'x':
         return 0;
       default:
@@ -690,6 +697,61 @@ TEST_F(DirectSend, CompletionChannelWakesTargetForEachSend) {
     EXPECT_EQ(first_not_sentinel(r, i * kStride + size_of(i), (i + 1) * kStride), (i + 1) * kStride);
   }
   expect_direct(before, kN, true);  // PATH ASSERTION
+}
+
+// Messages the initiator completed are received even when the target's QP goes to the error state
+// before it polls (an HCA placed them before it failed); the receives left are flushed after them.
+TEST_F(DirectSend, CompletedSendsAreReceivedBeforeTheErrorFlush) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  ASSERT_NO_FATAL_FAILURE(post_recvs(5, 30, 0, 4096, 4096));
+  const PathProbe before = probe();
+  const uint32_t sizes[] = {100, 2000, 8};
+  for (uint32_t i = 0; i < 3; ++i) {
+    fill_pattern(src->data + i * 4096, sizes[i], 60 + i);
+    SendWr w(i, IBV_WR_SEND, {src->sge(i * 4096, sizes[i])});
+    ASSERT_EQ(post_send(s.qp, w), 0);
+  }
+  ASSERT_NO_FATAL_FAILURE(expect_sends({{0, IBV_WC_SEND}, {1, IBV_WC_SEND}, {2, IBV_WC_SEND}}));
+  Cmd f;
+  f.op = 'f';
+  ASSERT_NO_FATAL_FAILURE(send_cmd(f));
+  ASSERT_NO_FATAL_FAILURE(recv_ack());
+  auto wcs = wait_recvs(5);
+  ASSERT_EQ(wcs.size(), 5u);
+  for (uint32_t i = 0; i < 3; ++i) expect_recv(wcs[i], 30 + i, IBV_WC_RECV, sizes[i]);
+  for (uint32_t i = 3; i < 5; ++i) {
+    EXPECT_EQ(wcs[i].wr_id, 30u + i);
+    EXPECT_EQ(wcs[i].status, IBV_WC_WR_FLUSH_ERR) << ibv_wc_status_str(wcs[i].status);
+  }
+  auto r = region(false, 0, 5 * 4096);
+  for (uint32_t i = 0; i < 3; ++i)
+    EXPECT_EQ(check_pattern(r.data() + i * 4096, sizes[i], 60 + i), sizes[i]) << "message " << i;
+  EXPECT_EQ(first_not_sentinel(r, 3 * 4096, 5 * 4096), 5u * 4096) << "the flushed receives' buffers";
+  expect_direct(before, 3, true);  // PATH ASSERTION
+}
+
+// A WRITE_WITH_IMM the target's responder refuses (a wrong rkey) writes nothing and takes no receive
+// WQE for a completion: the initiator gets REM_ACCESS_ERR, the target's QP goes to error and its
+// receive is flushed.
+TEST_F(DirectSend, WriteWithImmWithWrongRkeyTouchesNothing) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  ASSERT_NO_FATAL_FAILURE(post_recvs(1, 40, 0, 4096));
+  fill_pattern(src->data, 512, 71);
+  SendWr w(1, IBV_WR_RDMA_WRITE_WITH_IMM, {src->sge(0, 512)});
+  w.rdma(peer.w_addr, peer.w_rkey ^ 0x5a5a00).imm(9);
+  ASSERT_EQ(post_send(s.qp, w), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(s.scq, &wc));
+  EXPECT_EQ(wc.wr_id, 1u);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  auto wcs = wait_recvs(1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 40u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_WR_FLUSH_ERR) << ibv_wc_status_str(wcs[0].status);
+  auto wm = region(true, 0, kWLen);
+  EXPECT_EQ(check_pattern(wm.data(), kWLen, kWSeed), kWLen) << "target bytes of W";
+  auto r = region(false, 0, 4096);
+  EXPECT_EQ(first_not_sentinel(r, 0, 4096), 4096u) << "the receive buffer";
 }
 
 TEST_F(DirectSend, SendLargerThan64KiBArrivesIntact) {
