@@ -56,7 +56,7 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
 
 int CompletionQueue::poll(Cqe* out, int n) {
   if (empty() || n <= 0) return 0;
-  std::lock_guard lock(consumer_mutex_);
+  std::lock_guard lock(consumer_lock_);
   uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
   uint64_t head = ring_->head.load(std::memory_order_acquire);
   int got = 0;

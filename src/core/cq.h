@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/arena.h"
+#include "core/spin_lock.h"
 
 namespace softrdma::core {
 
@@ -91,7 +92,7 @@ class CompletionQueue {
   Ring* ring_;
   size_t ring_bytes_;
   uint32_t mask_;
-  std::mutex consumer_mutex_;
+  SpinLock consumer_lock_;
   std::atomic<bool> overrun_{false};
   bool timestamps_ = false;
   NotifyFn on_completion_, on_overrun_;

@@ -710,7 +710,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
   }
   int rc = 0;
   {
-    std::lock_guard lock(qp->sq.producer_mutex);
+    std::lock_guard lock(qp->sq.producer_lock);
     uint64_t head = qp->sq.head.load(std::memory_order_relaxed);
     auto is_bad = [qp](const SendWqe& w) {
       return w.num_sge > qp->cfg.max_send_sge || ((w.flags & kInline) && w.length > qp->cfg.max_inline) ||
@@ -778,7 +778,7 @@ int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
   }
   int rc = 0;
   {
-    std::lock_guard lock(qp->rq.producer_mutex);
+    std::lock_guard lock(qp->rq.producer_lock);
     uint64_t head = qp->rq.head.load(std::memory_order_relaxed);
     for (int i = 0; i < n; ++i) {
       const RecvWqe& w = wqes[i];

@@ -12,6 +12,7 @@
 
 #include "core/cq.h"
 #include "core/limits.h"
+#include "core/spin_lock.h"
 #include "core/stats.h"
 
 namespace softrdma::transport {
@@ -97,7 +98,7 @@ struct WorkQueue {
   uint32_t max_wr = 0;                    // what the application asked for (capacity bound)
   std::atomic<uint64_t> head{0};          // next slot an application fills
   std::atomic<uint64_t> tail{0};          // oldest slot not yet completed (advanced by the engine)
-  std::mutex producer_mutex;
+  core::SpinLock producer_lock;
   static uint32_t capacity_for(uint32_t depth) {
     uint32_t cap = 1;
     while (cap < depth) cap <<= 1;

@@ -60,7 +60,7 @@ int Engine::destroy_srq(Srq* srq) {
 int Engine::modify_srq(Srq* srq, int mask, uint32_t max_wr, uint32_t limit) {
   if (mask & ~(kSrqModMaxWr | kSrqModLimit)) return EINVAL;
   // Producer lock first, as post_srq_recv then the engine: the ring may be replaced below.
-  std::lock_guard producer(srq->rq.producer_mutex);
+  std::lock_guard producer(srq->rq.producer_lock);
   std::lock_guard lock(lock_);
   WorkQueue<RecvWqe>& q = srq->rq;
   uint32_t new_max = q.max_wr;
@@ -96,7 +96,7 @@ void Engine::query_srq(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& 
 
 int Engine::post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
   int rc = 0;
-  std::lock_guard lock(srq->rq.producer_mutex);
+  std::lock_guard lock(srq->rq.producer_lock);
   WorkQueue<RecvWqe>& q = srq->rq;
   uint64_t head = q.head.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
