@@ -852,16 +852,35 @@ SOFTRDMA_EXPORT rdma_event_channel* rdma_create_event_channel() {
   return c ? &c->pub : nullptr;
 }
 
-SOFTRDMA_EXPORT void rdma_destroy_event_channel(rdma_event_channel* ch) {
-  if (!ch) return;
-  auto* c = reinterpret_cast<Channel*>(ch);
+namespace {
+// Frees a channel. One the application created lingers, empty and open, behind the last 64 destroyed:
+// a CM thread that acked its last event just before the main thread destroyed the channel (rping's
+// cm_thread, racing main's exit) then blocks in its next rdma_get_cm_event, as a thread already
+// blocked in read does on the kernel's fd, instead of reading a closed fd (EBADF, rping exits 255).
+void release_channel(Channel* c, bool linger) {
+  static std::deque<Channel*> lingering;  // under M().mu
+  Channel* done = c;
   {
     std::lock_guard lock(M().mu);
     for (Event* e : c->queue) delete e;
     c->queue.clear();
+    if (linger) {
+      lingering.push_back(c);
+      done = nullptr;
+      if (lingering.size() > 64) {
+        done = lingering.front();
+        lingering.pop_front();
+      }
+    }
   }
-  close(c->pub.fd);
-  delete c;
+  if (!done) return;
+  close(done->pub.fd);
+  delete done;
+}
+}  // namespace
+
+SOFTRDMA_EXPORT void rdma_destroy_event_channel(rdma_event_channel* ch) {
+  if (ch) release_channel(reinterpret_cast<Channel*>(ch), true);
 }
 
 SOFTRDMA_EXPORT int rdma_create_id(rdma_event_channel* ch, rdma_cm_id** out, void* context, rdma_port_space ps) {
@@ -927,7 +946,7 @@ SOFTRDMA_EXPORT int rdma_destroy_id(rdma_cm_id* pid) {
     close(id->sock);
   }
   lock.unlock();
-  if (id->sync) rdma_destroy_event_channel(id->pub.channel);
+  if (id->sync) release_channel(reinterpret_cast<Channel*>(id->pub.channel), false);
   free(id->pub.route.path_rec);
   delete id;
   return 0;
@@ -1447,7 +1466,7 @@ SOFTRDMA_EXPORT int rdma_migrate_id(rdma_cm_id* pid, rdma_event_channel* ch) {
   id->pub.channel = ch;
   id->sync = sync;
   lock.unlock();
-  if (destroy_old && old && old != nc) rdma_destroy_event_channel(&old->pub);
+  if (destroy_old && old && old != nc) release_channel(old, false);
   return 0;
 }
 
