@@ -73,30 +73,42 @@ probe() { [[ -x $probe_bin ]] && timeout 10 "$probe_bin" 100000; }
 probe_before=$(probe)
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
-row() { rows+=("| $1 | ${2:-fail} | ${3:-fail} | $4 | ${5:--} | $(ratio "$2" "$5") |"); }
+# A row: test, direct, packets, peer name, peer value; the cache-line probe taken right before the
+# direct and the peer measurement (pd, pp) says whether both saw the same placement.
+row() { rows+=("| $1 | ${2:-fail} | ${3:-fail} | $4 | ${5:--} | $(ratio "$2" "$5") | ${pd:-?} / ${pp:-?} |"); }
+peer() { pp=$(probe); pv=$("$@"); }  # sets pp and pv here, not in a subshell
 
-d=$(lat 1 ib_write_lat -s 8 -n 50000); p=$(lat 0 ib_write_lat -s 8 -n 20000)
-row "ib_write_lat 8 B (us, p50)" "$d" "$p" "UCX ucp_put_lat posix" "$(ucx posix ucp_put_lat 8 200000)"
-row "ib_write_lat 8 B (us, p50)" "$d" "$p" "fi_pingpong shm (mean)" "$(fi_lat)"
-d=$(lat 1 ib_send_lat -s 8 -n 50000); p=$(lat 0 ib_send_lat -s 8 -n 20000)
-row "ib_send_lat 8 B (us, p50)" "$d" "$p" "UCX tag_lat posix" "$(ucx posix tag_lat 8 200000)"
+pd=$(probe); d=$(lat 1 ib_write_lat -s 8 -n 50000); p=$(lat 0 ib_write_lat -s 8 -n 20000)
+peer ucx posix ucp_put_lat 8 200000
+row "ib_write_lat 8 B (us, p50)" "$d" "$p" "UCX ucp_put_lat posix" "$pv"
+peer fi_lat
+row "ib_write_lat 8 B (us, p50)" "$d" "$p" "fi_pingpong shm (mean)" "$pv"
+pd=$(probe); d=$(lat 1 ib_send_lat -s 8 -n 50000); p=$(lat 0 ib_send_lat -s 8 -n 20000)
+peer ucx posix tag_lat 8 200000
+row "ib_send_lat 8 B (us, p50)" "$d" "$p" "UCX tag_lat posix" "$pv"
 for s in 65536 1048576; do
   n=$((s == 65536 ? 20000 : 2000))
-  d=$(bw 1 ib_write_bw -s $s -n $n); p=$(bw 0 ib_write_bw -s $s -n $((n / 4)))
-  row "ib_write_bw $s B (GB/s)" "$d" "$p" "UCX ucp_put_bw posix" "$(ucx posix ucp_put_bw $s $n)"
-  row "ib_write_bw $s B (GB/s)" "$d" "$p" "UCX UCT put_bw cma zcopy" "$(ucx uct put_bw $s $n -x cma -d memory -D zcopy)"
+  pd=$(probe); d=$(bw 1 ib_write_bw -s $s -n $n); p=$(bw 0 ib_write_bw -s $s -n $((n / 4)))
+  peer ucx posix ucp_put_bw $s $n
+  row "ib_write_bw $s B (GB/s)" "$d" "$p" "UCX ucp_put_bw posix" "$pv"
+  peer ucx uct put_bw $s $n -x cma -d memory -D zcopy
+  row "ib_write_bw $s B (GB/s)" "$d" "$p" "UCX UCT put_bw cma zcopy" "$pv"
 done
-d=$(mrate 1 ib_write_bw -s 8 -n 1000000); p=$(mrate 0 ib_write_bw -s 8 -n 100000)
-row "ib_write_bw 8 B (Mmsg/s)" "$d" "$p" "UCX ucp_put_bw posix" "$(ucx posix ucp_put_bw 8 1000000)"
-d=$(bw 1 ib_read_bw -s 65536 -n 20000); p=$(bw 0 ib_read_bw -s 65536 -n 5000)
-row "ib_read_bw 64 KiB (GB/s)" "$d" "$p" "UCX ucp_get posix" "$(ucx posix ucp_get 65536 20000)"
-row "ib_read_bw 64 KiB (GB/s)" "$d" "$p" "UCX UCT get cma zcopy" "$(ucx uct get 65536 20000 -x cma -d memory -D zcopy)"
-d=$(mrate 1 ib_atomic_bw -n 200000); p=$(mrate 0 ib_atomic_bw -n 20000)
-row "ib_atomic_bw 8 B (Mmsg/s)" "$d" "$p" "UCX ucp_fadd posix" "$(ucx posix ucp_fadd 8 200000)"
+pd=$(probe); d=$(mrate 1 ib_write_bw -s 8 -n 1000000); p=$(mrate 0 ib_write_bw -s 8 -n 100000)
+peer ucx posix ucp_put_bw 8 1000000
+row "ib_write_bw 8 B (Mmsg/s)" "$d" "$p" "UCX ucp_put_bw posix" "$pv"
+pd=$(probe); d=$(bw 1 ib_read_bw -s 65536 -n 20000); p=$(bw 0 ib_read_bw -s 65536 -n 5000)
+peer ucx posix ucp_get 65536 20000
+row "ib_read_bw 64 KiB (GB/s)" "$d" "$p" "UCX ucp_get posix" "$pv"
+peer ucx uct get 65536 20000 -x cma -d memory -D zcopy
+row "ib_read_bw 64 KiB (GB/s)" "$d" "$p" "UCX UCT get cma zcopy" "$pv"
+pd=$(probe); d=$(mrate 1 ib_atomic_bw -n 200000); p=$(mrate 0 ib_atomic_bw -n 20000)
+peer ucx posix ucp_fadd 8 200000
+row "ib_atomic_bw 8 B (Mmsg/s)" "$d" "$p" "UCX ucp_fadd posix" "$pv"
 
 probe_after=$(probe)
 echo "cache-line round trip CPU 0 <-> 1: ${probe_before:-?} ns before, ${probe_after:-?} ns after (near ~60, far ~330)"
 echo
-echo "| test | softrdma direct | softrdma packets | peer | peer | ratio direct/peer |"
-echo "|---|---:|---:|---|---:|---:|"
+echo "| test | softrdma direct | softrdma packets | peer | peer | ratio direct/peer | c2c ns before direct / peer |"
+echo "|---|---:|---:|---|---:|---:|---:|"
 printf '%s\n' "${rows[@]}"
