@@ -858,18 +858,19 @@ namespace {
 // cm_thread, racing main's exit) then blocks in its next rdma_get_cm_event, as a thread already
 // blocked in read does on the kernel's fd, instead of reading a closed fd (EBADF, rping exits 255).
 void release_channel(Channel* c, bool linger) {
-  static std::deque<Channel*> lingering;  // under M().mu
+  // Never destroyed: what lingers stays reachable until the process ends (no leak at exit).
+  static auto* const lingering = new std::deque<Channel*>;  // under M().mu
   Channel* done = c;
   {
     std::lock_guard lock(M().mu);
     for (Event* e : c->queue) delete e;
     c->queue.clear();
     if (linger) {
-      lingering.push_back(c);
+      lingering->push_back(c);
       done = nullptr;
-      if (lingering.size() > 64) {
-        done = lingering.front();
-        lingering.pop_front();
+      if (lingering->size() > 64) {
+        done = lingering->front();
+        lingering->pop_front();
       }
     }
   }
