@@ -71,6 +71,8 @@ class CompletionQueue {
   // The arm state, nonzero while armed, in the arena: an intra-host peer that leaves work for this
   // context reads it to know whether to wake it (transport/direct.h).
   const std::atomic<int>* arm_word() const { return &ring_->armed; }
+  // Whether an arm can raise anything: the CQ has a completion channel (fixed at creation).
+  bool notifies() const { return static_cast<bool>(on_completion_); }
   // ibv_create_cq_ex with completion timestamps: each CQE is stamped as it is written. Called before any
   // QP completes into this CQ.
   void enable_timestamps() { timestamps_ = true; }

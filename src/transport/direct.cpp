@@ -335,10 +335,13 @@ void DirectEndpoint::qp_created(Qp& qp) {
   d.rq_ring_off.store(static_cast<uint64_t>(reinterpret_cast<uint8_t*>(qp.rq.slots) - arena_.base()),
                       std::memory_order_relaxed);
   d.rq_mask.store(qp.rq.mask, std::memory_order_relaxed);
-  d.recv_cq_arm_off.store(qp.cfg.recv_cq ? static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(
-                                                                       qp.cfg.recv_cq->arm_word()) -
-                                                                   arena_.base())
-                                         : 0,
+  // 0 for a receive CQ without a completion channel: nobody can be waiting on it, so initiators skip
+  // the fence and the look at its arm state.
+  const core::CompletionQueue* rcq = qp.cfg.recv_cq;
+  d.recv_cq_arm_off.store(rcq && rcq->notifies() ? static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(
+                                                                            rcq->arm_word()) -
+                                                                        arena_.base())
+                                                  : 0,
                           std::memory_order_relaxed);
   d.rq_head.store(0, std::memory_order_relaxed);
   d.tails.store(0, std::memory_order_relaxed);
@@ -624,9 +627,10 @@ void post_to_inbox(DirectInbox& in, const SqEntry& e, uint64_t payload) {
 // the CQ first, and then its engine is woken. Publish, then read the arm state: the target arms, then
 // polls (core/cq.h), so one of the two sides sees the other.
 void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d) {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
   const uint64_t arm = d.recv_cq_arm_off.load(std::memory_order_relaxed);
-  if (arm && arm <= p.arena_size - sizeof(std::atomic<int>) &&
+  if (!arm) return;  // no completion channel on that CQ
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (arm <= p.arena_size - sizeof(std::atomic<int>) &&
       reinterpret_cast<const std::atomic<int>*>(p.arena + arm)->load(std::memory_order_relaxed) != 0 &&
       p.doorbell_fd >= 0) {
     uint64_t one = 1;
