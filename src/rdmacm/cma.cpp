@@ -120,6 +120,8 @@ class Manager {
   void on_sidr_rep(Id* id, const uint8_t* mad);
   void send_sidr_rep(Id* id, uint8_t status, uint32_t qpn, const void* pdata, uint8_t len);
   void timers();
+  // DREQ, DREP and RTU: the connection's comm IDs and nothing else (remote_qpn: DREQ only).
+  void send_simple(Id* id, wire::CmAttr attr, uint64_t tid, uint32_t remote_qpn, bool request);
   void send_dreq(Id* id);
   void send_rtu(Id* id);  // answers the REP of id's connection (tid of its REQ)
   void send_rej(Id* id, uint16_t reason, uint8_t msg, const void* pdata, uint8_t len);
@@ -279,31 +281,25 @@ void Manager::to_error(Id* id) {
   ibv_modify_qp(id->pub.qp, &a, IBV_QP_STATE);
 }
 
-void Manager::send_dreq(Id* id) {
+void Manager::send_simple(Id* id, wire::CmAttr attr, uint64_t tid, uint32_t remote_qpn, bool request) {
   wire::MadHeader h;
-  h.tid = (uint64_t(random_u32()) << 32) | random_u32();
-  h.attr_id = static_cast<uint16_t>(wire::CmAttr::Dreq);
-  wire::CmSimple d;
-  d.local_comm_id = id->local_comm_id;
-  d.remote_comm_id = id->remote_comm_id;
-  d.remote_qpn = id->remote_qpn;
+  h.tid = tid;
+  h.attr_id = static_cast<uint16_t>(attr);
+  wire::CmSimple m;
+  m.local_comm_id = id->local_comm_id;
+  m.remote_comm_id = id->remote_comm_id;
+  m.remote_qpn = remote_qpn;
   uint8_t mad[wire::kMadLen];
-  wire::encode_simple(h, d, mad);
-  send_mad(id, mad, true);
+  wire::encode_simple(h, m, mad);
+  send_mad(id, mad, request);
+}
+
+void Manager::send_dreq(Id* id) {
+  send_simple(id, wire::CmAttr::Dreq, (uint64_t(random_u32()) << 32) | random_u32(), id->remote_qpn, true);
   id->retries_left = std::min(id->retries_left, 3);
 }
 
-void Manager::send_rtu(Id* id) {
-  wire::MadHeader h;
-  h.tid = id->tid;
-  h.attr_id = static_cast<uint16_t>(wire::CmAttr::Rtu);
-  wire::CmSimple rtu;
-  rtu.local_comm_id = id->local_comm_id;
-  rtu.remote_comm_id = id->remote_comm_id;
-  uint8_t mad[wire::kMadLen];
-  wire::encode_simple(h, rtu, mad);
-  send_mad(id, mad, false);
-}
+void Manager::send_rtu(Id* id) { send_simple(id, wire::CmAttr::Rtu, id->tid, 0, false); }
 
 // RTR then RTS with the negotiated parameters (what rdma_init_qp_attr reports).
 void fill_qp_attr(Id* id, ibv_qp_state state, ibv_qp_attr& a, int& mask) {
@@ -621,15 +617,7 @@ void Manager::on_mad(const uint8_t* mad, Id* listener) {
       return;
     }
     case wire::CmAttr::Dreq: {
-      wire::MadHeader rh;
-      rh.tid = h.tid;
-      rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Drep);
-      wire::CmSimple drep;
-      drep.local_comm_id = id->local_comm_id;
-      drep.remote_comm_id = id->remote_comm_id;
-      uint8_t out[wire::kMadLen];
-      wire::encode_simple(rh, drep, out);
-      send_mad(id, out, false);
+      send_simple(id, wire::CmAttr::Drep, h.tid, 0, false);
       if (id->st == St::Connected || id->st == St::DreqSent || id->st == St::RepSent) {
         id->awaiting = false;
         id->st = St::Disconnected;
