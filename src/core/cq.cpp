@@ -52,7 +52,7 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   int armed = ring_->armed.load(std::memory_order_acquire);
   bool fire = armed == kArmedAll ||
               (armed == kArmedSolicited && (solicited || cqe.status != WcStatus::Success));
-  if (fire && ring_->armed.compare_exchange_strong(armed, kUnarmed) && on_completion_) on_completion_(*this);
+  if (fire && ring_->armed.compare_exchange_strong(armed, kUnarmed)) on_completion_(*this);
   return true;
 }
 

@@ -135,9 +135,21 @@ class DirectPeer {
     if (sock >= 0) close(sock);  // the target frees our slot
   }
 
+  // The share's mapping here, if it is mapped (with write access when asked); the last one found first.
+  const Mapping* mapped(uint64_t id, bool writable) {
+    auto fits = [&](const Mapping& x) { return x.id == id && (x.writable || !writable); };
+    if (cached_map < maps.size() && fits(maps[cached_map])) return &maps[cached_map];
+    for (size_t i = 0; i < maps.size(); ++i)
+      if (fits(maps[i])) {
+        cached_map = i;
+        return &maps[i];
+      }
+    return nullptr;
+  }
+
+  // The same, mapped now if it is not: the target's server is asked for the share's fd.
   const Mapping* mapping(uint64_t id, bool writable) {
-    for (const Mapping& m : maps)
-      if (m.id == id && (m.writable || !writable)) return &m;
+    if (const Mapping* m = mapped(id, writable)) return m;
     DirectEndpoint::Request req{kMap, writable, id};
     Reply rep{};
     int fd = -1;
@@ -725,44 +737,25 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       if (r.share_id == 0) {
         // Memory the target could not share (stack, private file mapping, hugetlbfs): copied by the
         // kernel between the address spaces, still inside the copy window.
-        const bool copied = !peer->vm_denied && copy_across(*peer, w, e.host, target, len);
-        if (!copied) {
+        if (peer->vm_denied || !copy_across(*peer, w, e.host, target, len)) {
           leave();
           return Result::Fallback;
         }
-        if (inbox) {
-          post_to_inbox(*inbox, e, 0);
-          ++qp.direct_recv.next_wqe;
-        }
-        leave();
-        if (inbox) wake_if_armed(*peer, d);
-        return Result::Done;
-      }
-      const DirectPeer::Mapping* m = nullptr;
-      const size_t ci = peer->cached_map;
-      if (ci < peer->maps.size() && peer->maps[ci].id == r.share_id && (peer->maps[ci].writable || !writable)) {
-        m = &peer->maps[ci];
       } else {
-        for (size_t i = 0; i < peer->maps.size(); ++i) {
-          const DirectPeer::Mapping& x = peer->maps[i];
-          if (x.id == r.share_id && (x.writable || !writable)) {
-            m = &x;
-            peer->cached_map = i;
-          }
+        const DirectPeer::Mapping* m = peer->mapped(r.share_id, writable);
+        if (!m) {
+          // First use of this range: ask the target for it (its server thread answers), outside the copy
+          // window, and check everything again.
+          leave();
+          if (attempt || !peer->mapping(r.share_id, writable)) return Result::Fallback;
+          continue;
         }
+        if (target < m->base || target - m->base > m->length || len > m->length - (target - m->base)) {
+          leave();
+          return Result::Fallback;
+        }
+        copy_one_sided(w, e.host, m->local + (target - m->base), len);
       }
-      if (!m) {
-        // First use of this range: ask the target for it (its server thread answers), outside the copy
-        // window, and check everything again.
-        leave();
-        if (attempt || !peer->mapping(r.share_id, writable)) return Result::Fallback;
-        continue;
-      }
-      if (target < m->base || target - m->base > m->length || len > m->length - (target - m->base)) {
-        leave();
-        return Result::Fallback;
-      }
-      copy_one_sided(w, e.host, m->local + (target - m->base), len);
     }
     if (inbox) {
       post_to_inbox(*inbox, e, send ? len : 0);

@@ -78,14 +78,10 @@ bool Engine::direct_receive(Qp& qp) {
   }
 }
 
-bool Engine::direct_receive_all(bool* any_inbox) {
+bool Engine::direct_receive_all() {
   bool did = false;
-  *any_inbox = false;
-  for (Qp* qp : qp_list_) {
-    if (!qp->direct_inbox) continue;
-    *any_inbox = true;
-    if (direct_receive(*qp)) did = true;
-  }
+  for (Qp* qp : qp_list_)
+    if (qp->direct_inbox && direct_receive(*qp)) did = true;
   return did;
 }
 

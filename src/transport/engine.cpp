@@ -216,8 +216,7 @@ bool Engine::progress_once() {
   bool did = false;
   // Placing direct messages is not work that keeps the progress thread spinning: the application's
   // own polls place them, and the thread would only take their core.
-  bool inboxes;
-  if (direct_) direct_receive_all(&inboxes);
+  if (direct_) direct_receive_all();
   receive_from(*port_, did);
   uint64_t now = now_ns();
   try_take_roce_port(now);
@@ -750,15 +749,9 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     qp->sq.head.store(head, std::memory_order_release);
   }
   // Send from the caller's thread when the engine is free: no wake-up on the latency path. With an
-  // intra-host peer, wait for the lock: the WQE most likely completes right here, while handing it to
-  // the progress thread would keep that thread spinning on the application's core.
-  if (direct_active_.load(std::memory_order_relaxed)) {
-    while (!lock_.try_lock()) sched_yield();
-    if (qp->state.load() == QpState::Rts) requester_run(*qp, 0);
-    port_->flush();
-    lock_.unlock();
-    if (qp->sq.count() == 0) return rc;
-  } else if (lock_.try_lock()) {
+  // intra-host peer the WQE most likely completes right here, while handing it to the progress thread
+  // would keep that thread spinning on the application's core.
+  if (lock_for_caller()) {
     // No time passed: the requester reads the clock only if it arms a timer (a post must not pay for it).
     if (qp->state.load() == QpState::Rts) requester_run(*qp, 0);
     port_->flush();
@@ -808,21 +801,23 @@ void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip
   port_->flush();
 }
 
+bool Engine::lock_for_caller() {
+  if (!direct_active_.load(std::memory_order_relaxed)) return lock_.try_lock();
+  // The progress thread holds the lock for a pass at most; yielding lets it finish on a shared core.
+  while (!lock_.try_lock()) sched_yield();
+  return true;
+}
+
 int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
   int got = cq->poll(out, n);
-  if (got == 0 && direct_active_.load(std::memory_order_relaxed)) {
-    // An empty poll must see what intra-host initiators left: after ibv_req_notify_cq an initiator may
-    // have found the CQ unarmed and woken nobody (direct.cpp), so this poll waits for the lock (the
-    // progress thread holds it for a pass at most; yielding lets it finish on a shared core).
-    while (!lock_.try_lock()) sched_yield();
-    // Only every 1024th empty poll goes on to the sockets and timers (syscalls and clock reads, ~1 us):
-    // the progress thread handles packets too, and a spinning poller must see a message at once.
-    bool inboxes;
-    if (!direct_receive_all(&inboxes) && (++empty_polls_ & 1023) == 0) progress_once();
-    lock_.unlock();
-    got = cq->poll(out, n);
-  } else if (got == 0 && lock_.try_lock()) {
-    progress_once();
+  if (got == 0 && lock_for_caller()) {
+    // With a direct peer, an empty poll must see what intra-host initiators left (after
+    // ibv_req_notify_cq an initiator may have found the CQ unarmed and woken nobody, direct.cpp), and
+    // only every 1024th one goes on to the sockets and timers (syscalls and clock reads, ~1 us): the
+    // progress thread handles packets too, and a spinning poller must see a direct message at once.
+    if (!direct_active_.load(std::memory_order_relaxed) ||
+        (!direct_receive_all() && (++empty_polls_ & 1023) == 0))
+      progress_once();
     lock_.unlock();
     got = cq->poll(out, n);
   }

@@ -135,7 +135,10 @@ class Engine {
   // The direct path's receive side (direct_receive.cpp): places what initiators left in the QP's inbox
   // into its receive WQEs and writes the CQEs; true when anything was placed.
   bool direct_receive(Qp& qp);
-  bool direct_receive_all(bool* any_inbox);  // *any_inbox: some QP has one
+  bool direct_receive_all();
+  // Takes the engine lock for an application thread: when free, or, once a QP has a direct peer, after
+  // waiting for it (posts and polls then do the direct path's work themselves).
+  bool lock_for_caller();
   void move_to_error(Qp& qp);
   void flush_queues(Qp& qp);
   void post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited);
