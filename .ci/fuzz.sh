@@ -19,7 +19,7 @@ if ! command -v clang++-14 >/dev/null || ! ls /usr/lib/llvm-14/lib/clang/*/lib/l
   apt-get install -y -qq clang-14 libclang-rt-14-dev </dev/null
 fi
 
-CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DSOFTRDMA_FUZZ=ON -DSOFTRDMA_SANITIZE=ON >/dev/null
+CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DSOFTRDMA_WERROR=ON -DSOFTRDMA_FUZZ=ON -DSOFTRDMA_SANITIZE=ON >/dev/null
 # The whole project must build in this configuration too (clang -Werror), not just the targets.
 ninja -C "$build"
 

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 BUILD_PKGS=(cmake ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libisal-dev libgtest-dev
-  libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev)
+  libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev dpkg-dev)
 # ucx-utils and libfabric-bin: the shared-memory peers bench/direct.sh measures against.
 RUN_PKGS=(ibverbs-utils rdmacm-utils perftest qperf sockperf iproute2 procps util-linux ucx-utils libfabric-bin)
 

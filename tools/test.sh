@@ -38,7 +38,7 @@ run_build() {
   local name
   name=$(basename "$dir")
   echo "=== $name: configure and build ==="
-  if ! cmake -S "$root" -B "$dir" -G Ninja "$@" >"$logs/$name.cmake.log" 2>&1; then
+  if ! cmake -S "$root" -B "$dir" -G Ninja -DSOFTRDMA_WERROR=ON "$@" >"$logs/$name.cmake.log" 2>&1; then
     tail -n 50 "$logs/$name.cmake.log"
     echo "=== $name: configure FAILED ==="
     failed=$((failed + 1))

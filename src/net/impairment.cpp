@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 namespace softrdma::net {
 
@@ -21,6 +22,14 @@ uint64_t ImpairmentRng::mix(uint64_t a, uint64_t b) {
 }
 
 namespace {
+
+// Error messages are appended piece by piece: GCC 12 at -O3 reports -Wrestrict false positives inside
+// std::string's operator+ (GCC PR 105329).
+std::string concat(std::initializer_list<std::string_view> parts) {
+  std::string s;
+  for (std::string_view p : parts) s.append(p);
+  return s;
+}
 
 bool parse_double(std::string_view s, double& out) {
   std::string tmp(s);
@@ -51,20 +60,20 @@ bool set_rate(ImpairmentRates& r, std::string_view key, std::string_view value, 
   else if (key == "burst_len") count = &r.burst_len;
   else if (key == "burst_at") count = &r.burst_at;
   else {
-    *error = "unknown key '" + std::string(key) + "'";
+    *error = concat({"unknown key '", key, "'"});
     return false;
   }
   if (prob) {
     double v;
     if (!parse_double(value, v) || !(v >= 0.0 && v <= 1.0)) {
-      *error = "'" + std::string(key) + "' needs a probability in [0,1], got '" + std::string(value) + "'";
+      *error = concat({"'", key, "' needs a probability in [0,1], got '", value, "'"});
       return false;
     }
     *prob = v;
   } else {
     uint64_t v;
     if (!parse_u64(value, v) || v > 1000000) {
-      *error = "'" + std::string(key) + "' needs a count (0..1000000), got '" + std::string(value) + "'";
+      *error = concat({"'", key, "' needs a count (0..1000000), got '", value, "'"});
       return false;
     }
     *count = static_cast<uint32_t>(v);
@@ -89,13 +98,13 @@ std::optional<ImpairmentConfig> parse_impairment(std::string_view spec, std::str
     if (item.empty()) continue;
     size_t eq = item.find('=');
     if (eq == std::string_view::npos) {
-      *error = "'" + std::string(item) + "' is not key=value";
+      *error = concat({"'", item, "' is not key=value"});
       return std::nullopt;
     }
     std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key == "seed") {
       if (!parse_u64(value, cfg.seed)) {
-        *error = "seed needs an unsigned integer, got '" + std::string(value) + "'";
+        *error = concat({"seed needs an unsigned integer, got '", value, "'"});
         return std::nullopt;
       }
     } else if (key.starts_with("tx_")) {

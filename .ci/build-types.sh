@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the whole tree (libraries, tools, tests) once per CMake build type, warnings as errors, and
+# once as a Debian packager would: build type None with dpkg-buildflags' hardening flags (fortify,
+# stack protector, relro) and no -Werror of ours, only Debian's own -Werror=format-security.
+# tools/test.sh covers RelWithDebInfo (the default) and the sanitizer build, so they are not repeated.
+#   .ci/build-types.sh [TYPE...]    default: Debug Release MinSizeRel dpkg
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+types=("$@")
+((${#types[@]})) || types=(Debug Release MinSizeRel dpkg)
+out=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-types.XXXXXX")
+status=0
+for t in "${types[@]}"; do
+  dir="$out/$t"
+  if [[ $t == dpkg ]]; then
+    command -v dpkg-buildflags >/dev/null || { echo "build-types: dpkg-buildflags missing (dpkg-dev)" >&2; exit 1; }
+    args=(-DCMAKE_BUILD_TYPE=None)
+    env_flags=(CFLAGS="$(dpkg-buildflags --get CFLAGS) $(dpkg-buildflags --get CPPFLAGS)"
+      CXXFLAGS="$(dpkg-buildflags --get CXXFLAGS) $(dpkg-buildflags --get CPPFLAGS)"
+      LDFLAGS="$(dpkg-buildflags --get LDFLAGS)")
+  else
+    args=(-DCMAKE_BUILD_TYPE="$t" -DSOFTRDMA_WERROR=ON)
+    env_flags=()
+  fi
+  echo "=== build type $t ==="
+  if env "${env_flags[@]}" cmake -S "$root" -B "$dir" -G Ninja "${args[@]}" >"$dir.log" 2>&1 &&
+    ninja -C "$dir" >>"$dir.log" 2>&1; then
+    echo "=== build type $t: ok ==="
+  else
+    grep -E -B2 -A8 'error|FAILED' "$dir.log" | tail -n 60
+    echo "=== build type $t: FAILED (log: $dir.log) ==="
+    status=1
+  fi
+  rm -rf "$dir"  # only the verdict is kept
+done
+exit $status
