@@ -80,7 +80,20 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port) : ip_be_(ip_be), buf_(std::make_
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = ip_be;
   addr.sin_port = htons(port);
-  if (bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) fail("bind");
+  bool bound = false;
+  if (port == 0) {
+    // Random tries, then the kernel's choice (a receiver then only checks us less strictly than it could).
+    static std::atomic<uint64_t> draw{static_cast<uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull};
+    for (int attempt = 0; attempt < 64 && !bound; ++attempt) {
+      uint64_t r = draw.fetch_add(0x9E3779B97F4A7C15ull, std::memory_order_relaxed);
+      r ^= r >> 29;
+      addr.sin_port = htons(static_cast<uint16_t>(kContextPortBegin + r % (kContextPortEnd - kContextPortBegin)));
+      bound = bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+      if (!bound && errno != EADDRINUSE) fail("bind");
+    }
+    addr.sin_port = 0;
+  }
+  if (!bound && bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) fail("bind");
   socklen_t alen = sizeof(addr);
   if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) fail("getsockname");
   port_ = ntohs(addr.sin_port);

@@ -22,7 +22,11 @@ class UdpPort {
   static constexpr size_t kBatch = 64;             // datagrams per recvmmsg / sendmmsg
   static constexpr uint32_t kMaxDatagram = 65536;  // bytes per preallocated buffer
 
-  // Binds an unconnected, nonblocking UDP socket to (ip_be, port) (port 0 = ephemeral), with DF set
+  // Port 0 binds a free port in [kContextPortBegin, kContextPortEnd): below the 0xC000 and up that RoCE
+  // stacks send from, so that a receiver knows a softrdma context (identification 0) by its source port.
+  static constexpr uint16_t kContextPortBegin = 32768, kContextPortEnd = 0xC000;
+
+  // Binds an unconnected, nonblocking UDP socket to (ip_be, port) (port 0: see above), with DF set
   // (IP_PMTUDISC_DO: the kernel then sends IP identification 0, which the ICRC covers), IP_PKTINFO on and
   // 8 MiB socket buffers where allowed. Throws std::system_error on failure.
   UdpPort(uint32_t ip_be, uint16_t port);

@@ -454,10 +454,8 @@ void Engine::mcast_receive(bool& did) {
         continue;
       }
       wire::Ipv4UdpAddr addr{from.sin_addr.s_addr, g.group_ip_be, ntohs(from.sin_port), wire::kRoceUdpPort};
-      if (!wire::check_icrc(addr, buf, ulen) && !wire::check_icrc_unknown_ip_id(addr, buf, ulen)) {
-        count(nullptr, &core::Counters::drop_icrc);
-        continue;
-      }
+      wire::IpIdent ident;
+      if (!icrc_accepts(addr, buf, ulen, &ident)) continue;
       if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
         count(nullptr, &core::Counters::drop_pkey);
         continue;

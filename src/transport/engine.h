@@ -21,6 +21,7 @@
 #include "net/link_monitor.h"
 #include "net/udp_port.h"
 #include "transport/direct.h"
+#include "transport/icrc_gate.h"
 #include "transport/qp.h"
 #include "wire/headers.h"
 
@@ -126,6 +127,8 @@ class Engine {
                      uint16_t local_port);
   // gsi.cpp: a datagram for QP1 (CM MADs): routed to the process it belongs to.
   void handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port);
+  // The ICRC check of a datagram as the socket saw it (icrc_gate.h); counts what it drops.
+  bool icrc_accepts(const wire::Ipv4UdpAddr& addr, const uint8_t* data, uint32_t len, wire::IpIdent* ident);
   void doorbell();
   void try_take_roce_port(uint64_t now_ns);
   uint64_t next_deadline_ns();
@@ -188,6 +191,7 @@ class Engine {
   net::Interface iface_;
   core::Arena arena_;
   core::MrTable mrs_;
+  IcrcGate icrc_gate_;
   core::EventQueue<AsyncEvent> async_events_;
   std::unique_ptr<net::UdpPort> port_;       // ephemeral port: this context's address in the registry
   std::unique_ptr<net::UdpPort> roce_port_;  // UDP 4791, when this process holds it

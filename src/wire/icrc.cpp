@@ -68,17 +68,17 @@ uint32_t stored_icrc(const uint8_t* p) {
 }
 }  // namespace
 
-bool check_icrc_unknown_ip_id(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
-  if (len_with_icrc < kBthLen + kIcrcLen) return false;
+std::optional<IpIdent> solve_ip_ident(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
+  if (len_with_icrc < kBthLen + kIcrcLen) return std::nullopt;
   const size_t len = len_with_icrc - kIcrcLen;
   Ipv4UdpAddr a = addr;
   a.ip_id = 0;
   a.ip_flags = 0x40;
   const uint32_t c0 = compute_icrc(a, bth, len);
   const uint32_t delta = stored_icrc(bth + len) ^ c0;
-  if (delta == 0) return true;
-  // Effect of each unknown bit on the ICRC: 16 identification bits, then DF. It depends only on the
-  // packet length, so a few recent lengths are remembered.
+  if (delta == 0) return IpIdent{0, 0x40};
+  // Effect of each unknown bit on the ICRC: 16 identification bits, then DF cleared. It depends only
+  // on the packet length, so a few recent lengths are remembered.
   constexpr int kBits = 17;
   struct Basis {
     size_t len = 0;
@@ -101,26 +101,31 @@ bool check_icrc_unknown_ip_id(const Ipv4UdpAddr& addr, const uint8_t* bth, size_
     basis->v[16] = compute_icrc(t, bth, len) ^ c0;
     basis->len = len;
   }
-  // Gaussian elimination over GF(2): is delta in the span of the basis vectors?
+  // Gaussian elimination over GF(2), remembering which unknown bits make up each pivot row.
   uint32_t pivot[32] = {};
+  uint32_t combo[32] = {};
   for (int i = 0; i < kBits; ++i) {
-    uint32_t v = basis->v[i];
+    uint32_t v = basis->v[i], c = 1u << i;
     for (int bit = 31; bit >= 0 && v; --bit) {
       if (!(v >> bit & 1)) continue;
       if (!pivot[bit]) {
         pivot[bit] = v;
+        combo[bit] = c;
         break;
       }
       v ^= pivot[bit];
+      c ^= combo[bit];
     }
   }
-  uint32_t d = delta;
+  uint32_t d = delta, bits = 0;
   for (int bit = 31; bit >= 0 && d; --bit) {
     if (!(d >> bit & 1)) continue;
-    if (!pivot[bit]) return false;
+    if (!pivot[bit]) return std::nullopt;
     d ^= pivot[bit];
+    bits ^= combo[bit];
   }
-  return d == 0;
+  if (d) return std::nullopt;
+  return IpIdent{static_cast<uint16_t>(bits & 0xFFFF), static_cast<uint8_t>(bits >> 16 ? 0 : 0x40)};
 }
 
 }  // namespace softrdma::wire

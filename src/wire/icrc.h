@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace softrdma::wire {
 
@@ -27,10 +28,16 @@ uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len);
 void append_icrc(const Ipv4UdpAddr& addr, uint8_t* bth, size_t len);
 // True when the last 4 bytes hold the ICRC of the bytes before them. False if len_with_icrc < 16.
 bool check_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc);
-// The same check for a packet whose IPv4 identification and DF flag the receiver cannot see (a UDP
-// socket does not report them; Linux rxe and RoCE NICs set a non-zero identification). The CRC is
-// affine in those 17 bits, so the ICRC difference to the all-zero case is solved for them: true if
-// some value makes the ICRC match. This leaves 15 of the 32 bits of error detection for such peers.
-bool check_icrc_unknown_ip_id(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc);
+// The IPv4 identification and DF flag a packet was sent with, when the receiver cannot see them (a UDP
+// socket does not report them; Linux rxe and RoCE NICs send changing, non-zero identifications). The
+// ICRC is affine in those 17 bits, so the ICRC difference to the all-zero case is solved for them over
+// GF(2). nullopt when no value makes the ICRC match. Any corrupted packet has about a 2^17 / 2^32 chance
+// of having a solution, so a solution alone is weak evidence: the caller must also check that the
+// identification is the one it expects from that sender (docs/reliability.md).
+struct IpIdent {
+  uint16_t ip_id;
+  uint8_t ip_flags;  // 0x40 (DF) or 0
+};
+std::optional<IpIdent> solve_ip_ident(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc);
 
 }  // namespace softrdma::wire

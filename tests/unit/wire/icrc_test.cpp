@@ -224,7 +224,7 @@ class UnknownIpId : public ::testing::Test {
   }
 };
 
-TEST_F(UnknownIpId, AcceptsAnyIdentificationAndDf) {
+TEST_F(UnknownIpId, RecoversTheIdentificationAndDf) {
   for (uint16_t id : {uint16_t{0}, uint16_t{1}, uint16_t{0x1234}, uint16_t{0xFFFF}, uint16_t{0x8001}}) {
     for (uint8_t flags : {uint8_t{0x40}, uint8_t{0x00}}) {
       for (size_t payload : {size_t{0}, size_t{4}, size_t{1024}, size_t{4096}}) {
@@ -232,8 +232,10 @@ TEST_F(UnknownIpId, AcceptsAnyIdentificationAndDf) {
         auto pkt = make(payload, id, flags, addr);
         EXPECT_EQ(check_icrc(addr, pkt.data(), pkt.size()), id == 0 && flags == 0x40)
             << "the plain check assumes identification 0 and DF";
-        EXPECT_TRUE(check_icrc_unknown_ip_id(addr, pkt.data(), pkt.size()))
-            << "id " << id << " flags " << int(flags) << " payload " << payload;
+        auto got = solve_ip_ident(addr, pkt.data(), pkt.size());
+        ASSERT_TRUE(got) << "id " << id << " flags " << int(flags) << " payload " << payload;
+        EXPECT_EQ(got->ip_id, id) << "the identification the packet was sent with is recovered";
+        EXPECT_EQ(got->ip_flags, flags);
       }
     }
   }
@@ -250,12 +252,12 @@ TEST_F(UnknownIpId, RejectsCorruptedPackets) {
     auto bad = good;
     bad[pos] ^= 0x10;
     ++tried;
-    rejected += !check_icrc_unknown_ip_id(addr, bad.data(), bad.size());
+    rejected += !solve_ip_ident(addr, bad.data(), bad.size());
   }
   EXPECT_EQ(rejected, tried);
   auto other = addr;
   other.src_port = 50001;
-  EXPECT_FALSE(check_icrc_unknown_ip_id(other, good.data(), good.size())) << "ports stay covered";
+  EXPECT_FALSE(solve_ip_ident(other, good.data(), good.size())) << "ports stay covered";
 }
 
 }  // namespace
