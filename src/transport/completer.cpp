@@ -100,6 +100,24 @@ void Engine::requester_error(Qp& qp, WcStatus status) {
   move_to_error(qp);
 }
 
+void Engine::nak_error(Qp& qp, uint32_t psn, WcStatus status) {
+  // The NAK names the request that failed (IBTA 9.7.5.1.2); the WQEs before it completed at the
+  // responder and still complete here as their responses arrive, then this one takes the error and the
+  // rest are flushed. Nothing more is sent: the responder is in error.
+  for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i < qp.sq.head.load(std::memory_order_acquire); ++i) {
+    SqEntry& e = qp.sq.at(i);
+    if (!e.started) break;
+    int32_t d = wire::psn_diff(psn, e.first_psn);
+    if (d < 0 || d >= static_cast<int32_t>(e.npkts)) continue;
+    e.status = status;
+    e.acked = true;
+    qp.sq_stopped = true;
+    complete_in_order(qp);
+    return;
+  }
+  requester_error(qp, status);
+}
+
 // All request PSNs before psn are acknowledged (explicitly, or implicitly by a later response).
 static void acknowledge_before(Qp& qp, uint32_t psn) {
   if (int32_t n = wire::psn_diff(psn, qp.acked_psn); n > 0) {
@@ -258,7 +276,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
         WcStatus st = code == wire::kNakRemoteAccess ? WcStatus::RemAccessErr
                       : code == wire::kNakRemoteOp   ? WcStatus::RemOpErr
                                                      : WcStatus::RemInvReqErr;
-        requester_error(qp, st);
+        nak_error(qp, psn, st);
         return;
       }
       case wire::AethType::Reserved:

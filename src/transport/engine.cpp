@@ -514,7 +514,7 @@ int Engine::deregister_mr(const core::MrRegion& region) {
         if (inside(qp->recv_host[i])) qp->recv_host[i] = nullptr;
     }
     std::erase_if(qp->read_jobs, [&](const ReadResponseJob& j) {
-      return !j.atomic && j.remaining && j.src < hi && j.src + j.remaining > lo;
+      return j.kind == ReadResponseJob::Kind::Read && j.remaining && j.src < hi && j.src + j.remaining > lo;
     });
     for (uint64_t i = qp->sq.tail.load(); i < qp->sq.head.load(std::memory_order_acquire); ++i) {
       SqEntry& e = qp->sq.at(i);
@@ -651,6 +651,7 @@ void reset_transport_state(Qp& qp) {
   qp.srq_wqe_held = false;
   qp.write_remaining = 0;
   qp.read_jobs.clear();
+  qp.pending_fatal_nak = false;
   for (ReplayEntry& r : qp.replay) r.valid = false;
   qp.access_flags = 0;
 }

@@ -176,6 +176,8 @@ class Engine {
   // Completes e, the SQ's oldest WQE: advances the SQ tail, then posts its CQE (if any).
   void complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status);
   void requester_error(Qp& qp, WcStatus status);
+  // A NAK for a request the responder refused: that WQE, not the oldest one, takes status.
+  void nak_error(Qp& qp, uint32_t psn, WcStatus status);
   void rewind_to(Qp& qp, uint32_t psn);
   void reissue_read(Qp& qp, SqEntry& e);
   void check_timers(Qp& qp, uint64_t now_ns);

@@ -161,19 +161,23 @@ struct ReplayEntry {
   uint64_t atomic_orig = 0;
 };
 
-// A response the responder still owes, in PSN order: READ response packets streamed out, or an
-// ATOMIC acknowledge that must not overtake the READ responses before it.
+// A response the responder still owes, in PSN order (IBTA 9.5): READ response packets streamed out,
+// an ATOMIC acknowledge, or a fatal NAK; none may overtake the READ responses before it.
 struct ReadResponseJob {
+  enum class Kind : uint8_t { Read, AtomicAck, Nak };
   uint32_t psn;         // PSN of the next response packet
   uint32_t first_psn;
   uint32_t last_psn;
   uint8_t* src;         // next byte to send
   uint64_t remaining;
-  bool atomic = false;  // an ATOMIC acknowledge carrying atomic_orig
-  uint64_t atomic_orig = 0;
+  Kind kind = Kind::Read;
+  uint64_t atomic_orig = 0;  // AtomicAck: the original value
   // Answers a duplicate request: the requester has already seen later responses overtake it, so it
   // holds back nothing (ACKs, new responses) and does not count against max_dest_rd_atomic.
   bool regenerated = false;
+  // Nak: the NAK code, and the status of the receive WQE the failed message had taken (if any).
+  uint8_t nak_code = 0;
+  WcStatus recv_status = WcStatus::Success;
 };
 
 struct Srq;  // transport/srq.h
@@ -290,9 +294,9 @@ struct Qp {
   std::vector<ReplayEntry> replay;         // ring of max_dest_rd_atomic entries
   uint32_t replay_next = 0;
   std::vector<ReadResponseJob> read_jobs;  // READ responses still to be sent, in order
-  // An error the responder hit and must report with a NAK once (then the QP is in error).
+  // The responder hit a fatal error behind READ/ATOMIC responses still owed: its NAK is queued after
+  // them (read_jobs), and nothing more is accepted until it is sent and the QP is in error.
   bool pending_fatal_nak = false;
-  uint8_t fatal_nak_syndrome = 0;
 };
 
 // The successful receive CQE of a message that arrived on a connected QP (RC, UC): from its peer QP,

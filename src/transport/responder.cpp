@@ -67,6 +67,16 @@ void Engine::send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig) {
 }
 
 void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status) {
+  if (original_job_pending(qp)) {
+    // Responses go out in PSN order: the NAK waits for the READ/ATOMIC responses before it, or the
+    // requester would blame the wrong WQE (IBTA 9.5, 9.7.5.2).
+    ReadResponseJob nak{psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::Nak};
+    nak.nak_code = nak_code;
+    nak.recv_status = recv_status;
+    qp.read_jobs.push_back(nak);
+    qp.pending_fatal_nak = true;
+    return;
+  }
   count(&qp, nak_code == wire::kNakRemoteAccess ? &core::Counters::naks_sent_rem_access
              : nak_code == wire::kNakRemoteOp   ? &core::Counters::naks_sent_rem_op
                                                 : &core::Counters::naks_sent_inv_req);
@@ -94,7 +104,15 @@ bool Engine::responder_run_reads(Qp& qp) {
   int budget = kReadBurst;
   while (budget > 0 && !qp.read_jobs.empty()) {
     ReadResponseJob& j = qp.read_jobs.front();
-    if (j.atomic) {
+    if (j.kind == ReadResponseJob::Kind::Nak) {
+      // Everything before it has gone out: now the NAK, and the QP goes to error.
+      const ReadResponseJob nak = j;
+      qp.read_jobs.clear();
+      qp.pending_fatal_nak = false;
+      responder_fatal(qp, nak.nak_code, nak.psn, nak.recv_status);
+      return true;
+    }
+    if (j.kind == ReadResponseJob::Kind::AtomicAck) {
       send_atomic_ack(qp, j.psn, j.atomic_orig);
       qp.read_jobs.erase(qp.read_jobs.begin());
       --budget;
@@ -141,6 +159,11 @@ bool Engine::take_receive(Qp& qp, bool& rnr, WcStatus& err) {
 }
 
 void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
+  if (qp.pending_fatal_nak) {
+    // Failed already: the NAK waits behind owed responses, and the QP is as good as in error.
+    count(&qp, &core::Counters::drop_bad_state);
+    return;
+  }
   // A request by packets comes after whatever its requester left in the inbox before it.
   if (qp.direct_inbox) direct_receive(qp);
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
@@ -178,13 +201,15 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           // A request re-issued from its start supersedes the one being streamed out.
           qp.read_jobs.erase(std::remove_if(qp.read_jobs.begin(), qp.read_jobs.end(),
                                             [&](const ReadResponseJob& j) {
-                                              return !j.atomic && wire::psn_diff(j.psn, psn) >= 0 &&
+                                              return j.kind == ReadResponseJob::Kind::Read &&
+                                                     wire::psn_diff(j.psn, psn) >= 0 &&
                                                      wire::psn_diff(j.last_psn, wire::psn_add(psn, n - 1)) <= 0;
                                             }),
                              qp.read_jobs.end());
           // Bounded: a requester that keeps re-issuing cannot grow the queue without limit.
           if (qp.read_jobs.size() < 4 * qp.max_dest_rd_atomic + 16)
-            qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len, false, 0, true});
+            qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len,
+                                    ReadResponseJob::Kind::Read, 0, true});
         }
         break;
       }
@@ -364,7 +389,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       if (!original_job_pending(qp))
         send_atomic_ack(qp, psn, orig);
       else
-        qp.read_jobs.push_back({psn, psn, psn, nullptr, 0, true, orig});
+        qp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::AtomicAck, orig});
       qp.epsn = wire::psn_add(qp.epsn, 1);
       qp.last_opcode = pkt.bth.opcode;
       qp.in_message = false;
