@@ -5,21 +5,14 @@
 #include <cstdint>
 #include <memory>
 
+#include "net/packet_port.h"
+
 namespace softrdma::net {
 
 struct PortImpairment;  // net/impairment.h
 
-struct Datagram {
-  uint8_t* data;
-  uint32_t len;
-  uint32_t peer_ip_be;
-  uint16_t peer_port;     // host order
-  uint32_t local_ip_be;   // destination address of the datagram (IP_PKTINFO), else the bound address
-};
-
-class UdpPort {
+class UdpPort final : public PacketPort {
  public:
-  static constexpr size_t kBatch = 64;             // datagrams per recvmmsg / sendmmsg
   static constexpr uint32_t kMaxDatagram = 65536;  // bytes per preallocated buffer
 
   // Port 0 binds a free port in [kContextPortBegin, kContextPortEnd): below the 0xC000 and up that RoCE
@@ -34,20 +27,20 @@ class UdpPort {
   UdpPort(const UdpPort&) = delete;
   UdpPort& operator=(const UdpPort&) = delete;
 
-  int fd() const { return fd_; }
-  uint16_t port() const { return port_; }  // host order; the actual port when 0 was asked
-  uint32_t ip_be() const { return ip_be_; }
+  int fd() const override { return fd_; }
+  uint16_t port() const override { return port_; }  // host order; the actual port when 0 was asked
+  uint32_t ip_be() const override { return ip_be_; }
 
   // Receives up to max (at most kBatch) datagrams with one recvmmsg into the port's own buffers.
   // out[i].data stays valid until the next receive(). Returns the count (0 if none).
-  size_t receive(Datagram* out, size_t max);
+  size_t receive(Datagram* out, size_t max) override;
 
   // Queues one datagram (copied into a send slot); sends the batch when all kBatch slots are queued.
   // A datagram longer than kMaxDatagram is dropped and counted in tx_errors.
-  void send(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port);
+  void send(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port) override;
   // Sends everything queued with sendmmsg, waiting briefly for socket space on EAGAIN/ENOBUFS rather than
   // dropping. Datagrams the kernel rejects (e.g. EMSGSIZE over the path MTU) count in tx_errors.
-  void flush();
+  void flush() override;
   size_t queued() const { return tx_count_; }
 
   struct Stats {

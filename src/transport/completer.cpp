@@ -217,7 +217,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
       return;
     }
   }
-  uint64_t now = now_ns();
+  const uint64_t now = this->now();
   if (info.kind == wire::OpKind::Ack) {
     switch (wire::aeth_type(pkt.aeth.syndrome)) {
       case wire::AethType::Ack: {

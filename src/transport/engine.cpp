@@ -24,11 +24,7 @@
 
 namespace softrdma::transport {
 
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
+uint64_t now_ns() { return net::SystemClock::instance().now_ns(); }
 
 namespace {
 // The arena is a sparse memfd: only the pages that rings and tables touch cost memory.
@@ -67,23 +63,29 @@ bool cpus_oversubscribed() {
 }
 }  // namespace
 
-Engine::Engine(const net::Interface& iface)
-    : iface_(iface), arena_(kArenaBytes), mrs_(arena_), stats_("softrdma_" + iface.ifname) {
-  port_ = std::make_unique<net::UdpPort>(iface_.ip_be, 0);
+Engine::Engine(const net::Interface& iface, EngineOptions opts)
+    : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
+      clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname) {
+  if (!opts_.open_port)
+    opts_.open_port = [](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
+      return std::make_unique<net::UdpPort>(ip_be, port);
+    };
+  port_ = opts_.open_port(iface_.ip_be, 0);
   doorbell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (doorbell_fd_ < 0 || epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
   for (int fd : {port_->fd(), doorbell_fd_}) {
+    if (fd < 0) continue;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   }
-  start_link_monitor();
+  if (opts_.link_monitor) start_link_monitor();
   sq_credits_ = std::make_unique<SqCredit[]>(core::DeviceLimits::kMaxQp);
   for (uint32_t i = core::DeviceLimits::kMaxQp; i-- > 0;) free_credits_.push_back(i);
   try_take_roce_port(0);
-  if (direct_enabled()) {
+  if (opts_.direct && direct_enabled()) {
     try {
       direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, port_->port(), doorbell_fd_);
     } catch (const std::system_error&) {
@@ -95,20 +97,21 @@ Engine::Engine(const net::Interface& iface)
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  thread_ = std::thread([this] { progress_loop(); });
+  if (opts_.progress_thread) thread_ = std::thread([this] { progress_loop(); });
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 void Engine::try_take_roce_port(uint64_t now) {
   // One process of the host holds UDP 4791 for an address and forwards what is not its own; when it
   // exits, the next one to try takes over. Tried at most once a second.
-  if (roce_port_ || now < next_roce_try_ns_) return;
+  if (!opts_.take_roce_port || roce_port_ || now < next_roce_try_ns_) return;
   next_roce_try_ns_ = now + 1000000000ull;
   try {
-    roce_port_ = std::make_unique<net::UdpPort>(iface_.ip_be, wire::kRoceUdpPort);
+    roce_port_ = opts_.open_port(iface_.ip_be, wire::kRoceUdpPort);
   } catch (const std::system_error&) {
     return;  // held by another process: our peers reach us through it, or on port_ directly
   }
+  if (roce_port_->fd() < 0) return;
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = roce_port_->fd();
@@ -161,7 +164,7 @@ void Engine::doorbell() {
 }
 
 void Engine::progress_loop() {
-  uint64_t idle_since = now_ns();
+  uint64_t idle_since = now();
   uint64_t load_checked_ns = 0;
   bool spin_allowed = true;
   while (!stop_.load(std::memory_order_acquire)) {
@@ -170,16 +173,16 @@ void Engine::progress_loop() {
       std::lock_guard lock(lock_);
       did = progress_once();
     }
-    uint64_t now = now_ns();
-    check_link(now, false);
+    uint64_t t = now();
+    check_link(t, false);
     if (did) {
-      idle_since = now;
+      idle_since = t;
       continue;
     }
-    if (now - idle_since < spin_window_ns()) {
+    if (t - idle_since < spin_window_ns()) {
       // Re-judged every 2 ms of spinning: the load of a 2-core machine changes fast.
-      if (now - load_checked_ns >= 2000000) {
-        load_checked_ns = now;
+      if (t - load_checked_ns >= 2000000) {
+        load_checked_ns = t;
         spin_allowed = !cpus_oversubscribed();
       }
       if (spin_allowed) {
@@ -197,22 +200,22 @@ void Engine::progress_loop() {
     }
     if (!did) {
       epoll_event evs[4];
-      now = now_ns();
+      t = now();
       int nev;
       if (deadline) {
-        uint64_t wait = deadline > now ? deadline - now : 0;
+        uint64_t wait = deadline > t ? deadline - t : 0;
         timespec ts{static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};
         nev = epoll_pwait2(epoll_fd_, evs, 4, &ts, nullptr);
       } else {
         nev = epoll_pwait2(epoll_fd_, evs, 4, nullptr, nullptr);
       }
       for (int i = 0; i < nev; ++i)
-        if (link_ && evs[i].data.fd == link_->fd()) check_link(now_ns(), true);
+        if (link_ && evs[i].data.fd == link_->fd()) check_link(now(), true);
       uint64_t v;
       [[maybe_unused]] ssize_t n = read(doorbell_fd_, &v, sizeof v);
     }
     sleeping_.store(false, std::memory_order_release);
-    idle_since = now_ns();
+    idle_since = now();
   }
 }
 
@@ -222,7 +225,7 @@ bool Engine::progress_once() {
   // own polls place them, and the thread would only take their core.
   if (direct_) direct_receive_all();
   receive_from(*port_, did);
-  uint64_t now = now_ns();
+  const uint64_t now = this->now();
   try_take_roce_port(now);
   if (roce_port_) receive_from(*roce_port_, did);
   if (!mcast_.empty()) mcast_receive(did);
@@ -244,9 +247,19 @@ bool Engine::progress_once() {
   return did;
 }
 
-void Engine::receive_from(net::UdpPort& port, bool& did) {
-  net::Datagram dgrams[net::UdpPort::kBatch];
-  size_t n = port.receive(dgrams, net::UdpPort::kBatch);
+bool Engine::step() {
+  std::lock_guard lock(lock_);
+  return progress_once();
+}
+
+uint64_t Engine::next_deadline() {
+  std::lock_guard lock(lock_);
+  return next_deadline_ns();
+}
+
+void Engine::receive_from(net::PacketPort& port, bool& did) {
+  net::Datagram dgrams[net::PacketPort::kBatch];
+  size_t n = port.receive(dgrams, net::PacketPort::kBatch);
   for (size_t i = 0; i < n; ++i)
     handle_packet(dgrams[i].data, dgrams[i].len, dgrams[i].peer_ip_be, dgrams[i].peer_port, port.port());
   if (n) {
@@ -361,7 +374,7 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
 }
 
 bool Engine::icrc_accepts(const wire::Ipv4UdpAddr& addr, const uint8_t* data, uint32_t len, wire::IpIdent* ident) {
-  switch (icrc_gate_.check(addr, data, len, now_ns(), ident)) {
+  switch (icrc_gate_.check(addr, data, len, now(), ident)) {
     case IcrcGate::Verdict::Exact:
       return true;
     case IcrcGate::Verdict::Solved:

@@ -5,6 +5,7 @@
 #pragma once
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "core/stats.h"
 #include "net/interfaces.h"
 #include "net/link_monitor.h"
+#include "net/packet_port.h"
 #include "net/udp_port.h"
 #include "transport/direct.h"
 #include "transport/icrc_gate.h"
@@ -56,9 +58,22 @@ struct QpModify {
   uint32_t qkey = 0;
 };
 
+// How an engine meets the world (the packet seam, net/packet_port.h). The defaults are a device
+// context's: UDP sockets, the system clock, a progress thread. A deterministic transport test gives
+// ports of a net::MemoryNetwork and its virtual clock, no thread and no direct path, and calls step().
+struct EngineOptions {
+  // Opens the packet port at (ip, port); port 0 means any. Throws std::system_error when it cannot.
+  std::function<std::unique_ptr<net::PacketPort>(uint32_t ip_be, uint16_t port)> open_port;
+  const net::Clock* clock = nullptr;  // nullptr: net::SystemClock
+  bool progress_thread = true;
+  bool link_monitor = true;
+  bool direct = true;           // the intra-host direct path, unless SOFTRDMA_DIRECT=0
+  bool take_roce_port = true;   // try to hold UDP 4791 for the address (DESIGN §4)
+};
+
 class Engine {
  public:
-  explicit Engine(const net::Interface& iface);
+  explicit Engine(const net::Interface& iface, EngineOptions opts = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -104,6 +119,12 @@ class Engine {
   // ibv_poll_cq: when the CQ is empty, drives progress inline (no wake-up of the progress thread needed).
   int poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n);
 
+  // Without a progress thread: one pass of the progress engine (receive, timers, requesters,
+  // responders); true when it did anything. And the earliest timer deadline of any QP (0: none).
+  bool step();
+  uint64_t next_deadline();
+  uint64_t now() const { return clock_->now_ns(); }
+
   // The UDP port this context receives on (the registry's endpoint for its QPNs).
   uint16_t udp_port() const { return port_->port(); }
   // Feeds one datagram through the receive path as if it had arrived on udp_port() from
@@ -122,7 +143,7 @@ class Engine {
   // engine.cpp
   void progress_loop();
   bool progress_once();  // lock held; true when anything was done
-  void receive_from(net::UdpPort& port, bool& did);
+  void receive_from(net::PacketPort& port, bool& did);
   void handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
                      uint16_t local_port);
   // gsi.cpp: a datagram for QP1 (CM MADs): routed to the process it belongs to.
@@ -195,8 +216,10 @@ class Engine {
   core::MrTable mrs_;
   IcrcGate icrc_gate_;
   core::EventQueue<AsyncEvent> async_events_;
-  std::unique_ptr<net::UdpPort> port_;       // ephemeral port: this context's address in the registry
-  std::unique_ptr<net::UdpPort> roce_port_;  // UDP 4791, when this process holds it
+  EngineOptions opts_;
+  const net::Clock* clock_;
+  std::unique_ptr<net::PacketPort> port_;       // ephemeral port: this context's address in the registry
+  std::unique_ptr<net::PacketPort> roce_port_;  // UDP 4791, when this process holds it
   uint64_t next_roce_try_ns_ = 0;
   std::mutex lock_;                          // the engine lock
   std::unordered_map<uint32_t, Qp*> qps_;

@@ -177,7 +177,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
   if (qp.cfg.type != QpType::Rc) return unreliable_requester_run(qp);
   // now 0 (a post from the caller's thread): the clock is read only where a timer needs it.
   if (qp.rnr_resume_ns) {
-    if (!now) now = now_ns();
+    if (!now) now = this->now();
     if (now < qp.rnr_resume_ns) return false;
     qp.rnr_resume_ns = 0;
   }
@@ -259,7 +259,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
       --budget;
       did = true;
       if (!qp.timer_deadline_ns) {
-        if (!now) now = now_ns();
+        if (!now) now = this->now();
         arm_retransmit_timer(qp, now);
       }
     }

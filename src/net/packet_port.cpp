@@ -1,0 +1,18 @@
+#include "net/packet_port.h"
+
+#include <ctime>
+
+namespace softrdma::net {
+
+uint64_t SystemClock::now_ns() const {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+const SystemClock& SystemClock::instance() {
+  static const SystemClock clock;
+  return clock;
+}
+
+}  // namespace softrdma::net
