@@ -808,6 +808,19 @@ bool Engine::lock_for_caller() {
   return true;
 }
 
+void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
+  cq->arm(solicited_only);
+  if (!cq->notifies() || !direct_active_.load(std::memory_order_relaxed)) return;
+  // An initiator that published before the arm found the CQ unarmed and woke nobody, and the poll that
+  // follows the arm looks at the inboxes only when the ring is empty: with one CQ for send and receive
+  // it holds the caller's own send CQE (qperf), and the message would wait for a timer. Placed now,
+  // after the arm's fence, its CQE raises the event.
+  if (!lock_for_caller()) return;
+  for (Qp* qp : qp_list_)
+    if (qp->direct_inbox && qp->cfg.recv_cq == cq) direct_receive(*qp);
+  lock_.unlock();
+}
+
 int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
   int got = cq->poll(out, n);
   if (got == 0 && lock_for_caller()) {

@@ -102,6 +102,9 @@ class Engine {
   int post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad);
   // ibv_poll_cq: when the CQ is empty, drives progress inline (no wake-up of the progress thread needed).
   int poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n);
+  // ibv_req_notify_cq: arms the CQ, then places what intra-host initiators left for it while it was
+  // unarmed (they rang no doorbell), so that those messages raise the event.
+  void arm_cq(core::CompletionQueue* cq, bool solicited_only);
 
   // The UDP port this context receives on (the registry's endpoint for its QPNs).
   uint16_t udp_port() const { return port_->port(); }
