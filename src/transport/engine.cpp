@@ -41,12 +41,10 @@ constexpr uint8_t kForwardMagic[4] = {'S', 'R', 'F', 'W'};
 constexpr uint32_t kMaxDatagram = 8192;  // far above MTU 4096 plus every header
 
 uint64_t spin_window_ns() {
-  // How long the progress thread keeps spinning after its last piece of work before it blocks.
-  static const uint64_t ns = [] {
-    const char* s = getenv("SOFTRDMA_SPIN_US");
-    return (s ? strtoull(s, nullptr, 10) : 200) * 1000ull;
-  }();
-  return ns;
+  // How long the progress thread keeps spinning after its last piece of work before it blocks. Read
+  // when a context is opened, like SOFTRDMA_DIRECT.
+  const char* s = getenv("SOFTRDMA_SPIN_US");
+  return (s ? strtoull(s, nullptr, 10) : 200) * 1000ull;
 }
 
 // True when more threads are runnable than there are CPUs (/proc/stat procs_running, which counts
@@ -66,7 +64,7 @@ bool cpus_oversubscribed() {
 }  // namespace
 
 Engine::Engine(const net::Interface& iface)
-    : iface_(iface), arena_(kArenaBytes), mrs_(arena_), stats_("softrdma_" + iface.ifname) {
+    : iface_(iface), arena_(kArenaBytes), mrs_(arena_), stats_("softrdma_" + iface.ifname), spin_ns_(spin_window_ns()) {
   port_ = std::make_unique<net::UdpPort>(iface_.ip_be, 0);
   doorbell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -160,10 +158,19 @@ void Engine::progress_loop() {
   uint64_t idle_since = now_ns();
   uint64_t load_checked_ns = 0;
   bool spin_allowed = true;
+  bool unrung = false;  // the last sleep ended without a doorbell (a timeout, a packet, the link)
   while (!stop_.load(std::memory_order_acquire)) {
     bool did;
     {
       std::lock_guard lock(lock_);
+      if (unrung && direct_) {
+        // A direct message for an armed CQ comes with a doorbell, or is placed by the arm itself
+        // (arm_cq): one whose event only a wake-up without a doorbell raises was a lost wake-up.
+        const uint64_t events = events_raised_;
+        direct_receive_all();
+        if (events_raised_ != events) count(nullptr, &core::Counters::direct_late_events, events_raised_ - events);
+      }
+      unrung = false;
       did = progress_once();
     }
     uint64_t now = now_ns();
@@ -172,7 +179,7 @@ void Engine::progress_loop() {
       idle_since = now;
       continue;
     }
-    if (now - idle_since < spin_window_ns()) {
+    if (now - idle_since < spin_ns_) {
       // Re-judged every 2 ms of spinning: the load of a 2-core machine changes fast.
       if (now - load_checked_ns >= 2000000) {
         load_checked_ns = now;
@@ -205,7 +212,7 @@ void Engine::progress_loop() {
       for (int i = 0; i < nev; ++i)
         if (link_ && evs[i].data.fd == link_->fd()) check_link(now_ns(), true);
       uint64_t v;
-      [[maybe_unused]] ssize_t n = read(doorbell_fd_, &v, sizeof v);
+      unrung = read(doorbell_fd_, &v, sizeof v) != sizeof v;
     }
     sleeping_.store(false, std::memory_order_release);
     idle_since = now_ns();
@@ -517,6 +524,12 @@ void Engine::dealloc_mw(uint32_t handle) {
 std::unique_ptr<core::CompletionQueue> Engine::create_cq(uint32_t entries,
                                                          core::CompletionQueue::NotifyFn on_completion) {
   auto cq = std::make_unique<core::CompletionQueue>(arena_, entries);
+  // Only a CQ with a completion channel gets a notify function (CompletionQueue::notifies()).
+  if (on_completion)
+    on_completion = [this, raise = std::move(on_completion)](core::CompletionQueue& c) {
+      ++events_raised_;
+      raise(c);
+    };
   cq->set_notify(std::move(on_completion), [this](core::CompletionQueue& c) {
     async_events_.push(AsyncEvent{AsyncEventType::CqErr, nullptr, &c});
   });

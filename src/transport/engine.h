@@ -202,6 +202,8 @@ class Engine {
   std::vector<Srq*> srqs_;
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
+  uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
+  const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
   // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
   std::atomic<bool> direct_active_{false};
   std::unique_ptr<DirectEndpoint> direct_;  // the intra-host direct path; nullptr when off
