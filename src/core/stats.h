@@ -21,7 +21,7 @@ namespace softrdma::core {
   X(rnr_retry_exceeded) X(drop_malformed) X(drop_icrc) X(drop_pkey) X(drop_unknown_qp)          \
   X(drop_bad_opcode) X(drop_bad_state) X(drop_stale_response) X(forwarded)                     \
   X(ud_drop_qkey) X(ud_drop_no_recv) X(ud_send_over_mtu) X(uc_msg_dropped)                                              \
-  X(direct_ops) X(direct_bytes) X(direct_fallbacks) X(icrc_solved_ip_id) X(drop_icrc_ip_id)
+  X(direct_ops) X(direct_bytes) X(direct_fallbacks) X(direct_late_events) X(icrc_solved_ip_id) X(drop_icrc_ip_id)
 
 struct Counters {
 #define SOFTRDMA_FIELD(name) uint64_t name;
@@ -42,7 +42,7 @@ class StatsPage {
  public:
   static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
   // Bumped whenever Counters or the page layout changes; readers skip other versions.
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
   // Creates /dev/shm/softrdma-stats-<pid>-<n>; falls back to private memory if that fails.

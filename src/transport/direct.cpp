@@ -637,7 +637,7 @@ void post_to_inbox(DirectInbox& in, const SqEntry& e, uint64_t payload) {
 }
 // The target places a message when its application polls; one blocked in ibv_get_cq_event has armed
 // the CQ first, and then its engine is woken. Publish, then read the arm state: the target arms, then
-// polls (core/cq.h), so one of the two sides sees the other.
+// looks at its inboxes (Engine::arm_cq), so one of the two sides sees the other.
 void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d) {
   const uint64_t arm = d.recv_cq_arm_off.load(std::memory_order_relaxed);
   if (!arm) return;  // no completion channel on that CQ

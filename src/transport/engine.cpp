@@ -39,12 +39,10 @@ constexpr uint8_t kForwardMagic[4] = {'S', 'R', 'F', 'W'};
 constexpr uint32_t kMaxDatagram = 8192;  // far above MTU 4096 plus every header
 
 uint64_t spin_window_ns() {
-  // How long the progress thread keeps spinning after its last piece of work before it blocks.
-  static const uint64_t ns = [] {
-    const char* s = getenv("SOFTRDMA_SPIN_US");
-    return (s ? strtoull(s, nullptr, 10) : 200) * 1000ull;
-  }();
-  return ns;
+  // How long the progress thread keeps spinning after its last piece of work before it blocks. Read
+  // when a context is opened, like SOFTRDMA_DIRECT.
+  const char* s = getenv("SOFTRDMA_SPIN_US");
+  return (s ? strtoull(s, nullptr, 10) : 200) * 1000ull;
 }
 
 // True when more threads are runnable than there are CPUs (/proc/stat procs_running, which counts
@@ -65,7 +63,8 @@ bool cpus_oversubscribed() {
 
 Engine::Engine(const net::Interface& iface, EngineOptions opts)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
-      clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname) {
+      clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname),
+      spin_ns_(spin_window_ns()) {
   if (!opts_.open_port)
     opts_.open_port = [](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
       return std::make_unique<net::UdpPort>(ip_be, port);
@@ -167,10 +166,19 @@ void Engine::progress_loop() {
   uint64_t idle_since = now();
   uint64_t load_checked_ns = 0;
   bool spin_allowed = true;
+  bool unrung = false;  // the last sleep ended without a doorbell (a timeout, a packet, the link)
   while (!stop_.load(std::memory_order_acquire)) {
     bool did;
     {
       std::lock_guard lock(lock_);
+      if (unrung && direct_) {
+        // A direct message for an armed CQ comes with a doorbell, or is placed by the arm itself
+        // (arm_cq): one whose event only a wake-up without a doorbell raises was a lost wake-up.
+        const uint64_t events = events_raised_;
+        direct_receive_all();
+        if (events_raised_ != events) count(nullptr, &core::Counters::direct_late_events, events_raised_ - events);
+      }
+      unrung = false;
       did = progress_once();
     }
     uint64_t t = now();
@@ -179,7 +187,7 @@ void Engine::progress_loop() {
       idle_since = t;
       continue;
     }
-    if (t - idle_since < spin_window_ns()) {
+    if (t - idle_since < spin_ns_) {
       // Re-judged every 2 ms of spinning: the load of a 2-core machine changes fast.
       if (t - load_checked_ns >= 2000000) {
         load_checked_ns = t;
@@ -212,7 +220,7 @@ void Engine::progress_loop() {
       for (int i = 0; i < nev; ++i)
         if (link_ && evs[i].data.fd == link_->fd()) check_link(now(), true);
       uint64_t v;
-      [[maybe_unused]] ssize_t n = read(doorbell_fd_, &v, sizeof v);
+      unrung = read(doorbell_fd_, &v, sizeof v) != sizeof v;
     }
     sleeping_.store(false, std::memory_order_release);
     idle_since = now();
@@ -555,6 +563,12 @@ void Engine::dealloc_mw(uint32_t handle) {
 std::unique_ptr<core::CompletionQueue> Engine::create_cq(uint32_t entries,
                                                          core::CompletionQueue::NotifyFn on_completion) {
   auto cq = std::make_unique<core::CompletionQueue>(arena_, entries);
+  // Only a CQ with a completion channel gets a notify function (CompletionQueue::notifies()).
+  if (on_completion)
+    on_completion = [this, raise = std::move(on_completion)](core::CompletionQueue& c) {
+      ++events_raised_;
+      raise(c);
+    };
   cq->set_notify(std::move(on_completion), [this](core::CompletionQueue& c) {
     async_events_.push(AsyncEvent{AsyncEventType::CqErr, nullptr, &c});
   });
@@ -845,6 +859,19 @@ bool Engine::lock_for_caller() {
   // The progress thread holds the lock for a pass at most; yielding lets it finish on a shared core.
   while (!lock_.try_lock()) sched_yield();
   return true;
+}
+
+void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
+  cq->arm(solicited_only);
+  if (!cq->notifies() || !direct_active_.load(std::memory_order_relaxed)) return;
+  // An initiator that published before the arm found the CQ unarmed and woke nobody, and the poll that
+  // follows the arm looks at the inboxes only when the ring is empty: with one CQ for send and receive
+  // it holds the caller's own send CQE (qperf), and the message would wait for a timer. Placed now,
+  // after the arm's fence, its CQE raises the event.
+  if (!lock_for_caller()) return;
+  for (Qp* qp : qp_list_)
+    if (qp->direct_inbox && qp->cfg.recv_cq == cq) direct_receive(*qp);
+  lock_.unlock();
 }
 
 int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {

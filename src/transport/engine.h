@@ -118,6 +118,9 @@ class Engine {
   int post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad);
   // ibv_poll_cq: when the CQ is empty, drives progress inline (no wake-up of the progress thread needed).
   int poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n);
+  // ibv_req_notify_cq: arms the CQ, then places what intra-host initiators left for it while it was
+  // unarmed (they rang no doorbell), so that those messages raise the event.
+  void arm_cq(core::CompletionQueue* cq, bool solicited_only);
 
   // Without a progress thread: one pass of the progress engine (receive, timers, requesters,
   // responders); true when it did anything. And the earliest timer deadline of any QP (0: none).
@@ -228,6 +231,8 @@ class Engine {
   std::vector<Srq*> srqs_;
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
+  uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
+  const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
   // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
   std::atomic<bool> direct_active_{false};
   std::unique_ptr<DirectEndpoint> direct_;  // the intra-host direct path; nullptr when off

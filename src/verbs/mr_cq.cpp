@@ -259,7 +259,7 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 }
 
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
-  to_cq(ibcq)->queue->arm(solicited_only != 0);
+  engine_of(ibcq->context).arm_cq(to_cq(ibcq)->queue.get(), solicited_only != 0);
   return 0;
 }
 

@@ -104,8 +104,9 @@ TEST_P(Blame, TheBadRequestTakesTheError) {
     ibv_wc_status want = id < 4 ? IBV_WC_SUCCESS : id == 4 ? IBV_WC_REM_ACCESS_ERR : IBV_WC_WR_FLUSH_ERR;
     EXPECT_EQ(wcs[i].status, want) << "wr_id " << id << ": " << ibv_wc_status_str(wcs[i].status);
   }
-  if (c.behind != Behind::Atomic)
+  if (c.behind != Behind::Atomic) {
     EXPECT_EQ(check_pattern(local->data, kLen - 256, 7), kLen - 256) << "the READ before the bad request";
+  }
   if (c.behind != Behind::Read) {
     EXPECT_EQ(local->u64(kLen), 100u) << "the FETCH_ADD before it returned the original value";
     EXPECT_EQ(word->u64(0), 105u) << "executed exactly once, and the flushed one not at all";

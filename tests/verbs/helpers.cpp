@@ -90,7 +90,7 @@ bool Buffer::reg(ibv_pd* pd, int access) {
 
 void Side::reset() {
   destroy_qp();
-  if (scq) ibv_destroy_cq(scq);
+  if (scq && scq != rcq) ibv_destroy_cq(scq);
   if (rcq) ibv_destroy_cq(rcq);
   if (pd) ibv_dealloc_pd(pd);
   scq = rcq = nullptr;
@@ -110,8 +110,8 @@ bool Side::create(Device& d, const QpConfig& cfg) {
     ADD_FAILURE() << "ibv_alloc_pd: " << strerror(errno);
     return false;
   }
-  scq = ibv_create_cq(d.ctx, cfg.send_cqe, nullptr, cfg.send_channel, 0);
   rcq = ibv_create_cq(d.ctx, cfg.recv_cqe, nullptr, cfg.recv_channel, 0);
+  scq = cfg.shared_cq ? rcq : ibv_create_cq(d.ctx, cfg.send_cqe, nullptr, cfg.send_channel, 0);
   if (!scq || !rcq) {
     ADD_FAILURE() << "ibv_create_cq: " << strerror(errno);
     return false;

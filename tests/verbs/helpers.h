@@ -83,6 +83,7 @@ struct QpConfig {
                             IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
   ibv_comp_channel* recv_channel = nullptr;  // completion channel of the receive CQ
   ibv_comp_channel* send_channel = nullptr;
+  bool shared_cq = false;  // one CQ for send and receive (recv_cqe, recv_channel), as qperf has
 };
 
 struct ConnConfig {

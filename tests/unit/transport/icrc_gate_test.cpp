@@ -99,7 +99,9 @@ TEST(IcrcGate, ForeignSenderIdentificationsAreFollowed) {
   for (int i = 0; i < 100; ++i, ++id, now += kMs / 10) {
     IcrcGate::Verdict v = offer(id, now);
     EXPECT_TRUE(IcrcGate::accepted(v)) << "id " << id;
-    if (v == IcrcGate::Verdict::Solved) EXPECT_EQ(ident.ip_id, id);
+    if (v == IcrcGate::Verdict::Solved) {
+      EXPECT_EQ(ident.ip_id, id);
+    }
   }
   EXPECT_EQ(offer(static_cast<uint16_t>(id - 5), now), IcrcGate::Verdict::Solved) << "reordered a little";
   EXPECT_EQ(offer(static_cast<uint16_t>(id + 200), now), IcrcGate::Verdict::Solved) << "some datagrams unseen";

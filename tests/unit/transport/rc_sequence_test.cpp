@@ -175,7 +175,9 @@ TEST_F(RcSequence, RnrNakBacksOffAndRetriesUntilAReceiveIsPosted) {
       }
       continue;
     }
-    if (last_send) EXPECT_GE(t.t - last_send, uint64_t{wire::rnr_timer_us(params.min_rnr_timer)} * 1000) << dump();
+    if (last_send) {
+      EXPECT_GE(t.t - last_send, uint64_t{wire::rnr_timer_us(params.min_rnr_timer)} * 1000) << dump();
+    }
     last_send = t.t;
   }
   EXPECT_GE(rnr, 2) << dump();
