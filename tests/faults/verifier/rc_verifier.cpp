@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -147,6 +148,22 @@ void replay_target(const Options& o, uint32_t rounds, uint8_t* mem, uint64_t* at
   *atomic = a;
 }
 
+// Which of the first `rounds` WRITEs last put the byte at target offset `off` there, and in which packet.
+std::string provenance(const Options& o, uint32_t rounds, uint64_t off) {
+  for (uint32_t r = rounds; r-- > 0;) {
+    const Plan p = plan(o, r);
+    if (off >= p.dst_off && off < p.dst_off + p.write_len) {
+      char line[160];
+      std::snprintf(line, sizeof line,
+                    "<- round %u WRITE of %" PRIu64 " B at %" PRIu64 ", its byte %" PRIu64 " = packet %" PRIu64
+                    " of %" PRIu64 " (MTU 1024)",
+                    r, p.write_len, p.dst_off, off - p.dst_off, (off - p.dst_off) / 1024, (p.write_len + 1023) / 1024);
+      return line;
+    }
+  }
+  return "<- initial contents (no WRITE)";
+}
+
 std::string g_role = "rc_verifier";
 std::string g_repro;
 
@@ -159,29 +176,33 @@ std::string g_repro;
   std::fputc('\n', stderr);
 }
 
-// Where two buffers differ, in a form that tells a flipped bit from misplaced or stale data.
-std::string describe_diff(const uint8_t* want, const uint8_t* got, size_t n, uint64_t base) {
+// Where two buffers differ, in a form that tells a flipped bit from misplaced or stale data: the count,
+// then the first differing bytes with what `where` says about each (remote offsets are base + i).
+std::string describe_diff(const uint8_t* want, const uint8_t* got, size_t n, uint64_t base,
+                          const std::function<std::string(uint64_t)>& where = {}) {
   size_t first = n, last = 0, count = 0, bits = 0;
+  std::vector<size_t> shown;
   for (size_t i = 0; i < n; ++i) {
     if (want[i] != got[i]) {
       if (first == n) first = i;
       last = i;
       ++count;
       bits += static_cast<size_t>(std::popcount(static_cast<unsigned>(want[i] ^ got[i])));
+      if (shown.size() < 8) shown.push_back(i);
     }
   }
   if (count == 0) return "no difference";
   char line[256];
-  std::snprintf(line, sizeof line, "%zu byte(s) differ (%zu bit(s) flipped), remote offsets %" PRIu64 "..%" PRIu64,
-                count, bits, base + first, base + last);
+  std::snprintf(line, sizeof line, "%zu byte(s) differ (%zu bit(s) flipped), offsets %" PRIu64 "..%" PRIu64, count,
+                bits, base + first, base + last);
   std::string s = line;
-  const size_t from = first >= 4 ? first - 4 : 0, to = std::min(n, first + 8);
-  s += "\n    offset   want got";
-  for (size_t i = from; i < to; ++i) {
-    std::snprintf(line, sizeof line, "\n    %" PRIu64 "  %02x   %02x%s", base + i, want[i], got[i],
-                  want[i] != got[i] ? "  <--" : "");
+  for (size_t i : shown) {
+    std::snprintf(line, sizeof line, "\n    offset %" PRIu64 ": want %02x got %02x (xor %02x)", base + i, want[i],
+                  got[i], want[i] ^ got[i]);
     s += line;
+    if (where) s += " " + where(base + i);
   }
+  if (count > shown.size()) s += "\n    ...";
   return s;
 }
 
@@ -235,7 +256,8 @@ struct QpInfo {
   uint32_t mr_rkey, atomic_rkey;
 };
 struct Done {
-  uint32_t rounds;
+  uint32_t rounds;  // rounds whose completions the initiator has seen
+  uint32_t failed;  // 1: the initiator found a fault; the target still reports what it sees
 };
 struct Result {
   int32_t code;
@@ -402,12 +424,13 @@ struct Initiator {
   ibv_mr *local_mr = nullptr, *read_mr = nullptr, *send_mr = nullptr, *atomic_mr = nullptr;
   uint64_t expect_atomic = 0;
 
-  // Prints what went wrong, whatever the target has to say, and how to run this again.
+  // Prints what went wrong, what the target sees of its own memory and SENDs, and how to run this again.
   int fail(int code, uint32_t round, const std::string& what) {
     say("FAIL seed %" PRIu64 " round %u: %s", o.seed, round, what.c_str());
     Result res{};
-    if (sock >= 0 && read_all(sock, &res, sizeof res, 2000) && res.code != 0)
-      say("the target reports: %s", res.text);
+    Done d{rounds_done, 1};
+    if (sock >= 0 && write_all(sock, &d, sizeof d) && read_all(sock, &res, sizeof res, 20000))
+      say("the target's own view after %u rounds: %s", rounds_done, res.text);
     say("reproduce: %s", g_repro.c_str());
     return code;
   }
@@ -440,11 +463,14 @@ struct Initiator {
     return {};
   }
 
+  uint32_t rounds_done = 0;  // for provenance()
+
   // A READ disagrees with the shadow: read the range again to tell a damaged READ response (the
   // memory is right) from damaged memory (a WRITE placed wrong bytes).
   int data_mismatch(uint32_t round, const char* what, uint64_t off, uint64_t len) {
     std::string msg = std::string(what) + " of remote [" + std::to_string(off) + ", +" + std::to_string(len) +
-                      ") differs from the shadow: " + describe_diff(shadow + off, readbuf, len, off);
+                      ") differs from the shadow: " +
+                      describe_diff(shadow + off, readbuf, len, off, [this](uint64_t x) { return provenance(o, rounds_done, x); });
     std::vector<uint8_t> first(readbuf, readbuf + len);
     std::string again = read_sync(off, len);
     if (!again.empty()) {
@@ -454,13 +480,15 @@ struct Initiator {
     } else if (std::memcmp(readbuf, first.data(), len) == 0) {
       msg += "\n  read again it is the same: the target's memory is wrong (a WRITE placed damaged data)";
     } else {
-      msg += "\n  read again it differs from both: " + describe_diff(shadow + off, readbuf, len, off);
+      msg += "\n  read again it differs from both: " +
+             describe_diff(shadow + off, readbuf, len, off, [this](uint64_t x) { return provenance(o, rounds_done, x); });
     }
     return fail(kData, round, msg);
   }
 
   int round(uint32_t r) {
     const Plan p = plan(o, r);
+    rounds_done = r + 1;
     fill(local + p.src_off, p.write_len, key(o.seed, kKeyWrite, r));
     std::memcpy(shadow + p.dst_off, local + p.src_off, p.write_len);
     const uint64_t base = static_cast<uint64_t>(r) * 4;
@@ -632,10 +660,12 @@ struct Initiator {
       bytes += plan(o, r).write_len;
     }
     if (int e = final_check()) return e;
-    Done d{o.rounds};
+    Done d{o.rounds, 0};
     Result res{};
-    if (!write_all(sock, &d, sizeof d) || !read_all(sock, &res, sizeof res, hang_ms))
-      return fail(kGone, o.rounds, "no verdict from the target");
+    if (!write_all(sock, &d, sizeof d) || !read_all(sock, &res, sizeof res, hang_ms)) {
+      say("FAIL seed %" PRIu64 ": no verdict from the target", o.seed);
+      return kGone;
+    }
     if (res.code != 0) {
       say("FAIL seed %" PRIu64 ": the target reports: %s", o.seed, res.text);
       say("reproduce: %s", g_repro.c_str());
@@ -759,6 +789,8 @@ struct Target {
     auto last_progress = std::chrono::steady_clock::now();
     Done d{};
     bool done = false;
+    std::chrono::steady_clock::time_point done_at{};
+    auto idle_since_done = [&] { return std::chrono::steady_clock::now() - done_at; };
     for (;;) {
       ibv_wc wc[16];
       int n = ibv_poll_cq(rc.cq, 16, wc);
@@ -769,7 +801,7 @@ struct Target {
         if (!post_recv(static_cast<int>(wc[i].wr_id))) return fail(kStatus, "ibv_post_recv failed");
       }
       if (n > 0) last_progress = std::chrono::steady_clock::now();
-      if (done && next_seq >= d.rounds) break;
+      if (done && (next_seq >= d.rounds || (d.failed && idle_since_done() > std::chrono::seconds(2)))) break;
       if (n == 16) continue;
       if (ibv_req_notify_cq(rc.cq, 0)) return fail(kStatus, "ibv_req_notify_cq failed");
       if (ibv_poll_cq(rc.cq, 0, wc) < 0) return fail(kStatus, "ibv_poll_cq failed");
@@ -794,19 +826,25 @@ struct Target {
             return kGone;
           }
           done = true;
-          last_progress = std::chrono::steady_clock::now();
+          done_at = last_progress = std::chrono::steady_clock::now();
           hang_ms = std::min(hang_ms, 10000);  // every SEND has completed at the initiator: nothing more is coming
         }
       }
     }
-    if (d.rounds != o.rounds) return fail(kSendBad, "the initiator stopped early");
+    if (d.rounds > o.rounds) return fail(kSetup, "the initiator claims more rounds than it announced");
+    if (!d.failed && d.rounds != o.rounds) return fail(kSendBad, "the initiator stopped early");
+    if (next_seq < d.rounds)
+      return fail(kSendBad, std::to_string(next_seq) + " SENDs received of " + std::to_string(d.rounds) +
+                                " the initiator saw complete");
 
+    // The memory and atomic word the seed says `d.rounds` rounds leave.
     std::vector<uint8_t> want(kMrSize);
     uint64_t want_atomic;
-    replay_target(o, o.rounds, want.data(), &want_atomic);
+    replay_target(o, d.rounds, want.data(), &want_atomic);
     if (std::memcmp(mem, want.data(), kMrSize) != 0)
       return fail(kData, "the target's memory differs from the replayed shadow: " +
-                             describe_diff(want.data(), mem, kMrSize, 0));
+                             describe_diff(want.data(), mem, kMrSize, 0,
+                                           [&](uint64_t x) { return provenance(o, d.rounds, x); }));
     if (*atomic != want_atomic) {
       char line[160];
       std::snprintf(line, sizeof line, "atomic word %#" PRIx64 ", expected %#" PRIx64, *atomic, want_atomic);
@@ -817,6 +855,10 @@ struct Target {
     Result res{};
     std::snprintf(res.text, sizeof res.text, "%u SENDs in order and intact, memory and atomic word exact", next_seq);
     (void)write_all(sock, &res, sizeof res);
+    if (d.failed) {
+      say("the initiator failed after %u rounds; here: %s", d.rounds, res.text);
+      return kOk;
+    }
     close_rc(rc, {mem_mr, atomic_mr, recv_mr});
     say("PASS seed %" PRIu64 ": %s", o.seed, res.text);
     return kOk;
