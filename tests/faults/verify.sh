@@ -93,6 +93,8 @@ one_run() {
   echo "----- reproduce -----"
   echo "  ${tp[*]+${tp[*]} }env SOFTRDMA_DIRECT=0 SOFTRDMA_IMPAIR='$impair' $SOFTRDMA run -- ${tcmd[*]} &"
   echo "  ${ip[*]+${ip[*]} }env SOFTRDMA_DIRECT=0 SOFTRDMA_IMPAIR='$impair' $SOFTRDMA run -- ${icmd[*]}"
+  echo "  or: $here/verify.sh --mode $where --runs 1 --first-seed $seed --rounds $rounds --max-write $max_write" \
+    "--impair '$faults' --hang-s $hang_s"
   echo "-----"
 }
 

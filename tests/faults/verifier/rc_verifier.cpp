@@ -471,6 +471,13 @@ struct Initiator {
     std::string msg = std::string(what) + " of remote [" + std::to_string(off) + ", +" + std::to_string(len) +
                       ") differs from the shadow: " +
                       describe_diff(shadow + off, readbuf, len, off, [this](uint64_t x) { return provenance(o, rounds_done, x); });
+    for (uint64_t i = 0; i < len; ++i) {
+      if (readbuf[i] != shadow[off + i]) {
+        msg += "\n  the first damaged byte is in response packet " + std::to_string(i / 1024) + " of " +
+               std::to_string((len + 1023) / 1024) + " of this READ";
+        break;
+      }
+    }
     std::vector<uint8_t> first(readbuf, readbuf + len);
     std::string again = read_sync(off, len);
     if (!again.empty()) {
