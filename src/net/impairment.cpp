@@ -56,6 +56,7 @@ bool set_rate(ImpairmentRates& r, std::string_view key, std::string_view value, 
   else if (key == "reorder") prob = &r.reorder;
   else if (key == "corrupt") prob = &r.corrupt;
   else if (key == "burst") prob = &r.burst;
+  else if (key == "hold") prob = &r.hold;
   else if (key == "reorder_depth") count = &r.reorder_depth;
   else if (key == "burst_len") count = &r.burst_len;
   else if (key == "burst_at") count = &r.burst_at;
@@ -115,6 +116,11 @@ std::optional<ImpairmentConfig> parse_impairment(std::string_view spec, std::str
       if (!set_rate(cfg.tx, key, value, error) || !set_rate(cfg.rx, key, value, error)) return std::nullopt;
     }
   }
+  if (cfg.rx.hold > 0) {
+    // "Until the next send" has no meaning for what arrives.
+    *error = "hold applies to sends only: write tx_hold";
+    return std::nullopt;
+  }
   for (ImpairmentRates* r : {&cfg.tx, &cfg.rx}) {
     if (r->reorder > 0 && r->reorder_depth == 0) {
       *error = "reorder needs reorder_depth >= 1";
@@ -164,6 +170,21 @@ void DirectionImpairment::age_held(size_t skip_newest, const Emit& emit) {
 }
 
 void DirectionImpairment::offer(uint8_t* data, uint32_t len, const Meta& meta, const Emit& emit) {
+  // One draw per datagram, whether or not it may be held, keeps the hold stream aligned between runs.
+  const double u_hold = hold_rng_.uniform();
+  if (hold_) {
+    // This send releases the held datagram, right after itself, whatever becomes of it.
+    Held h = std::move(*hold_);
+    hold_.reset();
+    offer_one(data, len, meta, false, emit);
+    emit(h.bytes.data(), static_cast<uint32_t>(h.bytes.size()), h.meta);
+    return;
+  }
+  offer_one(data, len, meta, u_hold < rates_.hold, emit);
+}
+
+void DirectionImpairment::offer_one(uint8_t* data, uint32_t len, const Meta& meta, bool may_hold,
+                                    const Emit& emit) {
   ++stats_.seen;
   // The same number of PRNG draws for every datagram keeps decisions aligned between runs that differ
   // only in rates of other kinds.
@@ -188,6 +209,12 @@ void DirectionImpairment::offer(uint8_t* data, uint32_t len, const Meta& meta, c
     return;
   }
   if (u_corrupt < rates_.corrupt) corrupt(data, len);
+  if (may_hold) {
+    ++stats_.held;
+    hold_ = Held{std::vector<uint8_t>(data, data + len), meta, 0};
+    age_held(0, emit);
+    return;
+  }
   if (u_reorder < rates_.reorder) {
     ++stats_.reordered;
     held_.push_back(Held{std::vector<uint8_t>(data, data + len), meta,
@@ -219,10 +246,15 @@ size_t DirectionImpairment::tick(const Emit& emit) {
 }
 
 size_t DirectionImpairment::release_all(const Emit& emit) {
-  size_t n = held_.size();
+  size_t n = held();
   while (!held_.empty()) {
     Held h = std::move(held_.front());
     held_.pop_front();
+    emit(h.bytes.data(), static_cast<uint32_t>(h.bytes.size()), h.meta);
+  }
+  if (hold_) {
+    Held h = std::move(*hold_);
+    hold_.reset();
     emit(h.bytes.data(), static_cast<uint32_t>(h.bytes.size()), h.meta);
   }
   return n;

@@ -129,11 +129,12 @@ UdpPort::~UdpPort() {
       if (st->seen == 0) continue;
       std::fprintf(stderr,
                    "softrdma impair port %u %s: seen %llu dropped %llu (burst %llu in %llu) duplicated %llu "
-                   "reordered %llu corrupted %llu\n",
+                   "reordered %llu held %llu corrupted %llu\n",
                    port_, st == &impair_->tx_stats ? "tx" : "rx", static_cast<unsigned long long>(st->seen),
                    static_cast<unsigned long long>(st->dropped), static_cast<unsigned long long>(st->burst_dropped),
                    static_cast<unsigned long long>(st->bursts), static_cast<unsigned long long>(st->duplicated),
-                   static_cast<unsigned long long>(st->reordered), static_cast<unsigned long long>(st->corrupted));
+                   static_cast<unsigned long long>(st->reordered), static_cast<unsigned long long>(st->held),
+                   static_cast<unsigned long long>(st->corrupted));
     }
   }
   send_batch();
@@ -252,7 +253,8 @@ void UdpPort::enqueue(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uin
 
 void UdpPort::flush() {
   if (impair_) [[unlikely]] {
-    // A flush is a batch boundary: held datagrams age, and go out after a bounded number of flushes.
+    // A flush is a batch boundary: reordered datagrams age, and go out after a bounded number of flushes
+    // (a tx_hold datagram waits for the next send instead).
     impair_->tx.tick([this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) {
       enqueue(d, n, m.ip_be, m.port);
     });

@@ -102,7 +102,8 @@ TEST(ImpairmentParse, ZeroIsInactive) {
 
 TEST(ImpairmentParse, Errors) {
   for (const char* bad : {"tx_drop=1.5", "tx_drop=-0.1", "tx_drop=abc", "tx_fly=0.1", "seed", "seed=x",
-                          "rx_burst_len=-1", "drop=0.1,reorder=0.1,reorder_depth=0", "tx_drop=0.1x"}) {
+                          "rx_burst_len=-1", "drop=0.1,reorder=0.1,reorder_depth=0", "tx_drop=0.1x",
+                          "rx_hold=0.1", "hold=0.1", "tx_hold=1.1"}) {
     std::string err;
     EXPECT_FALSE(parse_impairment(bad, &err)) << bad;
     EXPECT_FALSE(err.empty()) << bad;
@@ -231,6 +232,140 @@ TEST(Impairment, HeldDatagramsLeaveAfterTicks) {
   EXPECT_EQ(h.out[0].bytes, original(1));
   EXPECT_EQ(h.out[1].bytes, original(2));
   EXPECT_EQ(h.stats.reordered, 2u);
+}
+
+TEST(ImpairmentParse, TxHold) {
+  auto c = parse_impairment("seed=3,tx_hold=0.05", nullptr);
+  ASSERT_TRUE(c);
+  EXPECT_DOUBLE_EQ(c->tx.hold, 0.05);
+  EXPECT_EQ(c->rx.hold, 0.0);
+  EXPECT_TRUE(c->active());
+}
+
+// The seqs of what came out, in order.
+std::vector<uint32_t> seqs(const Harness& h) {
+  std::vector<uint32_t> v;
+  for (const Out& o : h.out) v.push_back(o.seq);
+  return v;
+}
+
+TEST(Impairment, HoldWaitsForTheNextSendHoweverLate) {
+  ImpairmentRates r;
+  r.hold = 1.0;  // hold whatever may be held
+  Harness h(r, 8);
+  h.offer(1);
+  EXPECT_TRUE(h.imp.holding());
+  EXPECT_TRUE(h.out.empty());
+  // Flushes and receive-side ticks, far more than kMaxTicksHeld, do not let it go.
+  for (uint32_t t = 0; t < 100 * DirectionImpairment::kMaxTicksHeld; ++t) h.tick();
+  EXPECT_TRUE(h.imp.holding());
+  EXPECT_TRUE(h.out.empty());
+  // The next send, to another destination, goes first; the held one right after it, intact.
+  std::vector<uint8_t> d = original(2);
+  DirectionImpairment::Meta other{htonl(0x0a000002), 4791, kLo};
+  std::vector<DirectionImpairment::Meta> metas;
+  h.imp.offer(d.data(), 64, other, [&](const uint8_t* p, uint32_t n, const DirectionImpairment::Meta& m) {
+    h.emit()(p, n, m);
+    metas.push_back(m);
+  });
+  ASSERT_EQ(seqs(h), (std::vector<uint32_t>{2, 1}));
+  EXPECT_EQ(h.out[1].bytes, original(1));
+  EXPECT_EQ(metas[0].ip_be, other.ip_be);
+  EXPECT_EQ(metas[1].ip_be, 0u);  // the held one keeps its own destination
+  // The releasing send is never held itself; the one after it may be again.
+  EXPECT_FALSE(h.imp.holding());
+  h.offer(3);
+  EXPECT_TRUE(h.imp.holding());
+  h.offer(4);
+  EXPECT_EQ(seqs(h), (std::vector<uint32_t>{2, 1, 4, 3}));
+  EXPECT_EQ(h.stats.held, 2u);
+  EXPECT_EQ(h.stats.seen, 4u);
+  EXPECT_EQ(h.stats.reordered, 0u);
+}
+
+TEST(Impairment, HoldIsReleasedByADroppedOrDuplicatedSend) {
+  ImpairmentRates r;
+  r.hold = 1.0;
+  r.drop = 1.0;  // everything not held is dropped...
+  {
+    Harness h(r, 1);
+    h.offer(1);
+    EXPECT_TRUE(h.out.empty());
+    EXPECT_EQ(h.stats.dropped, 1u);  // drop comes first: nothing to hold
+    EXPECT_FALSE(h.imp.holding());
+  }
+  r.drop = 0;
+  r.dup = 1.0;
+  Harness h(r, 1);
+  h.offer(1);  // held (a held datagram is not duplicated)
+  h.offer(2);  // out twice, then 1
+  EXPECT_EQ(seqs(h), (std::vector<uint32_t>{2, 2, 1}));
+  // ... and a send that is dropped still releases the held one.
+  ImpairmentRates d;
+  d.hold = 0.5;
+  d.drop = 0.5;
+  Harness g(d, 17);
+  uint32_t checked = 0;
+  for (uint32_t i = 0; i < 2000; ++i) {
+    const bool was_holding = g.imp.holding();
+    const size_t before = g.out.size();
+    const uint64_t dropped = g.stats.dropped;
+    g.offer(i);
+    if (was_holding && g.stats.dropped > dropped) {
+      ASSERT_EQ(g.out.size(), before + 1) << i;
+      EXPECT_NE(g.out.back().seq, i);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100u);
+}
+
+TEST(Impairment, HoldOrderOverManyDatagrams) {
+  ImpairmentRates r;
+  r.hold = 0.3;
+  Harness h(r, 42);
+  constexpr uint32_t kN = 5000;
+  for (uint32_t i = 0; i < kN; ++i) {
+    h.offer(i);
+    if (i % 7 == 0) h.tick();  // flushes in between change nothing
+  }
+  const bool last_held = h.imp.holding();
+  h.imp.release_all(h.emit());
+  ASSERT_EQ(h.out.size(), kN);
+  EXPECT_GT(h.stats.held, kN / 5);
+  // Every datagram comes out either on time or exactly one place late, right after the next one.
+  uint32_t swapped = 0;
+  for (size_t i = 0; i < h.out.size();) {
+    if (h.out[i].seq == i) {
+      ++i;
+    } else {
+      ASSERT_LT(i + 1, h.out.size());
+      ASSERT_EQ(h.out[i].seq, i + 1) << i;
+      ASSERT_EQ(h.out[i + 1].seq, i) << i;
+      ++swapped;
+      i += 2;
+    }
+  }
+  EXPECT_EQ(swapped + (last_held ? 1u : 0u), h.stats.held);
+}
+
+TEST(Impairment, HoldLeavesOtherDecisionsOfASeedAsTheyWere) {
+  // Adding tx_hold must not change which datagrams a seed drops (old reproductions stay valid).
+  ImpairmentRates a;
+  a.drop = 0.2;
+  ImpairmentRates b = a;
+  b.hold = 0.2;
+  Harness ha(a, 77), hb(b, 77);
+  for (uint32_t i = 0; i < 1000; ++i) {
+    ha.offer(i);
+    hb.offer(i);
+  }
+  hb.imp.release_all(hb.emit());
+  std::set<uint32_t> sa, sb;
+  for (auto& o : ha.out) sa.insert(o.seq);
+  for (auto& o : hb.out) sb.insert(o.seq);
+  EXPECT_EQ(sa, sb);
+  EXPECT_GT(hb.stats.held, 0u);
 }
 
 TEST(Impairment, CorruptionFlipsOneToThreeBits) {
@@ -381,6 +516,28 @@ TEST(Impairment, PortsOfOneSeedDrawDifferentStreams) {
     db.push_back(b.impairment()->tx_stats.dropped - before_b);
   }
   EXPECT_NE(da, db);
+}
+
+TEST(Impairment, UdpPortTxHoldSurvivesFlushesUntilTheNextSend) {
+  setenv("SOFTRDMA_IMPAIR", "seed=1,tx_hold=1", 1);
+  UdpPort a(kLo, 0);
+  unsetenv("SOFTRDMA_IMPAIR");
+  UdpPort b(kLo, 0), c(kLo, 0);
+  auto d1 = original(1), d2 = original(2);
+  a.send(d1.data(), 64, kLo, b.port());
+  for (int i = 0; i < 10; ++i) a.flush();
+  EXPECT_TRUE(a.impairment()->tx.holding());
+  EXPECT_TRUE(drain(b).empty());  // not before the next send
+  a.send(d2.data(), 64, kLo, c.port());  // to another port
+  a.flush();
+  EXPECT_FALSE(a.impairment()->tx.holding());
+  auto at_c = drain(c);
+  auto at_b = drain(b);
+  ASSERT_EQ(at_c.size(), 1u);
+  ASSERT_EQ(at_b.size(), 1u);
+  EXPECT_EQ(at_c[0], d2);
+  EXPECT_EQ(at_b[0], d1);
+  EXPECT_EQ(a.stats().tx_packets, 2u);
 }
 
 }  // namespace
