@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <system_error>
 
@@ -47,7 +48,10 @@ void* Arena::allocate(size_t bytes) {
     free_[i].offset += bytes;
     free_[i].size -= bytes;
     if (free_[i].size == 0) free_[i] = free_[--nfree_];
-    std::memset(base_ + off, 0, bytes);
+    // Memory handed out before is cleared; fresh memfd pages are zero already, and touching them
+    // would only fault in pages (megabytes per context) that may never be used.
+    if (off < fresh_from_) std::memset(base_ + off, 0, std::min(bytes, fresh_from_ - off));
+    fresh_from_ = std::max(fresh_from_, off + bytes);
     return base_ + off;
   }
   return nullptr;

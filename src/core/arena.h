@@ -31,6 +31,7 @@ class Arena {
   static constexpr size_t kMaxFree = 4096;
   FreeBlock free_[kMaxFree];
   size_t nfree_ = 0;
+  size_t fresh_from_ = 0;  // nothing at or above this offset was ever handed out: still the memfd's zeros
 };
 
 }  // namespace softrdma::core

@@ -86,7 +86,7 @@ class MemoryNetwork final : public Clock {
   void send(Port& from, const uint8_t* data, uint32_t len, Endpoint to);
   void launch(const Flight& f) { flights_.push(f); }
 
-  static constexpr uint32_t kSlotsPerChunk = 256;
+  static constexpr uint32_t kSlotsPerChunk = 64;
   uint64_t latency_ns_;
   uint64_t now_ = 1;
   uint64_t seq_ = 0;

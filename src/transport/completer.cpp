@@ -103,7 +103,8 @@ void Engine::requester_error(Qp& qp, WcStatus status) {
 void Engine::nak_error(Qp& qp, uint32_t psn, WcStatus status) {
   // The NAK names the request that failed (IBTA 9.7.5.1.2); the WQEs before it completed at the
   // responder and still complete here as their responses arrive, then this one takes the error and the
-  // rest are flushed. Nothing more is sent: the responder is in error.
+  // rest are flushed. Nothing after it is sent; what is before it may be resent (a lost READ
+  // response), and runs out of retries against a responder in error.
   for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i < qp.sq.head.load(std::memory_order_acquire); ++i) {
     SqEntry& e = qp.sq.at(i);
     if (!e.started) break;
@@ -111,7 +112,7 @@ void Engine::nak_error(Qp& qp, uint32_t psn, WcStatus status) {
     if (d < 0 || d >= static_cast<int32_t>(e.npkts)) continue;
     e.status = status;
     e.acked = true;
-    qp.sq_stopped = true;
+    qp.sq_stop_at = std::min(qp.sq_stop_at, i);
     complete_in_order(qp);
     return;
   }

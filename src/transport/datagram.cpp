@@ -80,13 +80,13 @@ bool Engine::unreliable_requester_run(Qp& qp) {
   int budget = kBurst;
   const bool ud = qp.cfg.type == QpType::Ud;
   uint64_t head = qp.sq.head.load(std::memory_order_acquire);
-  while (budget > 0 && qp.send_index < head) {
+  while (budget > 0 && qp.send_index < std::min(head, qp.sq_stop_at)) {
     SqEntry& e = qp.sq.at(qp.send_index);
     if (!e.started) {
       if (!prepare_wqe(qp, e)) {
         e.started = true;
         e.acked = true;
-        qp.sq_stopped = true;
+        qp.sq_stop_at = qp.send_index;
         complete_in_order(qp);
         return true;
       }
@@ -99,7 +99,7 @@ bool Engine::unreliable_requester_run(Qp& qp) {
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered between two passes: it completes in error.
       e.acked = true;
-      qp.sq_stopped = true;
+      qp.sq_stop_at = qp.send_index;
       complete_in_order(qp);
       return true;
     }

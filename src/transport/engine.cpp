@@ -667,7 +667,7 @@ void reset_transport_state(Qp& qp) {
   qp.reads_outstanding = 0;
   qp.timer_deadline_ns = 0;
   qp.rnr_resume_ns = 0;
-  qp.sq_stopped = false;
+  qp.sq_stop_at = ~0ull;
   qp.msn = 0;
   qp.nak_sent = false;
   qp.ack_owed = false;

@@ -241,7 +241,9 @@ struct Qp {
   bool last_wqe_reached = false;    // IBV_EVENT_QP_LAST_WQE_REACHED raised since the QP went to error
   std::vector<SqEntry> sq_storage;   // private to the requester
   size_t rq_bytes = 0;               // the RQ ring lives in the context's shared arena
-  bool sq_stopped = false;           // a WQE failed locally: send nothing more, error follows in order
+  // A WQE failed (locally, or NAKed by the responder): nothing at or after this SQ index is sent, and its
+  // error follows in order. WQEs before it are still resent until they complete or run out of retries.
+  uint64_t sq_stop_at = ~0ull;
   // The intra-host direct path (direct.h): the peer's context when it serves it, the peer QP's and
   // this QP's state descriptors there and here.
   std::shared_ptr<DirectPeer> direct_peer;

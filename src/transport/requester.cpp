@@ -173,7 +173,6 @@ void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
 }
 
 bool Engine::requester_run(Qp& qp, uint64_t now) {
-  if (qp.sq_stopped) return false;
   if (qp.cfg.type != QpType::Rc) return unreliable_requester_run(qp);
   // now 0 (a post from the caller's thread): the clock is read only where a timer needs it.
   if (qp.rnr_resume_ns) {
@@ -183,7 +182,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
   }
   bool did = false;
   int budget = kBurst;
-  uint64_t head = qp.sq.head.load(std::memory_order_acquire);
+  const uint64_t head = std::min(qp.sq.head.load(std::memory_order_acquire), qp.sq_stop_at);
   while (budget > 0 && qp.send_index < head) {
     SqEntry& e = qp.sq.at(qp.send_index);
     if (e.started && e.acked && e.status == WcStatus::Success) {
@@ -202,16 +201,17 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
         qp.send_offset_pkts = 0;
         did = true;
         // A failed one completes in error in order; nothing after it is sent.
-        if (e.status != WcStatus::Success) qp.sq_stopped = true;
+        const bool failed = e.status != WcStatus::Success;
+        if (failed) qp.sq_stop_at = qp.send_index - 1;
         complete_in_order(qp);
-        if (qp.sq_stopped) return true;
+        if (failed) return true;
         continue;
       }
       if (!prepare_wqe(qp, e)) {
         // Reported in order by the completer; nothing after it is sent.
         e.started = true;
         e.acked = true;
-        qp.sq_stopped = true;
+        qp.sq_stop_at = qp.send_index;
         complete_in_order(qp);
         return true;
       }
@@ -245,7 +245,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered while it was in flight: it completes in error, in order.
       e.acked = true;
-      qp.sq_stopped = true;
+      qp.sq_stop_at = qp.send_index;
       complete_in_order(qp);
       return true;
     }
