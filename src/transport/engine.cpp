@@ -847,9 +847,10 @@ int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
   return rc;
 }
 
-void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port) {
+void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port,
+                             uint16_t local_port) {
   std::lock_guard lock(lock_);
-  handle_packet(data, len, peer_ip_be, peer_port, port_->port());
+  handle_packet(data, len, peer_ip_be, peer_port, local_port ? local_port : port_->port());
   flush_owed_acks();
   port_->flush();
 }

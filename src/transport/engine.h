@@ -130,9 +130,10 @@ class Engine {
 
   // The UDP port this context receives on (the registry's endpoint for its QPNs).
   uint16_t udp_port() const { return port_->port(); }
-  // Feeds one datagram through the receive path as if it had arrived on udp_port() from
+  // Feeds one datagram through the receive path as if it had arrived on local_port (0: udp_port()) from
   // (peer_ip_be, peer_port): for fuzzing and hostile-input tests.
-  void inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port);
+  void inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port,
+                       uint16_t local_port = 0);
   // UD multicast (datagram.cpp): the QP joins/leaves the IPv4 group on this device's interface.
   // Returns 0 or an errno.
   int attach_mcast(Qp* qp, uint32_t group_ip_be);
