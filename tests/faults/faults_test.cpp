@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include "splitmix.h"
 
 namespace softrdma::faults {
 namespace {
@@ -33,16 +34,7 @@ uint64_t seed_or(uint64_t dflt) {
   return s && *s ? std::strtoull(s, nullptr, 0) : dflt;
 }
 
-// splitmix64: test data and operation mix, reproducible from the seed.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-};
+using softrdma::fault_test::Rng;
 
 uint64_t fnv1a(const uint8_t* p, size_t n) {
   uint64_t h = 0xCBF29CE484222325ull;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include "splitmix.h"
 
 namespace softrdma::faults_unreliable {
 namespace {
@@ -33,15 +34,7 @@ uint64_t seed_from_env(uint64_t dflt) {
   return s && *s ? std::strtoull(s, nullptr, 0) : dflt;
 }
 
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-};
+using softrdma::fault_test::Rng;
 
 // Message bytes: a function of (message id, offset), never zero (so a never-written byte, zero, can
 // be told from a written one).

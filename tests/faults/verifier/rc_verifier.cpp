@@ -35,6 +35,7 @@
 #include <initializer_list>
 #include <string>
 #include <vector>
+#include "../splitmix.h"
 
 namespace {
 
@@ -49,18 +50,7 @@ constexpr uint32_t kSetupMagic = 0x52435631;  // "RCV1"
 
 enum Exit { kOk = 0, kData = 1, kStatus = 2, kHang = 3, kAtomic = 4, kSendBad = 5, kSetup = 6, kGone = 7 };
 
-// splitmix64: every choice and every byte of data, on both sides.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  uint64_t below(uint64_t n) { return next() % n; }
-};
+using softrdma::fault_test::Rng;
 
 uint64_t key(uint64_t seed, uint64_t a, uint64_t b = 0) {
   Rng r{seed ^ (a * 0xD6E8FEB86659FD93ull) ^ (b * 0xA0761D6478BD642Full)};
