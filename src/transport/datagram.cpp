@@ -80,26 +80,26 @@ bool Engine::unreliable_requester_run(Qp& qp) {
   int budget = kBurst;
   const bool ud = qp.cfg.type == QpType::Ud;
   uint64_t head = qp.sq.head.load(std::memory_order_acquire);
-  while (budget > 0 && qp.send_index < head) {
-    SqEntry& e = qp.sq.at(qp.send_index);
+  while (budget > 0 && qp.req.send_index < head) {
+    SqEntry& e = qp.sq.at(qp.req.send_index);
     if (!e.started) {
       if (!prepare_wqe(qp, e)) {
         e.started = true;
         e.acked = true;
-        qp.sq_stopped = true;
+        qp.req.sq_stopped = true;
         complete_in_order(qp);
         return true;
       }
       e.started = true;
       if (ud) e.npkts = 1;
-      e.first_psn = qp.next_psn;
-      qp.next_psn = wire::psn_add(qp.next_psn, e.npkts);
-      qp.send_offset_pkts = 0;
+      e.first_psn = qp.req.next_psn;
+      qp.req.next_psn = wire::psn_add(qp.req.next_psn, e.npkts);
+      qp.req.send_offset_pkts = 0;
     }
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered between two passes: it completes in error.
       e.acked = true;
-      qp.sq_stopped = true;
+      qp.req.sq_stopped = true;
       complete_in_order(qp);
       return true;
     }
@@ -141,20 +141,20 @@ bool Engine::unreliable_requester_run(Qp& qp) {
       }
       --budget;
     } else {
-      while (qp.send_offset_pkts < e.npkts && budget > 0) {
-        send_request_packet(qp, e, qp.send_offset_pkts);
-        ++qp.send_offset_pkts;
+      while (qp.req.send_offset_pkts < e.npkts && budget > 0) {
+        send_request_packet(qp, e, qp.req.send_offset_pkts);
+        ++qp.req.send_offset_pkts;
         --budget;
       }
-      if (qp.send_offset_pkts < e.npkts) {
+      if (qp.req.send_offset_pkts < e.npkts) {
         did = true;
         break;
       }
     }
     // Unacknowledged service: the WQE is done once its last packet is on its way.
     e.acked = true;
-    ++qp.send_index;
-    qp.send_offset_pkts = 0;
+    ++qp.req.send_index;
+    qp.req.send_offset_pkts = 0;
     did = true;
     complete_in_order(qp);
   }
@@ -215,46 +215,46 @@ namespace {
 // RQ WQE stays at the RQ's tail; one taken off an SRQ stays held by the QP, recv_active), and a
 // WRITE's remaining packets are ignored (what they would have written stays as it is).
 void uc_abandon(Qp& qp) {
-  qp.in_message = false;
-  if (!qp.srq) qp.recv_active = false;
-  qp.recv_offset = 0;
-  qp.write_dst = nullptr;
-  qp.write_remaining = 0;
+  qp.resp.in_message = false;
+  if (!qp.srq) qp.resp.recv_active = false;
+  qp.resp.recv_offset = 0;
+  qp.resp.write_dst = nullptr;
+  qp.resp.write_remaining = 0;
 }
 }  // namespace
 
 void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
-  int32_t d = wire::psn_diff(pkt.bth.psn, qp.epsn);
+  int32_t d = wire::psn_diff(pkt.bth.psn, qp.resp.epsn);
   if (d < 0) {
     // Older than expected: a duplicate or a straggler of a message already given up.
     count(&qp, &core::Counters::duplicates);
     return;
   }
-  qp.epsn = wire::psn_add(pkt.bth.psn, 1);
+  qp.resp.epsn = wire::psn_add(pkt.bth.psn, 1);
   bool continues = !info.first;
-  bool fits = d == 0 && !qp.uc_dropping &&
-              (continues ? qp.in_message && wire::opcode_info(qp.last_opcode).kind == info.kind : !qp.in_message);
+  bool fits = d == 0 && !qp.resp.uc_dropping &&
+              (continues ? qp.resp.in_message && wire::opcode_info(qp.resp.last_opcode).kind == info.kind : !qp.resp.in_message);
   if (!fits) {
     // UC (IBTA 9.8): a lost packet loses the message it belongs to; a FIRST or ONLY starts clean.
     if (d > 0) count(&qp, &core::Counters::out_of_sequence);
     bool counted = false;
-    if (qp.in_message) {
+    if (qp.resp.in_message) {
       uc_abandon(qp);
       count(&qp, &core::Counters::uc_msg_dropped);
       counted = true;
     }
     if (continues) {
-      if (!qp.uc_dropping && !counted) count(&qp, &core::Counters::uc_msg_dropped);
-      qp.uc_dropping = true;
+      if (!qp.resp.uc_dropping && !counted) count(&qp, &core::Counters::uc_msg_dropped);
+      qp.resp.uc_dropping = true;
       return;
     }
-    qp.uc_dropping = false;
+    qp.resp.uc_dropping = false;
   }
   // Drops the rest of this message (this packet included).
   auto drop_message = [&] {
     uc_abandon(qp);
-    qp.uc_dropping = !info.last;
+    qp.resp.uc_dropping = !info.last;
     count(&qp, &core::Counters::uc_msg_dropped);
   };
   // Every packet of a multi-packet message but the last is exactly one path MTU.
@@ -272,14 +272,14 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
     c.qp_num = qp.qpn;
     retire_recv_wqe(qp);
     uc_abandon(qp);
-    qp.recv_active = false;
+    qp.resp.recv_active = false;
     post_cqe(qp.cfg.recv_cq, c, false);
     move_to_error(qp);
   };
 
   if (info.kind == wire::OpKind::Send) {
     if (info.first) {
-      if (!qp.recv_active) {
+      if (!qp.resp.recv_active) {
         if (!next_recv_wqe(qp)) {
           // No receive WQE: UC has no RNR, the message is dropped.
           count(&qp, &core::Counters::ud_drop_no_recv);
@@ -287,33 +287,33 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
           return;
         }
         take_recv_wqe(qp);
-        qp.recv_active = true;
+        qp.resp.recv_active = true;
       }
       RecvWqe& w = active_recv_wqe(qp);
       for (uint32_t i = 0; i < w.num_sge; ++i) {
-        if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.recv_host[i]) !=
+        if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.resp.recv_host[i]) !=
             core::AccessResult::Ok) {
           fail_receive(WcStatus::LocProtErr);
           return;
         }
       }
-      qp.recv_offset = 0;
+      qp.resp.recv_offset = 0;
     }
     RecvWqe& w = active_recv_wqe(qp);
-    if (qp.recv_offset + pkt.payload_len > w.length) {
+    if (qp.resp.recv_offset + pkt.payload_len > w.length) {
       fail_receive(WcStatus::LocLenErr);
       return;
     }
-    if (!scatter_recv(w, qp.recv_host, qp.recv_offset, pkt.payload, pkt.payload_len)) {
+    if (!scatter_recv(w, qp.resp.recv_host, qp.resp.recv_offset, pkt.payload, pkt.payload_len)) {
       fail_receive(WcStatus::LocProtErr);  // the buffer's MR was deregistered meanwhile
       return;
     }
-    qp.recv_offset += pkt.payload_len;
+    qp.resp.recv_offset += pkt.payload_len;
     if (info.last) {
-      core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.recv_offset,
+      core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
                                           (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
       retire_recv_wqe(qp);
-      qp.recv_active = false;
+      qp.resp.recv_active = false;
       post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
     }
   } else if (info.kind == wire::OpKind::Write) {
@@ -326,28 +326,28 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
         drop_message();
         return;
       }
-      qp.write_dst = host;
-      qp.write_remaining = pkt.reth.dma_len;
-      qp.write_total = pkt.reth.dma_len;
+      qp.resp.write_dst = host;
+      qp.resp.write_remaining = pkt.reth.dma_len;
+      qp.resp.write_total = pkt.reth.dma_len;
     }
-    if ((!qp.write_dst && qp.write_remaining) || pkt.payload_len > qp.write_remaining ||
-        (info.last && pkt.payload_len != qp.write_remaining)) {
+    if ((!qp.resp.write_dst && qp.resp.write_remaining) || pkt.payload_len > qp.resp.write_remaining ||
+        (info.last && pkt.payload_len != qp.resp.write_remaining)) {
       drop_message();  // target deregistered meanwhile, or a length that contradicts the RETH
       return;
     }
-    if (pkt.payload_len) std::memcpy(qp.write_dst, pkt.payload, pkt.payload_len);
-    qp.write_dst += pkt.payload_len;
-    qp.write_remaining -= pkt.payload_len;
+    if (pkt.payload_len) std::memcpy(qp.resp.write_dst, pkt.payload, pkt.payload_len);
+    qp.resp.write_dst += pkt.payload_len;
+    qp.resp.write_remaining -= pkt.payload_len;
     if (info.last && (info.headers & wire::kHdrImm)) {
-      if (!qp.recv_active && !next_recv_wqe(qp)) {
+      if (!qp.resp.recv_active && !next_recv_wqe(qp)) {
         count(&qp, &core::Counters::ud_drop_no_recv);  // the data is placed; only the completion is lost
       } else {
         // An SRQ WQE held from an abandoned SEND serves it; otherwise the next one is taken.
-        if (!qp.recv_active) take_recv_wqe(qp);
+        if (!qp.resp.recv_active) take_recv_wqe(qp);
         core::Cqe c = connected_receive_cqe(qp, active_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
-                                            qp.write_total, true, pkt.imm_data_be);
+                                            qp.resp.write_total, true, pkt.imm_data_be);
         retire_recv_wqe(qp);
-        qp.recv_active = false;
+        qp.resp.recv_active = false;
         post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
       }
     }
@@ -355,8 +355,8 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
     count(&qp, &core::Counters::drop_bad_opcode);
     return;
   }
-  qp.last_opcode = pkt.bth.opcode;
-  qp.in_message = !info.last;
+  qp.resp.last_opcode = pkt.bth.opcode;
+  qp.resp.in_message = !info.last;
 }
 
 // ---- Multicast (IBTA 10.5; RoCE v2: the group's IPv4 multicast address, destination QPN 0xFFFFFF) ----

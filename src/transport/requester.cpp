@@ -80,7 +80,7 @@ void Engine::execute_local_wqe(Qp& qp, SqEntry& e) {
   e.started = true;
   e.acked = true;
   e.npkts = 0;
-  e.first_psn = qp.next_psn;
+  e.first_psn = qp.req.next_psn;
   if (e.wqe.op == WrOp::BindMw) {
     uint32_t rkey = 0;
     e.status = mrs_.bind_window(e.wqe.bind, qp.cfg.pd, qp.qpn, &rkey) ? WcStatus::Success : WcStatus::MwBindErr;
@@ -169,103 +169,103 @@ void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
 
 void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
   uint64_t us = wire::ack_timeout_us(qp.timeout);
-  qp.timer_deadline_ns = us ? now + us * 1000 : 0;
+  qp.comp.timer_deadline_ns = us ? now + us * 1000 : 0;
 }
 
 bool Engine::requester_run(Qp& qp, uint64_t now) {
-  if (qp.sq_stopped) return false;
+  if (qp.req.sq_stopped) return false;
   if (qp.cfg.type != QpType::Rc) return unreliable_requester_run(qp);
   // now 0 (a post from the caller's thread): the clock is read only where a timer needs it.
-  if (qp.rnr_resume_ns) {
+  if (qp.comp.rnr_resume_ns) {
     if (!now) now = this->now();
-    if (now < qp.rnr_resume_ns) return false;
-    qp.rnr_resume_ns = 0;
+    if (now < qp.comp.rnr_resume_ns) return false;
+    qp.comp.rnr_resume_ns = 0;
   }
   bool did = false;
   int budget = kBurst;
   uint64_t head = qp.sq.head.load(std::memory_order_acquire);
-  while (budget > 0 && qp.send_index < head) {
-    SqEntry& e = qp.sq.at(qp.send_index);
+  while (budget > 0 && qp.req.send_index < head) {
+    SqEntry& e = qp.sq.at(qp.req.send_index);
     if (e.started && e.acked && e.status == WcStatus::Success) {
       // Rewound past a request that is already acknowledged: nothing of it needs resending.
-      ++qp.send_index;
-      qp.send_offset_pkts = 0;
+      ++qp.req.send_index;
+      qp.req.send_offset_pkts = 0;
       continue;
     }
     if (!e.started) {
       // A fenced WQE waits until every earlier WQE (and so every READ/ATOMIC) has completed.
-      if ((e.wqe.flags & kFence) && qp.sq.tail.load(std::memory_order_relaxed) != qp.send_index) break;
-      if (is_read_or_atomic(e.wqe.op) && qp.reads_outstanding >= qp.max_rd_atomic) break;
+      if ((e.wqe.flags & kFence) && qp.sq.tail.load(std::memory_order_relaxed) != qp.req.send_index) break;
+      if (is_read_or_atomic(e.wqe.op) && qp.req.reads_outstanding >= qp.max_rd_atomic) break;
       if (is_local_op(e.wqe.op)) {
         execute_local_wqe(qp, e);
-        ++qp.send_index;
-        qp.send_offset_pkts = 0;
+        ++qp.req.send_index;
+        qp.req.send_offset_pkts = 0;
         did = true;
         // A failed one completes in error in order; nothing after it is sent.
-        if (e.status != WcStatus::Success) qp.sq_stopped = true;
+        if (e.status != WcStatus::Success) qp.req.sq_stopped = true;
         complete_in_order(qp);
-        if (qp.sq_stopped) return true;
+        if (qp.req.sq_stopped) return true;
         continue;
       }
       if (!prepare_wqe(qp, e)) {
         // Reported in order by the completer; nothing after it is sent.
         e.started = true;
         e.acked = true;
-        qp.sq_stopped = true;
+        qp.req.sq_stopped = true;
         complete_in_order(qp);
         return true;
       }
       // The intra-host direct path, for a one-sided WQE with nothing before it in flight (so order and
       // fences hold trivially); whatever it cannot do exactly goes by packets.
-      if (qp.direct_peer && qp.sq.tail.load(std::memory_order_relaxed) == qp.send_index) {
+      if (qp.direct.peer && qp.sq.tail.load(std::memory_order_relaxed) == qp.req.send_index) {
         if (direct_->execute(qp, e, now) == DirectEndpoint::Result::Done) {
           e.started = true;
           e.acked = true;
           e.npkts = 0;
-          e.first_psn = qp.next_psn;
+          e.first_psn = qp.req.next_psn;
           count(&qp, &core::Counters::direct_ops);
           count(&qp, &core::Counters::direct_bytes, e.wqe.length);
-          ++qp.send_index;
-          qp.send_offset_pkts = 0;
+          ++qp.req.send_index;
+          qp.req.send_offset_pkts = 0;
           did = true;
           complete_in_order(qp);
           continue;
         }
         count(&qp, &core::Counters::direct_fallbacks);
       }
-      if (wire::psn_diff(qp.next_psn, qp.acked_psn) >= static_cast<int32_t>(qp.cwnd)) break;
+      if (wire::psn_diff(qp.req.next_psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
       // By packets the peer's responder takes a receive WQE the direct path does not know of.
-      if (consumes_receive(e.wqe.op)) qp.direct_recv.valid = false;
-      e.first_psn = qp.next_psn;
-      qp.next_psn = wire::psn_add(qp.next_psn, e.npkts);
+      if (consumes_receive(e.wqe.op)) qp.direct.recv.valid = false;
+      e.first_psn = qp.req.next_psn;
+      qp.req.next_psn = wire::psn_add(qp.req.next_psn, e.npkts);
       e.started = true;
-      qp.send_offset_pkts = 0;
-      if (is_read_or_atomic(e.wqe.op)) ++qp.reads_outstanding;
+      qp.req.send_offset_pkts = 0;
+      if (is_read_or_atomic(e.wqe.op)) ++qp.req.reads_outstanding;
     }
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered while it was in flight: it completes in error, in order.
       e.acked = true;
-      qp.sq_stopped = true;
+      qp.req.sq_stopped = true;
       complete_in_order(qp);
       return true;
     }
     // READ and ATOMIC are one request packet however many PSNs their responses use.
-    uint64_t to_send = is_read_or_atomic(e.wqe.op) ? (e.wqe.op == WrOp::Read ? qp.send_offset_pkts + 1 : 1) : e.npkts;
-    while (qp.send_offset_pkts < to_send && budget > 0) {
-      uint32_t psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(qp.send_offset_pkts));
-      if (wire::psn_diff(psn, qp.acked_psn) >= static_cast<int32_t>(qp.cwnd)) break;
-      send_request_packet(qp, e, qp.send_offset_pkts);
-      ++qp.send_offset_pkts;
+    uint64_t to_send = is_read_or_atomic(e.wqe.op) ? (e.wqe.op == WrOp::Read ? qp.req.send_offset_pkts + 1 : 1) : e.npkts;
+    while (qp.req.send_offset_pkts < to_send && budget > 0) {
+      uint32_t psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(qp.req.send_offset_pkts));
+      if (wire::psn_diff(psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
+      send_request_packet(qp, e, qp.req.send_offset_pkts);
+      ++qp.req.send_offset_pkts;
       --budget;
       did = true;
-      if (!qp.timer_deadline_ns) {
+      if (!qp.comp.timer_deadline_ns) {
         if (!now) now = this->now();
         arm_retransmit_timer(qp, now);
       }
     }
-    if (qp.send_offset_pkts < to_send) break;
-    ++qp.send_index;
-    qp.send_offset_pkts = 0;
+    if (qp.req.send_offset_pkts < to_send) break;
+    ++qp.req.send_index;
+    qp.req.send_offset_pkts = 0;
   }
   return did;
 }
