@@ -4,35 +4,17 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/work_request.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
 
 namespace softrdma::transport {
 
 namespace {
-bool is_read(const SqEntry& e) { return e.wqe.op == WrOp::Read; }
-bool is_atomic(const SqEntry& e) { return e.wqe.op == WrOp::CompareSwap || e.wqe.op == WrOp::FetchAdd; }
+// What the responder sends back for e besides ACKs: READ response data or an ATOMIC result.
+bool is_read(const SqEntry& e) { return work_request(e.wqe.op, QpType::Rc).read; }
+bool is_atomic(const SqEntry& e) { return work_request(e.wqe.op, QpType::Rc).atomic; }
 uint32_t last_psn(const SqEntry& e) { return wire::psn_add(e.first_psn, e.npkts - 1); }
-
-core::WcOpcode wc_opcode(WrOp op) {
-  switch (op) {
-    case WrOp::Write:
-    case WrOp::WriteImm:
-      return core::WcOpcode::RdmaWrite;
-    case WrOp::Read:
-      return core::WcOpcode::RdmaRead;
-    case WrOp::CompareSwap:
-      return core::WcOpcode::CompSwap;
-    case WrOp::FetchAdd:
-      return core::WcOpcode::FetchAdd;
-    case WrOp::BindMw:
-      return core::WcOpcode::BindMw;
-    case WrOp::LocalInv:
-      return core::WcOpcode::LocalInv;
-    default:
-      return core::WcOpcode::Send;
-  }
-}
 
 // Scatters len bytes at message offset off into the WQE's SGEs (READ responses).
 void scatter(SqEntry& e, uint64_t off, const uint8_t* src, uint32_t len) {
@@ -52,7 +34,7 @@ void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
   if (report) {
     c.wr_id = e.wqe.wr_id;
     c.status = status;
-    c.opcode = wc_opcode(e.wqe.op);
+    c.opcode = work_request(e.wqe.op, qp.cfg.type).completion;
     c.qp_num = qp.qpn;
     if (status == WcStatus::Success)
       c.byte_len = is_atomic(e) ? 8 : static_cast<uint32_t>(e.wqe.length);

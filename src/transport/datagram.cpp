@@ -13,6 +13,7 @@
 #include "net/registry.h"
 #include "transport/engine.h"
 #include "transport/srq.h"
+#include "transport/work_request.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
@@ -82,6 +83,12 @@ bool Engine::unreliable_requester_run(Qp& qp) {
   uint64_t head = qp.sq.head.load(std::memory_order_acquire);
   while (budget > 0 && qp.req.send_index < head) {
     SqEntry& e = qp.sq.at(qp.req.send_index);
+    if (!e.started && work_request(e.wqe.op, qp.cfg.type).local) {
+      // Bind MW, Local Invalidate (UC): executed in order, as on RC.
+      did = true;
+      if (!execute_local_wqe(qp, e)) return true;
+      continue;
+    }
     if (!e.started) {
       if (!prepare_wqe(qp, e)) {
         e.started = true;
@@ -110,7 +117,7 @@ bool Engine::unreliable_requester_run(Qp& qp) {
         count(&qp, &core::Counters::ud_send_over_mtu);
       } else {
         wire::Packet pkt{};
-        pkt.bth.opcode = w.op == WrOp::SendImm ? wire::kUdSendOnlyImm : wire::kUdSendOnly;
+        pkt.bth.opcode = work_request(w.op, QpType::Ud).opcodes.only;
         pkt.bth.psn = e.first_psn;
         pkt.bth.solicited = (w.flags & kSolicited) != 0;
         pkt.bth.dest_qp = w.ud_remote_qpn;

@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "transport/direct_share.h"
+#include "transport/work_request.h"
 
 namespace softrdma::transport {
 
@@ -487,10 +488,6 @@ uint64_t coarse_now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-bool is_one_sided(WrOp op) {
-  return op == WrOp::Write || op == WrOp::Read || op == WrOp::CompareSwap || op == WrOp::FetchAdd;
-}
-
 // The data movement of a checked WRITE, READ or ATOMIC; dst: the target bytes, mapped here.
 void copy_one_sided(const SendWqe& w, uint8_t* const* host, uint8_t* dst, uint64_t len) {
   switch (w.op) {
@@ -674,11 +671,15 @@ bool copy_across(DirectPeer& p, const SendWqe& w, uint8_t* const* host, uint64_t
 DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now) {
   DirectPeer* peer = qp.direct.peer.get();
   const SendWqe& w = e.wqe;
-  const bool send = w.op == WrOp::Send || w.op == WrOp::SendImm;
-  const bool two_sided = send || w.op == WrOp::WriteImm;
+  const WorkRequest wr = work_request(w.op, qp.cfg.type);
+  // SEND, SEND with immediate and WRITE with immediate take a receive WQE through the inbox (a SEND
+  // with invalidate is left to the wire); WRITE, READ and ATOMIC touch the target's memory only.
+  const bool send = wr.consumes_receive && !wr.remote_access && w.op != WrOp::SendInv;
+  const bool two_sided = send || (wr.consumes_receive && wr.remote_access);
+  const bool one_sided = !wr.consumes_receive && !wr.local;
   // A zero-length WRITE or READ is left to the wire (no key is checked there).
-  const bool remote_mem = is_one_sided(w.op) || (w.op == WrOp::WriteImm && w.length);
-  if (!peer || peer->dead || (!two_sided && !is_one_sided(w.op)) || (!two_sided && w.length == 0))
+  const bool remote_mem = one_sided || (two_sided && wr.remote_access && w.length);
+  if (!peer || peer->dead || (!two_sided && !one_sided) || (!two_sided && w.length == 0))
     return Result::Fallback;
   if (send && w.length > DirectInbox::kMaxMessage) return Result::Fallback;
   // A poster's thread passes no time (now 0): the coarse clock is enough here and much cheaper. Signed,
@@ -694,9 +695,9 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       return Result::Fallback;
     }
   }
-  const bool atomic = w.op == WrOp::CompareSwap || w.op == WrOp::FetchAdd;
-  const uint32_t need = w.op == WrOp::Read ? core::kRemoteRead : atomic ? core::kRemoteAtomic : core::kRemoteWrite;
-  const bool writable = w.op != WrOp::Read;
+  const bool atomic = wr.atomic;
+  const uint32_t need = wr.remote_access;
+  const bool writable = !wr.read;
   const uint64_t len = atomic ? 8 : w.length;
   if (atomic && w.remote_addr % 8 != 0) return Result::Fallback;
   DirectShared& sh = *peer->shared;

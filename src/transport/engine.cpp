@@ -17,6 +17,7 @@
 #include "net/registry.h"
 #include "transport/direct_share.h"
 #include "transport/srq.h"
+#include "transport/work_request.h"
 #include "wire/cm_mad.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
@@ -728,18 +729,9 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
 }
 
 namespace {
-// What the QP's transport service can carry (IBTA table 38): UD datagrams (SEND with or without
-// immediate, with a destination), UC no READ, ATOMIC or SEND with invalidate.
+// What the QP's transport service can carry (work_request.h); a UD datagram needs its destination.
 bool op_allowed(const Qp& qp, const SendWqe& w) {
-  bool send = w.op == WrOp::Send || w.op == WrOp::SendImm;
-  switch (qp.cfg.type) {
-    case QpType::Ud:
-      return send && w.ud_dest_ip_be != 0;
-    case QpType::Uc:
-      return w.op != WrOp::Read && w.op != WrOp::CompareSwap && w.op != WrOp::FetchAdd && w.op != WrOp::SendInv;
-    default:
-      return true;
-  }
+  return work_request(w.op, qp.cfg.type).allowed && (qp.cfg.type != QpType::Ud || w.ud_dest_ip_be != 0);
 }
 }  // namespace
 

@@ -192,7 +192,7 @@ class Engine {
   bool requester_run(Qp& qp, uint64_t now_ns);
   bool prepare_wqe(Qp& qp, SqEntry& e);
   void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index);
-  void execute_local_wqe(Qp& qp, SqEntry& e);
+  bool execute_local_wqe(Qp& qp, SqEntry& e);  // false: it failed, the SQ is stopped
   void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
   // completer.cpp
   void completer_receive(Qp& qp, const wire::Packet& pkt);
