@@ -1,6 +1,9 @@
 // Responder (IBTA 9.7.3-9.7.5.2, 9.9.3): executes in-order requests on registered memory and the RQ,
 // acknowledges them (coalesced), NAKs sequence errors, RNR and invalid or unauthorised requests, and
 // answers duplicates from the replay cache: READ responses regenerated, ATOMIC results replayed.
+// A request passes check stages (PSN, opcode sequence, length, receive WQE, R_Key) and is executed;
+// the stages for SEND and WRITE are shared with the UC responder (datagram.cpp), and each returns a
+// verdict that RC answers with a NAK and UC with a silent drop.
 #include <algorithm>
 #include <cstring>
 
@@ -136,26 +139,140 @@ bool Engine::responder_run_reads(Qp& qp) {
   return true;
 }
 
-// Takes the next receive WQE and resolves its SGEs; false (after the NAK) when it cannot.
-bool Engine::take_receive(Qp& qp, bool& rnr, WcStatus& err) {
-  rnr = false;
-  if (!next_recv_wqe(qp)) {
-    rnr = true;
-    return false;
+// ---- Check stages shared by RC and UC ----
+
+bool Engine::opcode_in_sequence(const Qp& qp, const wire::OpcodeInfo& info) {
+  bool continues = !info.first;
+  return continues == qp.resp.in_message &&
+         (!continues || wire::opcode_info(qp.resp.last_opcode).kind == info.kind);
+}
+
+Engine::Verdict Engine::check_length(const Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  if (info.has_payload && ((!info.last && pkt.payload_len != qp.mtu) || pkt.payload_len > qp.mtu))
+    return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  return {};
+}
+
+Engine::Verdict Engine::check_receive(Qp& qp, const wire::OpcodeInfo& info) {
+  if (info.kind == wire::OpKind::Write) {
+    // WRITE with immediate consumes a receive WQE: without one, refused before memory is touched.
+    if ((info.headers & wire::kHdrImm) && !qp.resp.recv_active && !next_recv_wqe(qp)) return {Verdict::Rnr};
+    return {};
   }
-  RecvWqe& w = take_recv_wqe(qp);
-  qp.resp.recv_active = true;
+  if (info.kind != wire::OpKind::Send || !info.first) return {};
+  // A WQE still held from a message given up (UC, SRQ) serves this one.
+  if (!qp.resp.recv_active) {
+    if (!next_recv_wqe(qp)) return {Verdict::Rnr};
+    take_recv_wqe(qp);
+    qp.resp.recv_active = true;
+  }
   qp.resp.recv_offset = 0;
+  RecvWqe& w = active_recv_wqe(qp);
   // An SRQ's buffers belong to the SRQ's protection domain (IBTA 10.2.9).
   uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;
-  for (uint32_t i = 0; i < w.num_sge; ++i) {
+  for (uint32_t i = 0; i < w.num_sge; ++i)
     if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.resp.recv_host[i]) !=
-        core::AccessResult::Ok) {
-      err = WcStatus::LocProtErr;
-      return false;
-    }
+        core::AccessResult::Ok)
+      return {Verdict::RemoteOp, WcStatus::LocProtErr};
+  return {};
+}
+
+Engine::Verdict Engine::check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access,
+                                   uint8_t** host) {
+  if (!(qp.access_flags & access) ||
+      mrs_.check_remote(rkey, qp.cfg.pd, va, len, access, host, qp.qpn) != core::AccessResult::Ok)
+    return {Verdict::RemoteAccess, WcStatus::RemAccessErr};
+  return {};
+}
+
+Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  RecvWqe& w = active_recv_wqe(qp);
+  if (qp.resp.recv_offset + pkt.payload_len > w.length) return {Verdict::InvalidRequest, WcStatus::LocLenErr};
+  const uint8_t* src = pkt.payload;
+  bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, pkt.payload_len,
+                                   [&](uint8_t* p, uint64_t n) {
+                                     if (!p) return false;
+                                     std::memcpy(p, src, n);
+                                     src += n;
+                                     return true;
+                                   });
+  // The receive buffer's MR was deregistered while this message arrived.
+  if (!placed) return {Verdict::RemoteOp, WcStatus::LocProtErr};
+  qp.resp.recv_offset += pkt.payload_len;
+  if (!info.last) return {};
+  core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
+                                      (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
+  if (info.headers & wire::kHdrIeth) {
+    // Send with Invalidate: only a type 2 window bound through this QP can be invalidated;
+    // any other key is a Class J error (the receive WQE completes in error, QP to error).
+    if (!mrs_.invalidate(pkt.ieth_rkey, qp.cfg.pd, qp.qpn, true))
+      return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+    c.wc_flags = core::kWcWithInv;
+    c.imm_or_inv = pkt.ieth_rkey;
   }
-  return true;
+  retire_recv_wqe(qp);
+  qp.resp.recv_active = false;
+  qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+  post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+  return {};
+}
+
+Engine::Verdict Engine::execute_write(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt,
+                                      bool complete_receive) {
+  if (info.first) {
+    uint8_t* host = nullptr;
+    if (Verdict v = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, pkt.reth.dma_len, core::kRemoteWrite, &host); !v.ok())
+      return v;
+    qp.resp.write_dst = host;
+    qp.resp.write_remaining = pkt.reth.dma_len;
+    qp.resp.write_total = pkt.reth.dma_len;
+  }
+  // The target MR was deregistered between the packets of this WRITE.
+  if (!qp.resp.write_dst && qp.resp.write_remaining) return {Verdict::RemoteAccess, WcStatus::RemAccessErr};
+  // A length that contradicts the RETH.
+  if (pkt.payload_len > qp.resp.write_remaining || (info.last && pkt.payload_len != qp.resp.write_remaining))
+    return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  if (pkt.payload_len) std::memcpy(qp.resp.write_dst, pkt.payload, pkt.payload_len);
+  qp.resp.write_dst += pkt.payload_len;
+  qp.resp.write_remaining -= pkt.payload_len;
+  if (!info.last) return {};
+  qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+  if ((info.headers & wire::kHdrImm) && complete_receive) {
+    core::Cqe c = connected_receive_cqe(qp, take_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
+                                        qp.resp.write_total, true, pkt.imm_data_be);
+    retire_recv_wqe(qp);
+    qp.resp.recv_active = false;
+    post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+  }
+  return {};
+}
+
+// ---- RC ----
+
+// RC answers a refused request with a NAK: RNR (the requester backs off and resends), or a fatal one
+// after which the QP is in error.
+void Engine::rc_refuse(Qp& qp, const Verdict& v, uint32_t psn) {
+  switch (v.kind) {
+    case Verdict::Rnr:
+      count(&qp, &core::Counters::rnr_naks_sent);
+      responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
+      // The requester resends from psn after its back-off: the packets already behind this one get
+      // no NAK-sequence as well, which would spend one of its retries per RNR (seen with 16 QPs on
+      // one SRQ: RETRY_EXC_ERR after 7 RNR rounds).
+      qp.resp.nak_sent = true;
+      return;
+    case Verdict::InvalidRequest:
+      responder_fatal(qp, wire::kNakInvalidRequest, psn, v.status);
+      return;
+    case Verdict::RemoteAccess:
+      responder_fatal(qp, wire::kNakRemoteAccess, psn, v.status);
+      return;
+    case Verdict::RemoteOp:
+      responder_fatal(qp, wire::kNakRemoteOp, psn, v.status);
+      return;
+    case Verdict::Ok:
+      return;
+  }
 }
 
 void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
@@ -223,121 +340,24 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   }
 
   qp.resp.nak_sent = false;
-  // Opcode sequence (IBTA 9.8.3): a FIRST opens a message, MIDDLE/LAST continue the same kind.
-  bool continues = !info.first;
-  if (continues != qp.resp.in_message ||
-      (continues && wire::opcode_info(qp.resp.last_opcode).kind != info.kind)) {
-    responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
-    return;
-  }
-  // Every packet of a multi-packet message but the last is exactly one path MTU (IBTA 9.7.4.1.x).
-  if (info.has_payload && ((!info.last && pkt.payload_len != qp.mtu) || pkt.payload_len > qp.mtu)) {
-    responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
+  Verdict v;
+  if (!opcode_in_sequence(qp, info)) v = {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  if (v.ok()) v = check_length(qp, info, pkt);
+  if (v.ok()) v = check_receive(qp, info);
+  if (!v.ok()) {
+    rc_refuse(qp, v, psn);
     return;
   }
 
   switch (info.kind) {
-    case wire::OpKind::Send: {
-      if (info.first) {
-        bool rnr;
-        WcStatus err = WcStatus::Success;
-        if (!take_receive(qp, rnr, err)) {
-          if (rnr) {
-            count(&qp, &core::Counters::rnr_naks_sent);
-            responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
-            // The requester resends from psn after its back-off: the packets already behind this one
-            // get no NAK-sequence as well, which would spend one of its retries per RNR (seen with 16
-            // QPs on one SRQ: RETRY_EXC_ERR after 7 RNR rounds).
-            qp.resp.nak_sent = true;
-          } else {
-            responder_fatal(qp, wire::kNakRemoteOp, psn, err);
-          }
-          return;
-        }
-      }
-      RecvWqe& w = active_recv_wqe(qp);
-      if (qp.resp.recv_offset + pkt.payload_len > w.length) {
-        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::LocLenErr);
+    case wire::OpKind::Send:
+    case wire::OpKind::Write:
+      v = info.kind == wire::OpKind::Send ? execute_send(qp, info, pkt) : execute_write(qp, info, pkt, true);
+      if (!v.ok()) {
+        rc_refuse(qp, v, psn);
         return;
-      }
-      const uint8_t* src = pkt.payload;
-      bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, pkt.payload_len,
-                                       [&](uint8_t* p, uint64_t n) {
-                                         if (!p) return false;
-                                         std::memcpy(p, src, n);
-                                         src += n;
-                                         return true;
-                                       });
-      if (!placed) {
-        // The receive buffer's MR was deregistered while this message arrived.
-        responder_fatal(qp, wire::kNakRemoteOp, psn, WcStatus::LocProtErr);
-        return;
-      }
-      qp.resp.recv_offset += pkt.payload_len;
-      if (info.last) {
-        core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
-                                            (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
-        if (info.headers & wire::kHdrIeth) {
-          // Send with Invalidate: only a type 2 window bound through this QP can be invalidated;
-          // any other key is a Class J error (the receive WQE completes in error, QP to error).
-          if (!mrs_.invalidate(pkt.ieth_rkey, qp.cfg.pd, qp.qpn, true)) {
-            responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
-            return;
-          }
-          c.wc_flags = core::kWcWithInv;
-          c.imm_or_inv = pkt.ieth_rkey;
-        }
-        retire_recv_wqe(qp);
-        qp.resp.recv_active = false;
-        qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-        post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
       }
       break;
-    }
-    case wire::OpKind::Write: {
-      bool imm = (info.headers & wire::kHdrImm) != 0;
-      // WRITE with immediate consumes a receive WQE: without one, RNR before touching memory.
-      if (imm && !next_recv_wqe(qp)) {
-        count(&qp, &core::Counters::rnr_naks_sent);
-        responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
-        qp.resp.nak_sent = true;  // as for a SEND: no NAK-sequence for the packets behind it
-        return;
-      }
-      if (info.first) {
-        uint8_t* host = nullptr;
-        if (!(qp.access_flags & core::kRemoteWrite) ||
-            mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteWrite,
-                              &host, qp.qpn) != core::AccessResult::Ok) {
-          responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
-          return;
-        }
-        qp.resp.write_dst = host;
-        qp.resp.write_remaining = pkt.reth.dma_len;
-        qp.resp.write_total = pkt.reth.dma_len;
-      }
-      if (!qp.resp.write_dst && qp.resp.write_remaining) {
-        // The target MR was deregistered between the packets of this WRITE.
-        responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
-        return;
-      }
-      if (pkt.payload_len > qp.resp.write_remaining || (info.last && pkt.payload_len != qp.resp.write_remaining)) {
-        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
-        return;
-      }
-      if (pkt.payload_len) std::memcpy(qp.resp.write_dst, pkt.payload, pkt.payload_len);
-      qp.resp.write_dst += pkt.payload_len;
-      qp.resp.write_remaining -= pkt.payload_len;
-      if (info.last) {
-        qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-        if (imm) {
-          core::Cqe c = connected_receive_cqe(qp, take_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
-                                              qp.resp.write_total, true, pkt.imm_data_be);
-          retire_recv_wqe(qp);
-          post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
-        }
-      }
-      break;
-    }
     case wire::OpKind::ReadRequest: {
       size_t outstanding = 0;
       for (const ReadResponseJob& j : qp.resp.read_jobs) outstanding += !j.regenerated;
@@ -346,10 +366,9 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         return;
       }
       uint8_t* host = nullptr;
-      if (!(qp.access_flags & core::kRemoteRead) ||
-          mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host,
-                            qp.qpn) != core::AccessResult::Ok) {
-        responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
+      if (Verdict r = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host);
+          !r.ok()) {
+        rc_refuse(qp, r, psn);
         return;
       }
       uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
@@ -369,10 +388,8 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         return;
       }
       uint8_t* host = nullptr;
-      if (!(qp.access_flags & core::kRemoteAtomic) ||
-          mrs_.check_remote(pkt.atomic.rkey, qp.cfg.pd, pkt.atomic.va, 8, core::kRemoteAtomic, &host, qp.qpn) !=
-              core::AccessResult::Ok) {
-        responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
+      if (Verdict r = check_rkey(qp, pkt.atomic.rkey, pkt.atomic.va, 8, core::kRemoteAtomic, &host); !r.ok()) {
+        rc_refuse(qp, r, psn);
         return;
       }
       auto* word = reinterpret_cast<uint64_t*>(host);
