@@ -4,35 +4,17 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/work_request.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
 
 namespace softrdma::transport {
 
 namespace {
-bool is_read(const SqEntry& e) { return e.wqe.op == WrOp::Read; }
-bool is_atomic(const SqEntry& e) { return e.wqe.op == WrOp::CompareSwap || e.wqe.op == WrOp::FetchAdd; }
+// What the responder sends back for e besides ACKs: READ response data or an ATOMIC result.
+bool is_read(const SqEntry& e) { return work_request(e.wqe.op, QpType::Rc).read; }
+bool is_atomic(const SqEntry& e) { return work_request(e.wqe.op, QpType::Rc).atomic; }
 uint32_t last_psn(const SqEntry& e) { return wire::psn_add(e.first_psn, e.npkts - 1); }
-
-core::WcOpcode wc_opcode(WrOp op) {
-  switch (op) {
-    case WrOp::Write:
-    case WrOp::WriteImm:
-      return core::WcOpcode::RdmaWrite;
-    case WrOp::Read:
-      return core::WcOpcode::RdmaRead;
-    case WrOp::CompareSwap:
-      return core::WcOpcode::CompSwap;
-    case WrOp::FetchAdd:
-      return core::WcOpcode::FetchAdd;
-    case WrOp::BindMw:
-      return core::WcOpcode::BindMw;
-    case WrOp::LocalInv:
-      return core::WcOpcode::LocalInv;
-    default:
-      return core::WcOpcode::Send;
-  }
-}
 
 // Scatters len bytes at message offset off into the WQE's SGEs (READ responses).
 void scatter(SqEntry& e, uint64_t off, const uint8_t* src, uint32_t len) {
@@ -52,7 +34,7 @@ void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
   if (report) {
     c.wr_id = e.wqe.wr_id;
     c.status = status;
-    c.opcode = wc_opcode(e.wqe.op);
+    c.opcode = work_request(e.wqe.op, qp.cfg.type).completion;
     c.qp_num = qp.qpn;
     if (status == WcStatus::Success)
       c.byte_len = is_atomic(e) ? 8 : static_cast<uint32_t>(e.wqe.length);
@@ -71,14 +53,14 @@ void Engine::complete_in_order(Qp& qp) {
   while (tail < qp.sq.head.load(std::memory_order_acquire)) {
     SqEntry& e = qp.sq.at(tail);
     if (!e.started || !e.acked) break;
-    if (is_read(e) || is_atomic(e)) qp.reads_outstanding -= qp.reads_outstanding ? 1 : 0;
+    if (is_read(e) || is_atomic(e)) qp.req.reads_outstanding -= qp.req.reads_outstanding ? 1 : 0;
     const WcStatus status = e.status;
     complete_sq_entry(qp, e, status);  // advances the tail
     ++tail;
-    if (tail > qp.send_index) {
+    if (tail > qp.req.send_index) {
       // It completed while rewound: nothing of it is left to resend.
-      qp.send_index = tail;
-      qp.send_offset_pkts = 0;
+      qp.req.send_index = tail;
+      qp.req.send_offset_pkts = 0;
     }
     if (status != WcStatus::Success) {
       move_to_error(qp);
@@ -86,7 +68,7 @@ void Engine::complete_in_order(Qp& qp) {
     }
   }
   // Everything sent is complete: nothing to time out.
-  if (tail == qp.send_index && qp.send_offset_pkts == 0) qp.timer_deadline_ns = 0;
+  if (tail == qp.req.send_index && qp.req.send_offset_pkts == 0) qp.comp.timer_deadline_ns = 0;
 }
 
 void Engine::requester_error(Qp& qp, WcStatus status) {
@@ -94,7 +76,7 @@ void Engine::requester_error(Qp& qp, WcStatus status) {
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
   if (tail < qp.sq.head.load(std::memory_order_acquire)) {
     SqEntry& e = qp.sq.at(tail);
-    if (is_read(e) || is_atomic(e)) qp.reads_outstanding -= qp.reads_outstanding ? 1 : 0;
+    if (is_read(e) || is_atomic(e)) qp.req.reads_outstanding -= qp.req.reads_outstanding ? 1 : 0;
     complete_sq_entry(qp, e, status);  // advances the tail
   }
   move_to_error(qp);
@@ -112,7 +94,7 @@ void Engine::nak_error(Qp& qp, uint32_t psn, WcStatus status) {
     if (d < 0 || d >= static_cast<int32_t>(e.npkts)) continue;
     e.status = status;
     e.acked = true;
-    qp.sq_stop_at = std::min(qp.sq_stop_at, i);
+    qp.req.sq_stop_at = std::min(qp.req.sq_stop_at, i);
     complete_in_order(qp);
     return;
   }
@@ -121,11 +103,11 @@ void Engine::nak_error(Qp& qp, uint32_t psn, WcStatus status) {
 
 // All request PSNs before psn are acknowledged (explicitly, or implicitly by a later response).
 static void acknowledge_before(Qp& qp, uint32_t psn) {
-  if (int32_t n = wire::psn_diff(psn, qp.acked_psn); n > 0) {
+  if (int32_t n = wire::psn_diff(psn, qp.comp.acked_psn); n > 0) {
     // Each acknowledged PSN lets one more out: the window doubles per round trip back to the maximum.
-    qp.cwnd = std::min(kPsnWindow, qp.cwnd + static_cast<uint32_t>(n));
-    qp.acked_psn = psn;
-    qp.retries_left = qp.retry_cnt;  // forward progress restores the retry budget
+    qp.req.cwnd = std::min(kPsnWindow, qp.req.cwnd + static_cast<uint32_t>(n));
+    qp.comp.acked_psn = psn;
+    qp.comp.retries_left = qp.retry_cnt;  // forward progress restores the retry budget
   }
   // Every started WQE counts, also those a rewind put back at or beyond send_index.
   for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i < qp.sq.head.load(std::memory_order_acquire); ++i) {
@@ -136,21 +118,21 @@ static void acknowledge_before(Qp& qp, uint32_t psn) {
 }
 
 void Engine::rewind_to(Qp& qp, uint32_t psn) {
-  for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i <= qp.send_index; ++i) {
+  for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i <= qp.req.send_index; ++i) {
     if (i >= qp.sq.head.load(std::memory_order_acquire)) break;
     SqEntry& e = qp.sq.at(i);
     if (!e.started) break;
     int32_t d = wire::psn_diff(psn, e.first_psn);
     if (d < 0 || d >= static_cast<int32_t>(e.npkts)) continue;
     if (e.acked) continue;
-    qp.send_index = i;
+    qp.req.send_index = i;
     if (is_read(e)) {
       // Ask again for what has not arrived: from the first missing response packet.
-      qp.send_offset_pkts = e.read_received / qp.mtu;
+      qp.req.send_offset_pkts = e.read_received / qp.mtu;
     } else if (is_atomic(e)) {
-      qp.send_offset_pkts = 0;
+      qp.req.send_offset_pkts = 0;
     } else {
-      qp.send_offset_pkts = static_cast<uint64_t>(d);
+      qp.req.send_offset_pkts = static_cast<uint64_t>(d);
     }
     count(&qp, &core::Counters::retransmits);
     return;
@@ -165,33 +147,33 @@ void Engine::reissue_read(Qp& qp, SqEntry& e) {
 }
 
 void Engine::check_timers(Qp& qp, uint64_t now) {
-  if (!qp.timer_deadline_ns || now < qp.timer_deadline_ns) return;
+  if (!qp.comp.timer_deadline_ns || now < qp.comp.timer_deadline_ns) return;
   // A timer that fires a whole timeout (and at least 10 ms) late means this engine itself was not
   // scheduled: on a busy 2-core host that is no evidence of a lost packet, so it resends without
   // spending a retry. A dead or silent peer still exhausts retry_cnt on time.
   uint64_t timeout_ns = wire::ack_timeout_us(qp.timeout) * 1000;
-  bool starved = now - qp.timer_deadline_ns > std::max<uint64_t>(timeout_ns, 10000000);
-  qp.timer_deadline_ns = 0;
+  bool starved = now - qp.comp.timer_deadline_ns > std::max<uint64_t>(timeout_ns, 10000000);
+  qp.comp.timer_deadline_ns = 0;
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
-  if (tail == qp.send_index && qp.send_offset_pkts == 0) return;
+  if (tail == qp.req.send_index && qp.req.send_offset_pkts == 0) return;
   count(&qp, &core::Counters::timeouts);
-  if (starved) ++qp.retries_left;  // undone below: this expiry is not counted
-  if (qp.retries_left == 0) {
+  if (starved) ++qp.comp.retries_left;  // undone below: this expiry is not counted
+  if (qp.comp.retries_left == 0) {
     count(&qp, &core::Counters::retry_exceeded);
     requester_error(qp, WcStatus::RetryExcErr);
     return;
   }
-  --qp.retries_left;
-  qp.cwnd = kMinCwnd;  // nothing came back for a whole timeout: restart from the floor
+  --qp.comp.retries_left;
+  qp.req.cwnd = kMinCwnd;  // nothing came back for a whole timeout: restart from the floor
   // The peer may have come up (or moved) since RTR: look its port up again.
   resolve_destination(qp);
   // Go back to the oldest unacknowledged request.
-  for (uint64_t i = tail; i <= qp.send_index && i < qp.sq.head.load(); ++i) {
+  for (uint64_t i = tail; i <= qp.req.send_index && i < qp.sq.head.load(); ++i) {
     SqEntry& e = qp.sq.at(i);
     if (!e.started) break;
     if (e.acked) continue;
     uint32_t from = e.first_psn;
-    if (!is_read(e) && !is_atomic(e) && wire::psn_diff(qp.acked_psn, e.first_psn) > 0) from = qp.acked_psn;
+    if (!is_read(e) && !is_atomic(e) && wire::psn_diff(qp.comp.acked_psn, e.first_psn) > 0) from = qp.comp.acked_psn;
     if (is_read(e)) from = wire::psn_add(e.first_psn, static_cast<uint32_t>(e.read_received / qp.mtu));
     rewind_to(qp, from);
     break;
@@ -203,7 +185,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
   uint32_t psn = pkt.bth.psn;
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   // A response to a PSN never sent, or already fully acknowledged, is stale: ignore it.
-  if (wire::psn_diff(psn, qp.next_psn) >= 0) {
+  if (wire::psn_diff(psn, qp.req.next_psn) >= 0) {
     count(&qp, &core::Counters::drop_stale_response);
     return;
   }
@@ -238,16 +220,16 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
         acknowledge_before(qp, psn);
         complete_in_order(qp);
         if (qp.rnr_retry != 7) {
-          if (qp.rnr_retries_left == 0) {
+          if (qp.comp.rnr_retries_left == 0) {
             count(&qp, &core::Counters::rnr_retry_exceeded);
             requester_error(qp, WcStatus::RnrRetryExcErr);
             return;
           }
-          --qp.rnr_retries_left;
+          --qp.comp.rnr_retries_left;
         }
-        qp.rnr_resume_ns = now + uint64_t{wire::rnr_timer_us(wire::aeth_value(pkt.aeth.syndrome))} * 1000;
+        qp.comp.rnr_resume_ns = now + uint64_t{wire::rnr_timer_us(wire::aeth_value(pkt.aeth.syndrome))} * 1000;
         rewind_to(qp, psn);
-        arm_retransmit_timer(qp, qp.rnr_resume_ns);
+        arm_retransmit_timer(qp, qp.comp.rnr_resume_ns);
         return;
       }
       case wire::AethType::Nak: {
@@ -263,13 +245,13 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
         uint8_t code = wire::aeth_value(pkt.aeth.syndrome);
         if (code == wire::kNakPsnSeqErr) {
           // The responder lost something: resend from the PSN it expects.
-          if (qp.retries_left == 0) {
+          if (qp.comp.retries_left == 0) {
             count(&qp, &core::Counters::retry_exceeded);
             requester_error(qp, WcStatus::RetryExcErr);
             return;
           }
-          --qp.retries_left;
-          qp.cwnd = std::max(kMinCwnd, qp.cwnd / 2);  // a loss: resend less at once
+          --qp.comp.retries_left;
+          qp.req.cwnd = std::max(kMinCwnd, qp.req.cwnd / 2);  // a loss: resend less at once
           rewind_to(qp, psn);
           arm_retransmit_timer(qp, now);
           return;
@@ -287,7 +269,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
   } else {
     // READ response or ATOMIC acknowledge: find the request it answers.
     SqEntry* target = nullptr;
-    for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i <= qp.send_index; ++i) {
+    for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i <= qp.req.send_index; ++i) {
       if (i >= qp.sq.head.load(std::memory_order_acquire)) break;
       SqEntry& e = qp.sq.at(i);
       if (!e.started) break;
@@ -310,7 +292,7 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
       acknowledge_before(qp, psn);
       if (e.host[0]) std::memcpy(e.host[0], &pkt.atomic_ack_orig, 8);
       e.acked = true;
-      qp.retries_left = qp.retry_cnt;  // new response data is forward progress, even below acked_psn
+      qp.comp.retries_left = qp.retry_cnt;  // new response data is forward progress, even below acked_psn
     } else {
       if (!is_read(e)) {
         count(&qp, &core::Counters::drop_bad_opcode);
@@ -338,15 +320,15 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
       acknowledge_before(qp, psn);
       scatter(e, e.read_received, pkt.payload, pkt.payload_len);
       e.read_received += pkt.payload_len;
-      qp.retries_left = qp.retry_cnt;  // as for ATOMIC: later ACKs may have moved acked_psn past this READ
+      qp.comp.retries_left = qp.retry_cnt;  // as for ATOMIC: later ACKs may have moved acked_psn past this READ
       if (last) e.acked = true;
     }
   }
   complete_in_order(qp);
   if (qp.state.load(std::memory_order_relaxed) == QpState::Err) return;
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
-  if (tail == qp.send_index && qp.send_offset_pkts == 0)
-    qp.timer_deadline_ns = 0;
+  if (tail == qp.req.send_index && qp.req.send_offset_pkts == 0)
+    qp.comp.timer_deadline_ns = 0;
   else
     arm_retransmit_timer(qp, now);  // progress: restart the timer for what remains
 }

@@ -1,6 +1,7 @@
 // The unreliable services (IBTA 9.8.x): UD datagrams with DETH and Q_Key checks, and UC messages with
 // PSNs but no acknowledgements. Nothing is retransmitted: a send WQE completes once its packets are
-// handed to the port, and a receiver drops what it cannot take (a whole UC message on any loss).
+// handed to the port, and a receiver drops what it cannot take (a whole UC message on any loss). The UC
+// responder runs the RC responder's check stages (responder.cpp) with its own PSN rules and policy.
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -13,6 +14,7 @@
 #include "net/registry.h"
 #include "transport/engine.h"
 #include "transport/srq.h"
+#include "transport/work_request.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
@@ -80,26 +82,32 @@ bool Engine::unreliable_requester_run(Qp& qp) {
   int budget = kBurst;
   const bool ud = qp.cfg.type == QpType::Ud;
   uint64_t head = qp.sq.head.load(std::memory_order_acquire);
-  while (budget > 0 && qp.send_index < std::min(head, qp.sq_stop_at)) {
-    SqEntry& e = qp.sq.at(qp.send_index);
+  while (budget > 0 && qp.req.send_index < std::min(head, qp.req.sq_stop_at)) {
+    SqEntry& e = qp.sq.at(qp.req.send_index);
+    if (!e.started && work_request(e.wqe.op, qp.cfg.type).local) {
+      // Bind MW, Local Invalidate (UC): executed in order, as on RC.
+      did = true;
+      if (!execute_local_wqe(qp, e)) return true;
+      continue;
+    }
     if (!e.started) {
       if (!prepare_wqe(qp, e)) {
         e.started = true;
         e.acked = true;
-        qp.sq_stop_at = qp.send_index;
+        qp.req.sq_stop_at = qp.req.send_index;
         complete_in_order(qp);
         return true;
       }
       e.started = true;
       if (ud) e.npkts = 1;
-      e.first_psn = qp.next_psn;
-      qp.next_psn = wire::psn_add(qp.next_psn, e.npkts);
-      qp.send_offset_pkts = 0;
+      e.first_psn = qp.req.next_psn;
+      qp.req.next_psn = wire::psn_add(qp.req.next_psn, e.npkts);
+      qp.req.send_offset_pkts = 0;
     }
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered between two passes: it completes in error.
       e.acked = true;
-      qp.sq_stop_at = qp.send_index;
+      qp.req.sq_stop_at = qp.req.send_index;
       complete_in_order(qp);
       return true;
     }
@@ -110,7 +118,7 @@ bool Engine::unreliable_requester_run(Qp& qp) {
         count(&qp, &core::Counters::ud_send_over_mtu);
       } else {
         wire::Packet pkt{};
-        pkt.bth.opcode = w.op == WrOp::SendImm ? wire::kUdSendOnlyImm : wire::kUdSendOnly;
+        pkt.bth.opcode = work_request(w.op, QpType::Ud).opcodes.only;
         pkt.bth.psn = e.first_psn;
         pkt.bth.solicited = (w.flags & kSolicited) != 0;
         pkt.bth.dest_qp = w.ud_remote_qpn;
@@ -141,20 +149,20 @@ bool Engine::unreliable_requester_run(Qp& qp) {
       }
       --budget;
     } else {
-      while (qp.send_offset_pkts < e.npkts && budget > 0) {
-        send_request_packet(qp, e, qp.send_offset_pkts);
-        ++qp.send_offset_pkts;
+      while (qp.req.send_offset_pkts < e.npkts && budget > 0) {
+        send_request_packet(qp, e, qp.req.send_offset_pkts);
+        ++qp.req.send_offset_pkts;
         --budget;
       }
-      if (qp.send_offset_pkts < e.npkts) {
+      if (qp.req.send_offset_pkts < e.npkts) {
         did = true;
         break;
       }
     }
     // Unacknowledged service: the WQE is done once its last packet is on its way.
     e.acked = true;
-    ++qp.send_index;
-    qp.send_offset_pkts = 0;
+    ++qp.req.send_index;
+    qp.req.send_offset_pkts = 0;
     did = true;
     complete_in_order(qp);
   }
@@ -215,148 +223,87 @@ namespace {
 // RQ WQE stays at the RQ's tail; one taken off an SRQ stays held by the QP, recv_active), and a
 // WRITE's remaining packets are ignored (what they would have written stays as it is).
 void uc_abandon(Qp& qp) {
-  qp.in_message = false;
-  if (!qp.srq) qp.recv_active = false;
-  qp.recv_offset = 0;
-  qp.write_dst = nullptr;
-  qp.write_remaining = 0;
+  qp.resp.in_message = false;
+  if (!qp.srq) qp.resp.recv_active = false;
+  qp.resp.recv_offset = 0;
+  qp.resp.write_dst = nullptr;
+  qp.resp.write_remaining = 0;
 }
 }  // namespace
 
+// UC has no NAK: a refused message is dropped whole and silently, and the QP stays up; only a local
+// error on the receive WQE it took completes that WQE in error and leaves the QP in error (as on UD).
+// UC has no RNR either: a SEND finds no receive WQE and is dropped, a WRITE with immediate places its
+// data and only its completion is lost.
+void Engine::uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info) {
+  if (v.kind == Verdict::Rnr) count(&qp, &core::Counters::ud_drop_no_recv);
+  if (v.status == WcStatus::LocProtErr || v.status == WcStatus::LocLenErr) {
+    core::Cqe c{};
+    c.wr_id = active_recv_wqe(qp).wr_id;
+    c.status = v.status;
+    c.opcode = core::WcOpcode::Recv;
+    c.qp_num = qp.qpn;
+    retire_recv_wqe(qp);
+    uc_abandon(qp);
+    qp.resp.recv_active = false;
+    post_cqe(qp.cfg.recv_cq, c, false);
+    move_to_error(qp);
+    return;
+  }
+  // Drops the rest of this message (this packet included).
+  uc_abandon(qp);
+  qp.resp.uc_dropping = !info.last;
+  count(&qp, &core::Counters::uc_msg_dropped);
+}
+
 void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
-  int32_t d = wire::psn_diff(pkt.bth.psn, qp.epsn);
+  int32_t d = wire::psn_diff(pkt.bth.psn, qp.resp.epsn);
   if (d < 0) {
     // Older than expected: a duplicate or a straggler of a message already given up.
     count(&qp, &core::Counters::duplicates);
     return;
   }
-  qp.epsn = wire::psn_add(pkt.bth.psn, 1);
+  qp.resp.epsn = wire::psn_add(pkt.bth.psn, 1);
   bool continues = !info.first;
-  bool fits = d == 0 && !qp.uc_dropping &&
-              (continues ? qp.in_message && wire::opcode_info(qp.last_opcode).kind == info.kind : !qp.in_message);
-  if (!fits) {
+  if (d != 0 || qp.resp.uc_dropping || !opcode_in_sequence(qp, info)) {
     // UC (IBTA 9.8): a lost packet loses the message it belongs to; a FIRST or ONLY starts clean.
     if (d > 0) count(&qp, &core::Counters::out_of_sequence);
     bool counted = false;
-    if (qp.in_message) {
+    if (qp.resp.in_message) {
       uc_abandon(qp);
       count(&qp, &core::Counters::uc_msg_dropped);
       counted = true;
     }
     if (continues) {
-      if (!qp.uc_dropping && !counted) count(&qp, &core::Counters::uc_msg_dropped);
-      qp.uc_dropping = true;
+      if (!qp.resp.uc_dropping && !counted) count(&qp, &core::Counters::uc_msg_dropped);
+      qp.resp.uc_dropping = true;
       return;
     }
-    qp.uc_dropping = false;
+    qp.resp.uc_dropping = false;
   }
-  // Drops the rest of this message (this packet included).
-  auto drop_message = [&] {
-    uc_abandon(qp);
-    qp.uc_dropping = !info.last;
-    count(&qp, &core::Counters::uc_msg_dropped);
-  };
-  // Every packet of a multi-packet message but the last is exactly one path MTU.
-  if (info.has_payload && ((!info.last && pkt.payload_len != qp.mtu) || pkt.payload_len > qp.mtu)) {
-    drop_message();
-    return;
-  }
-  const uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;  // an SRQ's buffers are in the SRQ's PD
-  // Completes the message's receive WQE in error: a local error leaves the QP in error.
-  auto fail_receive = [&](WcStatus st) {
-    core::Cqe c{};
-    c.wr_id = active_recv_wqe(qp).wr_id;
-    c.status = st;
-    c.opcode = core::WcOpcode::Recv;
-    c.qp_num = qp.qpn;
-    retire_recv_wqe(qp);
-    uc_abandon(qp);
-    qp.recv_active = false;
-    post_cqe(qp.cfg.recv_cq, c, false);
-    move_to_error(qp);
-  };
-
-  if (info.kind == wire::OpKind::Send) {
-    if (info.first) {
-      if (!qp.recv_active) {
-        if (!next_recv_wqe(qp)) {
-          // No receive WQE: UC has no RNR, the message is dropped.
-          count(&qp, &core::Counters::ud_drop_no_recv);
-          drop_message();
-          return;
-        }
-        take_recv_wqe(qp);
-        qp.recv_active = true;
-      }
-      RecvWqe& w = active_recv_wqe(qp);
-      for (uint32_t i = 0; i < w.num_sge; ++i) {
-        if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.recv_host[i]) !=
-            core::AccessResult::Ok) {
-          fail_receive(WcStatus::LocProtErr);
-          return;
-        }
-      }
-      qp.recv_offset = 0;
-    }
-    RecvWqe& w = active_recv_wqe(qp);
-    if (qp.recv_offset + pkt.payload_len > w.length) {
-      fail_receive(WcStatus::LocLenErr);
-      return;
-    }
-    if (!scatter_recv(w, qp.recv_host, qp.recv_offset, pkt.payload, pkt.payload_len)) {
-      fail_receive(WcStatus::LocProtErr);  // the buffer's MR was deregistered meanwhile
-      return;
-    }
-    qp.recv_offset += pkt.payload_len;
-    if (info.last) {
-      core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.recv_offset,
-                                          (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
-      retire_recv_wqe(qp);
-      qp.recv_active = false;
-      post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
-    }
-  } else if (info.kind == wire::OpKind::Write) {
-    if (info.first) {
-      uint8_t* host = nullptr;
-      if (!(qp.access_flags & core::kRemoteWrite) ||
-          mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteWrite, &host) !=
-              core::AccessResult::Ok) {
-        // UC has no NAK: an unauthorised WRITE is dropped whole and the QP stays up.
-        drop_message();
-        return;
-      }
-      qp.write_dst = host;
-      qp.write_remaining = pkt.reth.dma_len;
-      qp.write_total = pkt.reth.dma_len;
-    }
-    if ((!qp.write_dst && qp.write_remaining) || pkt.payload_len > qp.write_remaining ||
-        (info.last && pkt.payload_len != qp.write_remaining)) {
-      drop_message();  // target deregistered meanwhile, or a length that contradicts the RETH
-      return;
-    }
-    if (pkt.payload_len) std::memcpy(qp.write_dst, pkt.payload, pkt.payload_len);
-    qp.write_dst += pkt.payload_len;
-    qp.write_remaining -= pkt.payload_len;
-    if (info.last && (info.headers & wire::kHdrImm)) {
-      if (!qp.recv_active && !next_recv_wqe(qp)) {
-        count(&qp, &core::Counters::ud_drop_no_recv);  // the data is placed; only the completion is lost
-      } else {
-        // An SRQ WQE held from an abandoned SEND serves it; otherwise the next one is taken.
-        if (!qp.recv_active) take_recv_wqe(qp);
-        core::Cqe c = connected_receive_cqe(qp, active_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
-                                            qp.write_total, true, pkt.imm_data_be);
-        retire_recv_wqe(qp);
-        qp.recv_active = false;
-        post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
-      }
-    }
-  } else {
+  Verdict v = check_length(qp, info, pkt);
+  if (v.ok() && info.kind != wire::OpKind::Send && info.kind != wire::OpKind::Write) {
     count(&qp, &core::Counters::drop_bad_opcode);
     return;
   }
-  qp.last_opcode = pkt.bth.opcode;
-  qp.in_message = !info.last;
+  bool no_receive = false;  // a WRITE with immediate and no receive WQE: placed, not completed
+  if (v.ok()) {
+    v = check_receive(qp, info);
+    if (v.kind == Verdict::Rnr && info.kind == wire::OpKind::Write) {
+      v = {};
+      no_receive = true;
+    }
+  }
+  if (v.ok())
+    v = info.kind == wire::OpKind::Send ? execute_send(qp, info, pkt) : execute_write(qp, info, pkt, !no_receive);
+  if (!v.ok()) {
+    uc_refuse(qp, v, info);
+    return;
+  }
+  if (no_receive && info.last) count(&qp, &core::Counters::ud_drop_no_recv);
+  qp.resp.last_opcode = pkt.bth.opcode;
+  qp.resp.in_message = !info.last;
 }
 
 // ---- Multicast (IBTA 10.5; RoCE v2: the group's IPv4 multicast address, destination QPN 0xFFFFFF) ----

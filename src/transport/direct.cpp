@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "transport/direct_share.h"
+#include "transport/work_request.h"
 
 namespace softrdma::transport {
 
@@ -337,9 +338,9 @@ void DirectEndpoint::handle_client(int k, const Request& req) {
 
 void DirectEndpoint::qp_created(Qp& qp) {
   if (free_descs_.empty()) return;
-  qp.direct_desc = free_descs_.back();
+  qp.direct.desc = free_descs_.back();
   free_descs_.pop_back();
-  DirectQpDesc& d = shared_->qps[qp.direct_desc];
+  DirectQpDesc& d = shared_->qps[qp.direct.desc];
   d.state.store(static_cast<uint32_t>(QpState::Reset), std::memory_order_relaxed);
   d.access.store(0, std::memory_order_relaxed);
   d.pd.store(qp.cfg.pd, std::memory_order_relaxed);
@@ -362,14 +363,14 @@ void DirectEndpoint::qp_created(Qp& qp) {
 }
 
 void DirectEndpoint::qp_changed(Qp& qp) {
-  if (qp.direct_desc == ~0u) return;
-  DirectQpDesc& d = shared_->qps[qp.direct_desc];
+  if (qp.direct.desc == ~0u) return;
+  DirectQpDesc& d = shared_->qps[qp.direct.desc];
   const QpState st = qp.state.load(std::memory_order_relaxed);
   // An inbox for a connected RC QP whose peer is another context here (attach found it: the peer is
   // symmetric). With an SRQ, initiators could not know which WQE a message takes: packets.
-  if (st == QpState::Rtr && !qp.direct_inbox && qp.direct_peer && qp.cfg.type == QpType::Rc && !qp.srq) {
+  if (st == QpState::Rtr && !qp.direct.inbox && qp.direct.peer && qp.cfg.type == QpType::Rc && !qp.srq) {
     if (void* mem = arena_.allocate(sizeof(DirectInbox))) {  // zeroed
-      qp.direct_inbox = static_cast<DirectInbox*>(mem);
+      qp.direct.inbox = static_cast<DirectInbox*>(mem);
       d.inbox_off.store(static_cast<uint64_t>(static_cast<uint8_t*>(mem) - arena_.base()), std::memory_order_release);
     }
   }
@@ -380,14 +381,14 @@ void DirectEndpoint::qp_changed(Qp& qp) {
     // placed (error: before the flush) or dropped (reset).
     wait_copies();
     if (st == QpState::Reset) {
-      if (DirectInbox* in = qp.direct_inbox) {
+      if (DirectInbox* in = qp.direct.inbox) {
         in->head = 0;
         in->data_head = 0;
         in->data_tail.store(0, std::memory_order_relaxed);
         for (DirectInboxEntry& en : in->entries) en.stamp.store(0, std::memory_order_relaxed);
       }
       d.generation.fetch_add(1, std::memory_order_release);
-      qp.direct_inbox_tail = 0;
+      qp.direct.inbox_tail = 0;
       publish_rq_head(qp, 0);
       publish_tails(qp);
     }
@@ -395,21 +396,21 @@ void DirectEndpoint::qp_changed(Qp& qp) {
 }
 
 void DirectEndpoint::release_inbox(Qp& qp) {
-  if (!qp.direct_inbox) return;
-  arena_.release(qp.direct_inbox, sizeof(DirectInbox));
-  qp.direct_inbox = nullptr;
+  if (!qp.direct.inbox) return;
+  arena_.release(qp.direct.inbox, sizeof(DirectInbox));
+  qp.direct.inbox = nullptr;
 }
 
 void DirectEndpoint::qp_destroyed(Qp& qp) {
   detach(qp);
-  if (qp.direct_desc == ~0u) return;
-  DirectQpDesc& d = shared_->qps[qp.direct_desc];
+  if (qp.direct.desc == ~0u) return;
+  DirectQpDesc& d = shared_->qps[qp.direct.desc];
   d.state.store(static_cast<uint32_t>(QpState::Err), std::memory_order_relaxed);
   d.qpn.store(0, std::memory_order_seq_cst);
   // An initiator that saw this QP live may be finishing a copy: let it, before the QP's memory goes.
   wait_copies();
-  free_descs_.push_back(qp.direct_desc);
-  qp.direct_desc = ~0u;
+  free_descs_.push_back(qp.direct.desc);
+  qp.direct.desc = ~0u;
 }
 
 void DirectEndpoint::wait_copies() {
@@ -427,8 +428,8 @@ void DirectEndpoint::wait_copies() {
 }
 
 void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
-  qp.direct_peer.reset();
-  qp.direct_recv.valid = false;
+  qp.direct.peer.reset();
+  qp.direct.recv.valid = false;
   uint64_t key = static_cast<uint64_t>(qp.dest_ip_be) << 16 | port;
   std::shared_ptr<DirectPeer>& peer = peers_[key];
   if (peer && (peer->dead || peer->pid != pid)) peer.reset();
@@ -468,13 +469,13 @@ void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
   Request req{kQpDesc, 0, qp.dest_qpn};
   Reply rep{};
   if (!call(peer->sock, req, &rep, nullptr) || rep.status != 0) return;
-  qp.direct_peer = peer;
-  qp.direct_peer_desc = rep.index;
+  qp.direct.peer = peer;
+  qp.direct.peer_desc = rep.index;
 }
 
 void DirectEndpoint::detach(Qp& qp) {
-  if (!qp.direct_peer) return;
-  qp.direct_peer.reset();
+  if (!qp.direct.peer) return;
+  qp.direct.peer.reset();
   // The connection goes with the last QP that used it.
   for (auto it = peers_.begin(); it != peers_.end();)
     it = it->second.use_count() == 1 ? peers_.erase(it) : std::next(it);
@@ -485,10 +486,6 @@ uint64_t coarse_now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-bool is_one_sided(WrOp op) {
-  return op == WrOp::Write || op == WrOp::Read || op == WrOp::CompareSwap || op == WrOp::FetchAdd;
 }
 
 // The data movement of a checked WRITE, READ or ATOMIC; dst: the target bytes, mapped here.
@@ -672,13 +669,17 @@ bool copy_across(DirectPeer& p, const SendWqe& w, uint8_t* const* host, uint64_t
 }  // namespace
 
 DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now) {
-  DirectPeer* peer = qp.direct_peer.get();
+  DirectPeer* peer = qp.direct.peer.get();
   const SendWqe& w = e.wqe;
-  const bool send = w.op == WrOp::Send || w.op == WrOp::SendImm;
-  const bool two_sided = send || w.op == WrOp::WriteImm;
+  const WorkRequest wr = work_request(w.op, qp.cfg.type);
+  // SEND, SEND with immediate and WRITE with immediate take a receive WQE through the inbox (a SEND
+  // with invalidate is left to the wire); WRITE, READ and ATOMIC touch the target's memory only.
+  const bool send = wr.consumes_receive && !wr.remote_access && w.op != WrOp::SendInv;
+  const bool two_sided = send || (wr.consumes_receive && wr.remote_access);
+  const bool one_sided = !wr.consumes_receive && !wr.local;
   // A zero-length WRITE or READ is left to the wire (no key is checked there).
-  const bool remote_mem = is_one_sided(w.op) || (w.op == WrOp::WriteImm && w.length);
-  if (!peer || peer->dead || (!two_sided && !is_one_sided(w.op)) || (!two_sided && w.length == 0))
+  const bool remote_mem = one_sided || (two_sided && wr.remote_access && w.length);
+  if (!peer || peer->dead || (!two_sided && !one_sided) || (!two_sided && w.length == 0))
     return Result::Fallback;
   if (send && w.length > DirectInbox::kMaxMessage) return Result::Fallback;
   // A poster's thread passes no time (now 0): the coarse clock is enough here and much cheaper. Signed,
@@ -694,14 +695,14 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       return Result::Fallback;
     }
   }
-  const bool atomic = w.op == WrOp::CompareSwap || w.op == WrOp::FetchAdd;
-  const uint32_t need = w.op == WrOp::Read ? core::kRemoteRead : atomic ? core::kRemoteAtomic : core::kRemoteWrite;
-  const bool writable = w.op != WrOp::Read;
+  const bool atomic = wr.atomic;
+  const uint32_t need = wr.remote_access;
+  const bool writable = !wr.read;
   const uint64_t len = atomic ? 8 : w.length;
   if (atomic && w.remote_addr % 8 != 0) return Result::Fallback;
   DirectShared& sh = *peer->shared;
   DirectPeerSlot& slot = sh.peers[peer->slot];
-  const DirectQpDesc& d = sh.qps[qp.direct_peer_desc];
+  const DirectQpDesc& d = sh.qps[qp.direct.peer_desc];
   for (int attempt = 0; attempt < 2; ++attempt) {
     slot.busy.store(1, std::memory_order_seq_cst);
     auto leave = [&] { slot.busy.store(0, std::memory_order_release); };
@@ -721,7 +722,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
     }
     DirectInbox* inbox = nullptr;
     if (ok && two_sided) {
-      inbox = receive_room(*peer, d, qp.direct_recv, send ? len : 0);
+      inbox = receive_room(*peer, d, qp.direct.recv, send ? len : 0);
       ok = inbox != nullptr;
     }
     if (!ok || peer->key_seq->load(std::memory_order_seq_cst) != seq) {
@@ -759,7 +760,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
     }
     if (inbox) {
       post_to_inbox(*inbox, e, send ? len : 0);
-      ++qp.direct_recv.next_wqe;
+      ++qp.direct.recv.next_wqe;
     }
     leave();
     if (inbox) wake_if_armed(*peer, d);

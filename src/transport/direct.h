@@ -115,17 +115,17 @@ class DirectEndpoint {
   void qp_destroyed(Qp& qp);  // then the engine places what is left in the inbox, and releases it:
   void release_inbox(Qp& qp);
   // The QP's inbox, once it is connected (RC without SRQ): where initiators put SENDs.
-  DirectInbox* inbox(const Qp& qp) const { return qp.direct_inbox; }
+  DirectInbox* inbox(const Qp& qp) const { return qp.direct.inbox; }
   // Mirrors of the receive queue's indices for initiators: after ibv_post_recv, and after the RQ's
   // consumer index or the inbox's consumed count moved.
   void publish_rq_head(const Qp& qp, uint64_t head) {
-    if (qp.direct_desc != ~0u) shared_->qps[qp.direct_desc].rq_head.store(head, std::memory_order_release);
+    if (qp.direct.desc != ~0u) shared_->qps[qp.direct.desc].rq_head.store(head, std::memory_order_release);
   }
   void publish_tails(const Qp& qp) {
-    if (qp.direct_desc == ~0u) return;
+    if (qp.direct.desc == ~0u) return;
     uint64_t t = static_cast<uint32_t>(qp.rq.tail.load(std::memory_order_relaxed)) |
-                 static_cast<uint64_t>(qp.direct_inbox_tail) << 32;
-    shared_->qps[qp.direct_desc].tails.store(t, std::memory_order_release);
+                 static_cast<uint64_t>(qp.direct.inbox_tail) << 32;
+    shared_->qps[qp.direct.desc].tails.store(t, std::memory_order_release);
   }
   // After a key was removed from the table: returns once no initiator can still be copying with it.
   void wait_copies();

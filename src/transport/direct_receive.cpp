@@ -10,18 +10,18 @@
 namespace softrdma::transport {
 
 bool Engine::direct_receive(Qp& qp) {
-  DirectInbox* in = qp.direct_inbox;
+  DirectInbox* in = qp.direct.inbox;
   if (!in) return false;
   bool did = false;
   for (;;) {
-    DirectInboxEntry& slot = in->entries[qp.direct_inbox_tail % DirectInbox::kEntries];
-    if (slot.stamp.load(std::memory_order_acquire) != qp.direct_inbox_tail + 1) return did;
+    DirectInboxEntry& slot = in->entries[qp.direct.inbox_tail % DirectInbox::kEntries];
+    if (slot.stamp.load(std::memory_order_acquire) != qp.direct.inbox_tail + 1) return did;
     // The initiator is another process: what it wrote is checked before it is used.
     const uint32_t op = slot.op, length = slot.length, imm_be = slot.imm_be;
     const bool solicited = slot.solicited != 0;
     const bool send = op == DirectInbox::kSend || op == DirectInbox::kSendImm;
     RecvWqe* w = next_recv_wqe(qp);
-    ++qp.direct_inbox_tail;
+    ++qp.direct.inbox_tail;
     did = true;
     if ((!send && op != DirectInbox::kWriteImm) || (send && length > DirectInbox::kMaxMessage) || !w) {
       // Not what a softrdma initiator writes (it reserves a WQE for each message).
@@ -68,7 +68,7 @@ bool Engine::direct_receive(Qp& qp) {
       if (!in_entry) in->data_tail.store(pos, std::memory_order_release);
     }
     retire_recv_wqe(qp);  // publishes the RQ's and the inbox's consumer indices together
-    qp.msn = wire::psn_add(qp.msn, 1);
+    qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
     post_cqe(qp.cfg.recv_cq, c, solicited);
     if (c.status != WcStatus::Success) {
       count(&qp, &core::Counters::direct_fallbacks);
@@ -81,7 +81,7 @@ bool Engine::direct_receive(Qp& qp) {
 bool Engine::direct_receive_all() {
   bool did = false;
   for (Qp* qp : qp_list_)
-    if (qp->direct_inbox && direct_receive(*qp)) did = true;
+    if (qp->direct.inbox && direct_receive(*qp)) did = true;
   return did;
 }
 

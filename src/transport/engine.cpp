@@ -17,6 +17,7 @@
 #include "net/registry.h"
 #include "transport/direct_share.h"
 #include "transport/srq.h"
+#include "transport/work_request.h"
 #include "wire/cm_mad.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
@@ -239,7 +240,7 @@ bool Engine::progress_once() {
   if (!mcast_.empty()) mcast_receive(did);
   for (Qp* qp : qp_list_) {
     if (qp->state.load(std::memory_order_relaxed) == QpState::Err) {
-      if (qp->sq.count() || qp->rq.count() || qp->recv_active || (qp->srq && !qp->last_wqe_reached)) {
+      if (qp->sq.count() || qp->rq.count() || qp->resp.recv_active || (qp->srq && !qp->resp.last_wqe_reached)) {
         flush_queues(*qp);
         did = true;
       }
@@ -448,8 +449,8 @@ void Engine::move_to_error(Qp& qp) {
   // responder's walk over the queues.
   qp.state.store(QpState::Err, std::memory_order_release);
   if (direct_) direct_->qp_changed(qp);
-  qp.timer_deadline_ns = 0;
-  qp.read_jobs.clear();
+  qp.comp.timer_deadline_ns = 0;
+  qp.resp.read_jobs.clear();
 }
 
 void Engine::flush_queues(Qp& qp) {
@@ -465,14 +466,14 @@ void Engine::flush_queues(Qp& qp) {
     qp.sq.tail.store(i + 1, std::memory_order_release);
     post_cqe(qp.cfg.send_cq, c, false);
   }
-  qp.send_index = qp.sq.tail.load();
-  qp.send_offset_pkts = 0;
-  qp.reads_outstanding = 0;
-  if (qp.srq_wqe_held) {
+  qp.req.send_index = qp.sq.tail.load();
+  qp.req.send_offset_pkts = 0;
+  qp.req.reads_outstanding = 0;
+  if (qp.resp.srq_wqe_held) {
     // The SRQ WQE this QP had taken is its own now; the SRQ's other WQEs are not flushed.
-    qp.srq_wqe_held = false;
+    qp.resp.srq_wqe_held = false;
     core::Cqe c{};
-    c.wr_id = qp.srq_wqe.wr_id;
+    c.wr_id = qp.resp.srq_wqe.wr_id;
     c.status = WcStatus::WrFlushErr;
     c.opcode = core::WcOpcode::Recv;
     c.qp_num = qp.qpn;
@@ -488,14 +489,14 @@ void Engine::flush_queues(Qp& qp) {
     post_cqe(qp.cfg.recv_cq, c, false);
   }
   if (direct_) direct_->publish_tails(qp);
-  qp.recv_active = false;
+  qp.resp.recv_active = false;
   report_last_wqe(qp);
 }
 
 uint64_t Engine::next_deadline_ns() {
   uint64_t d = 0;
   for (Qp* qp : qp_list_) {
-    for (uint64_t t : {qp->timer_deadline_ns, qp->rnr_resume_ns})
+    for (uint64_t t : {qp->comp.timer_deadline_ns, qp->comp.rnr_resume_ns})
       if (t && (!d || t < d)) d = t;
   }
   return d;
@@ -528,13 +529,13 @@ int Engine::deregister_mr(const core::MrRegion& region) {
   const uint8_t* hi = lo + region.length;
   auto inside = [&](const uint8_t* p) { return p && p >= lo && p < hi; };
   for (Qp* qp : qp_list_) {
-    if (qp->write_remaining && inside(qp->write_dst)) qp->write_dst = nullptr;
-    if (qp->recv_active) {
+    if (qp->resp.write_remaining && inside(qp->resp.write_dst)) qp->resp.write_dst = nullptr;
+    if (qp->resp.recv_active) {
       const RecvWqe& w = active_recv_wqe(*qp);
       for (uint32_t i = 0; i < w.num_sge; ++i)
-        if (inside(qp->recv_host[i])) qp->recv_host[i] = nullptr;
+        if (inside(qp->resp.recv_host[i])) qp->resp.recv_host[i] = nullptr;
     }
-    std::erase_if(qp->read_jobs, [&](const ReadResponseJob& j) {
+    std::erase_if(qp->resp.read_jobs, [&](const ReadResponseJob& j) {
       return j.kind == ReadResponseJob::Kind::Read && j.remaining && j.src < hi && j.src + j.remaining > lo;
     });
     for (uint64_t i = qp->sq.tail.load(); i < qp->sq.head.load(std::memory_order_acquire); ++i) {
@@ -662,24 +663,13 @@ void reset_transport_state(Qp& qp) {
   qp.sq_credit->renew();
   qp.rq.head.store(0);
   qp.rq.tail.store(0);
-  qp.send_index = 0;
-  qp.send_offset_pkts = 0;
-  qp.reads_outstanding = 0;
-  qp.timer_deadline_ns = 0;
-  qp.rnr_resume_ns = 0;
-  qp.sq_stop_at = ~0ull;
-  qp.msn = 0;
-  qp.nak_sent = false;
-  qp.ack_owed = false;
-  qp.in_message = false;
-  qp.uc_dropping = false;
-  qp.recv_active = false;
-  qp.last_wqe_reached = false;
-  qp.srq_wqe_held = false;
-  qp.write_remaining = 0;
-  qp.read_jobs.clear();
-  qp.pending_fatal_nak = false;
-  for (ReplayEntry& r : qp.replay) r.valid = false;
+  qp.req = {};
+  qp.comp = {};
+  // The retry budgets start full, from the attributes (which RESET keeps).
+  qp.comp.retries_left = qp.retry_cnt;
+  qp.comp.rnr_retries_left = qp.rnr_retry;
+  qp.resp = {};
+  qp.resp.replay.assign(qp.max_dest_rd_atomic, ReplayEntry{});
   qp.access_flags = 0;
 }
 }  // namespace
@@ -695,22 +685,22 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
     }
     if (m.mask & kModAv) qp->dest_ip_be = m.dest_ip_be;
     if (m.mask & kModQkey) qp->qkey = m.qkey;
-    if (m.mask & kModRqPsn) qp->epsn = m.rq_psn;
+    if (m.mask & kModRqPsn) qp->resp.epsn = m.rq_psn;
     if (m.mask & kModSqPsn) {
-      qp->next_psn = m.sq_psn;
-      qp->acked_psn = m.sq_psn;
+      qp->req.next_psn = m.sq_psn;
+      qp->comp.acked_psn = m.sq_psn;
     }
     if (m.mask & kModTimeout) qp->timeout = m.timeout;
-    if (m.mask & kModRetryCnt) qp->retry_cnt = qp->retries_left = m.retry_cnt;
-    if (m.mask & kModRnrRetry) qp->rnr_retry = qp->rnr_retries_left = m.rnr_retry;
+    if (m.mask & kModRetryCnt) qp->retry_cnt = qp->comp.retries_left = m.retry_cnt;
+    if (m.mask & kModRnrRetry) qp->rnr_retry = qp->comp.rnr_retries_left = m.rnr_retry;
     if (m.mask & kModMinRnrTimer) qp->min_rnr_timer = m.min_rnr_timer;
     if (m.mask & kModMaxQpRdAtomic) qp->max_rd_atomic = std::max<uint32_t>(m.max_rd_atomic, 1);
     if (m.mask & kModMaxDestRdAtomic) {
       qp->max_dest_rd_atomic = std::max<uint32_t>(m.max_dest_rd_atomic, 1);
-      qp->replay.assign(qp->max_dest_rd_atomic, ReplayEntry{});
-      qp->replay_next = 0;
+      qp->resp.replay.assign(qp->max_dest_rd_atomic, ReplayEntry{});
+      qp->resp.replay_next = 0;
     }
-    if (qp->replay.empty()) qp->replay.assign(qp->max_dest_rd_atomic, ReplayEntry{});
+    if (qp->resp.replay.empty()) qp->resp.replay.assign(qp->max_dest_rd_atomic, ReplayEntry{});
     if (m.mask & kModState) {
       switch (m.state) {
         case QpState::Reset:
@@ -730,7 +720,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
       if (m.state != QpState::Err) qp->state.store(m.state, std::memory_order_release);
       if (direct_) {
         direct_->qp_changed(*qp);
-        if (qp->direct_peer) direct_active_.store(true, std::memory_order_relaxed);
+        if (qp->direct.peer) direct_active_.store(true, std::memory_order_relaxed);
       }
     }
   }
@@ -739,18 +729,9 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
 }
 
 namespace {
-// What the QP's transport service can carry (IBTA table 38): UD datagrams (SEND with or without
-// immediate, with a destination), UC no READ, ATOMIC or SEND with invalidate.
+// What the QP's transport service can carry (work_request.h); a UD datagram needs its destination.
 bool op_allowed(const Qp& qp, const SendWqe& w) {
-  bool send = w.op == WrOp::Send || w.op == WrOp::SendImm;
-  switch (qp.cfg.type) {
-    case QpType::Ud:
-      return send && w.ud_dest_ip_be != 0;
-    case QpType::Uc:
-      return w.op != WrOp::Read && w.op != WrOp::CompareSwap && w.op != WrOp::FetchAdd && w.op != WrOp::SendInv;
-    default:
-      return true;
-  }
+  return work_request(w.op, qp.cfg.type).allowed && (qp.cfg.type != QpType::Ud || w.ud_dest_ip_be != 0);
 }
 }  // namespace
 
@@ -871,7 +852,7 @@ void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
   // after the arm's fence, its CQE raises the event.
   if (!lock_for_caller()) return;
   for (Qp* qp : qp_list_)
-    if (qp->direct_inbox && qp->cfg.recv_cq == cq) direct_receive(*qp);
+    if (qp->direct.inbox && qp->cfg.recv_cq == cq) direct_receive(*qp);
   lock_.unlock();
 }
 

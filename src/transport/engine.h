@@ -26,6 +26,7 @@
 #include "transport/icrc_gate.h"
 #include "transport/qp.h"
 #include "wire/headers.h"
+#include "wire/opcode.h"
 
 namespace softrdma::transport {
 
@@ -193,7 +194,7 @@ class Engine {
   bool requester_run(Qp& qp, uint64_t now_ns);
   bool prepare_wqe(Qp& qp, SqEntry& e);
   void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index);
-  void execute_local_wqe(Qp& qp, SqEntry& e);
+  bool execute_local_wqe(Qp& qp, SqEntry& e);  // false: it failed, the SQ is stopped
   void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
   // completer.cpp
   void completer_receive(Qp& qp, const wire::Packet& pkt);
@@ -206,9 +207,30 @@ class Engine {
   void rewind_to(Qp& qp, uint32_t psn);
   void reissue_read(Qp& qp, SqEntry& e);
   void check_timers(Qp& qp, uint64_t now_ns);
-  // responder.cpp
+  // responder.cpp: the responder's check stages, shared by RC and UC. Each returns a verdict; RC
+  // answers a refusal with a NAK (rc_refuse), UC drops the message silently (uc_refuse, datagram.cpp).
+  struct Verdict {
+    enum Kind : uint8_t { Ok, Rnr, InvalidRequest, RemoteAccess, RemoteOp };
+    Kind kind = Ok;
+    WcStatus status = WcStatus::Success;  // of the request; of the receive WQE when it had taken one
+    bool ok() const { return kind == Ok; }
+  };
+  // Opcode sequence (IBTA 9.8.3): a FIRST or ONLY opens a message, MIDDLE and LAST continue one of
+  // the same kind.
+  static bool opcode_in_sequence(const Qp& qp, const wire::OpcodeInfo& info);
+  // Every packet of a multi-packet message but the last is exactly one path MTU (IBTA 9.7.4.1.x).
+  static Verdict check_length(const Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  // The receive WQE a SEND's first packet or a WRITE with immediate's last packet needs: taken and its
+  // SGEs resolved (SEND), or present (WRITE).
+  Verdict check_receive(Qp& qp, const wire::OpcodeInfo& info);
+  // An R_Key for len bytes at va with the access the request needs, through this QP (type 2 windows).
+  Verdict check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access, uint8_t** host);
+  Verdict execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  // complete_receive false: the WRITE's data is placed but no receive WQE completes (UC, none posted).
+  Verdict execute_write(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt, bool complete_receive);
+  void rc_refuse(Qp& qp, const Verdict& v, uint32_t psn);
+  void uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info);
   void responder_receive(Qp& qp, const wire::Packet& pkt);
-  bool take_receive(Qp& qp, bool& rnr, WcStatus& err);
   void responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn);
   bool responder_run_reads(Qp& qp);
   void send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig);

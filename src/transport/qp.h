@@ -1,7 +1,8 @@
-// An RC queue pair as the transport sees it: attributes, the send queue of WQEs with their PSN ranges
-// (requester + completer state), and the responder's state (expected PSN, MSN, the message being
-// received, the READ/ATOMIC replay cache). All of it is owned by one Engine and touched only under
-// its lock, except the SQ/RQ producer sides, which applications fill under the queues' own locks.
+// A queue pair as the transport sees it: attributes, the send queue of WQEs with their PSN ranges, the
+// receive queue, and the transport state of each role in its own sub-struct -- requester, completer,
+// responder (expected PSN, MSN, the message being received, the READ/ATOMIC replay cache) and the
+// intra-host direct path. All of it is owned by one Engine and touched only under its lock, except
+// the SQ/RQ producer sides, which applications fill under the queues' own locks.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -224,7 +225,6 @@ struct Qp {
   uint8_t timeout = 14, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 0;
   uint32_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
   uint32_t qkey = 0;               // UD: the Q_Key received datagrams must carry
-  bool uc_dropping = false;        // UC: the message in progress lost a packet; wait for a FIRST/ONLY
 
   WorkQueue<SqEntry> sq;
   SqCredit* sq_credit = nullptr;   // the engine's entry for this QP (never null once created)
@@ -234,23 +234,68 @@ struct Qp {
   WorkQueue<RecvWqe>* shared_rq = nullptr;
   Srq* srq = nullptr;               // the SRQ shared_rq belongs to (its PD, limit and QP count)
   WorkQueue<RecvWqe>& recv_queue() { return shared_rq ? *shared_rq : rq; }
-  // The SRQ WQE of the message being received: moved off the SRQ when the message starts, because the
-  // other QPs of the SRQ go on consuming it meanwhile (an RQ WQE stays at rq's tail until done).
-  RecvWqe srq_wqe;
-  bool srq_wqe_held = false;        // srq_wqe is taken and not yet completed (UC keeps it past a lost message)
-  bool last_wqe_reached = false;    // IBV_EVENT_QP_LAST_WQE_REACHED raised since the QP went to error
   std::vector<SqEntry> sq_storage;   // private to the requester
   size_t rq_bytes = 0;               // the RQ ring lives in the context's shared arena
-  // A WQE failed (locally, or NAKed by the responder): nothing at or after this SQ index is sent, and its
-  // error follows in order. WQEs before it are still resent until they complete or run out of retries.
-  uint64_t sq_stop_at = ~0ull;
-  // The intra-host direct path (direct.h): the peer's context when it serves it, the peer QP's and
-  // this QP's state descriptors there and here.
-  std::shared_ptr<DirectPeer> direct_peer;
-  uint32_t direct_peer_desc = 0;
-  uint32_t direct_desc = ~0u;
-  DirectInbox* direct_inbox = nullptr;  // SENDs from the peer's requester (target side)
-  uint32_t direct_inbox_tail = 0;       // inbox entries consumed
+
+  // The transport state of each role, one struct per role as its owner sees it. A default-constructed
+  // one is that role's state in RESET (Engine::modify_qp assigns fresh ones), so a QP taken to RTS
+  // again carries nothing of its previous connection.
+
+  // Requester (requester.cpp, datagram.cpp): which WQE and packet go out next, with which PSN.
+  struct RequesterState {
+    uint64_t send_index = 0;         // next SQ entry whose packets are (re)sent
+    uint64_t send_offset_pkts = 0;   // packets of sq[send_index] already sent
+    uint32_t next_psn = 0;           // PSN of the next new packet
+    uint32_t reads_outstanding = 0;  // READ/ATOMIC requests sent and not complete
+    // PSNs that may be unacknowledged now (<= the requester's fixed window). Loss shrinks it and
+    // acknowledgements grow it back, so a slow or lossy path is not flooded with whole-window
+    // go-back-N resends (seen against kernel rxe under emulation: 30x amplification, RETRY_EXC).
+    uint32_t cwnd = kPsnWindow;
+    // A WQE failed (locally, or NAKed by the responder): nothing at or after this SQ index is sent, and
+    // its error follows in order. WQEs before it are still resent until they complete or run out of retries.
+    uint64_t sq_stop_at = ~0ull;
+  } req;
+
+  // Completer (completer.cpp): what is acknowledged, the retransmit timer and the retry budgets.
+  struct CompleterState {
+    uint32_t acked_psn = 0;          // every PSN before this one is acknowledged
+    uint32_t retries_left = 7, rnr_retries_left = 7;  // refilled from retry_cnt/rnr_retry
+    uint64_t timer_deadline_ns = 0;  // retransmit timer, 0 = stopped
+    uint64_t rnr_resume_ns = 0;      // RNR back-off: no sending before this
+  } comp;
+
+  // Responder (responder.cpp; the UC one in datagram.cpp): the expected PSN, the message being
+  // received, the acknowledgement owed and the READ/ATOMIC responses still to be sent.
+  struct ResponderState {
+    uint32_t epsn = 0;               // expected PSN
+    uint32_t msn = 0;
+    bool nak_sent = false;           // a PSN-sequence NAK is outstanding: send no second one
+    bool ack_owed = false;
+    uint32_t ack_psn = 0;            // PSN the owed ACK acknowledges
+    uint8_t last_opcode = 0xFF;      // previous in-order request packet (to validate FIRST/MIDDLE/LAST)
+    bool in_message = false;         // between a FIRST and its LAST
+    bool uc_dropping = false;        // UC: the message in progress lost a packet; wait for a FIRST/ONLY
+    // SEND being received
+    bool recv_active = false;
+    uint64_t recv_offset = 0;
+    uint8_t* recv_host[core::DeviceLimits::kMaxSge] = {};  // the active receive WQE's SGEs, resolved
+    // The SRQ WQE of the message being received: moved off the SRQ when the message starts, because
+    // the other QPs of the SRQ go on consuming it meanwhile (an RQ WQE stays at rq's tail until done).
+    RecvWqe srq_wqe{};
+    bool srq_wqe_held = false;       // srq_wqe is taken and not yet completed (UC keeps it past a lost message)
+    bool last_wqe_reached = false;   // IBV_EVENT_QP_LAST_WQE_REACHED raised since the QP went to error
+    // WRITE being received
+    uint8_t* write_dst = nullptr;
+    uint64_t write_remaining = 0;
+    uint32_t write_total = 0;
+    std::vector<ReplayEntry> replay;         // ring of max_dest_rd_atomic entries
+    uint32_t replay_next = 0;
+    std::vector<ReadResponseJob> read_jobs;  // READ responses still to be sent, in order
+    // The responder hit a fatal error behind READ/ATOMIC responses still owed: its NAK is queued after
+    // them (read_jobs), and nothing more is accepted until it is sent and the QP is in error.
+    bool pending_fatal_nak = false;
+  } resp;
+
   // What the requester knows of its peer's receive queue (initiator side, direct.cpp): valid while the
   // peer's generation is unchanged and no SEND of ours went by packets (its responder took a WQE).
   struct DirectRecvView {
@@ -260,45 +305,17 @@ struct Qp {
     uint32_t rq_head = 0;        // the peer's RQ producer index, when last read
     uint32_t consumed = 0;       // inbox entries the peer had consumed, when last read
     uint64_t data_tail = 0;      // payload bytes it had consumed, when last read
-  } direct_recv;
-
-  // Requester.
-  uint64_t send_index = 0;         // next SQ entry whose packets are (re)sent
-  uint64_t send_offset_pkts = 0;   // packets of sq[send_index] already sent
-  uint32_t next_psn = 0;           // PSN of the next new packet
-  uint32_t acked_psn = 0;          // every PSN before this one is acknowledged
-  uint32_t reads_outstanding = 0;  // READ/ATOMIC requests sent and not complete
-  // PSNs that may be unacknowledged now (<= the requester's fixed window). Loss shrinks it and
-  // acknowledgements grow it back, so a slow or lossy path is not flooded with whole-window
-  // go-back-N resends (seen against kernel rxe under emulation: 30x amplification, RETRY_EXC).
-  uint32_t cwnd = kPsnWindow;
-  uint32_t retries_left = 7, rnr_retries_left = 7;
-  uint64_t timer_deadline_ns = 0;  // retransmit timer, 0 = stopped
-  uint64_t rnr_resume_ns = 0;      // RNR back-off: no sending before this
-  bool rewind_pending = false;
-
-  // Responder.
-  uint32_t epsn = 0;               // expected PSN
-  uint32_t msn = 0;
-  bool nak_sent = false;           // a PSN-sequence NAK is outstanding: send no second one
-  bool ack_owed = false;
-  uint32_t ack_psn = 0;            // PSN the owed ACK acknowledges
-  uint8_t last_opcode = 0xFF;      // previous in-order request packet (to validate FIRST/MIDDLE/LAST)
-  bool in_message = false;         // between a FIRST and its LAST
-  // SEND being received
-  bool recv_active = false;
-  uint64_t recv_offset = 0;
-  uint8_t* recv_host[core::DeviceLimits::kMaxSge];  // the active receive WQE's SGEs, resolved
-  // WRITE being received
-  uint8_t* write_dst = nullptr;
-  uint64_t write_remaining = 0;
-  uint32_t write_total = 0;
-  std::vector<ReplayEntry> replay;         // ring of max_dest_rd_atomic entries
-  uint32_t replay_next = 0;
-  std::vector<ReadResponseJob> read_jobs;  // READ responses still to be sent, in order
-  // The responder hit a fatal error behind READ/ATOMIC responses still owed: its NAK is queued after
-  // them (read_jobs), and nothing more is accepted until it is sent and the QP is in error.
-  bool pending_fatal_nak = false;
+  };
+  // The intra-host direct path (direct.h), owned by DirectEndpoint, which resets it on its own: the
+  // peer's context when it serves it, the peer QP's and this QP's state descriptors there and here.
+  struct DirectState {
+    std::shared_ptr<DirectPeer> peer;
+    uint32_t peer_desc = 0;
+    uint32_t desc = ~0u;
+    DirectInbox* inbox = nullptr;  // SENDs from the peer's requester (target side)
+    uint32_t inbox_tail = 0;       // inbox entries consumed
+    DirectRecvView recv;
+  } direct;
 };
 
 // The successful receive CQE of a message that arrived on a connected QP (RC, UC): from its peer QP,

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/work_request.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
 
@@ -17,44 +18,10 @@ static_assert(kMinCwnd >= kAckReqInterval);
 // Packets one QP may send per progress pass, so that one big message does not starve the others.
 constexpr int kBurst = 64;
 
-bool is_read_or_atomic(WrOp op) {
-  return op == WrOp::Read || op == WrOp::CompareSwap || op == WrOp::FetchAdd;
-}
-
-// Messages that take a receive WQE at the responder.
-bool consumes_receive(WrOp op) {
-  return op == WrOp::Send || op == WrOp::SendImm || op == WrOp::SendInv || op == WrOp::WriteImm;
-}
-
 uint32_t packets_for(uint64_t len, uint32_t mtu) {
   return len == 0 ? 1 : static_cast<uint32_t>((len + mtu - 1) / mtu);
 }
 
-uint8_t pick_opcode(WrOp op, bool first, bool last) {
-  using namespace wire;
-  switch (op) {
-    case WrOp::Send:
-      return first ? (last ? kRcSendOnly : kRcSendFirst) : (last ? kRcSendLast : kRcSendMiddle);
-    case WrOp::SendImm:
-      return first ? (last ? kRcSendOnlyImm : kRcSendFirst) : (last ? kRcSendLastImm : kRcSendMiddle);
-    case WrOp::SendInv:
-      return first ? (last ? kRcSendOnlyInv : kRcSendFirst) : (last ? kRcSendLastInv : kRcSendMiddle);
-    case WrOp::Write:
-      return first ? (last ? kRcWriteOnly : kRcWriteFirst) : (last ? kRcWriteLast : kRcWriteMiddle);
-    case WrOp::WriteImm:
-      return first ? (last ? kRcWriteOnlyImm : kRcWriteFirst) : (last ? kRcWriteLastImm : kRcWriteMiddle);
-    case WrOp::Read:
-      return kRcReadRequest;
-    case WrOp::CompareSwap:
-      return kRcCompareSwap;
-    case WrOp::FetchAdd:
-      return kRcFetchAdd;
-    case WrOp::BindMw:
-    case WrOp::LocalInv:
-      break;  // local operations send nothing
-  }
-  return kRcSendOnly;
-}
 }  // namespace
 
 // Copies len bytes at message offset off out of the WQE's gather list into dst.
@@ -71,38 +38,44 @@ static void gather(const SqEntry& e, uint64_t off, uint8_t* dst, uint32_t len) {
   });
 }
 
-static bool is_local_op(WrOp op) { return op == WrOp::BindMw || op == WrOp::LocalInv; }
-
 // Bind MW and Local Invalidate act on this side's key table when the requester reaches them, so a
 // request posted after them on this QP already sees their effect; they use no PSN and complete in
-// order with the requests around them (IBTA 10.6.7.2, 10.7.2.x).
-void Engine::execute_local_wqe(Qp& qp, SqEntry& e) {
+// order with the requests around them (IBTA 10.6.7.2, 10.7.2.x). A failed one completes in error in
+// order and stops the SQ: the result says whether sending goes on.
+bool Engine::execute_local_wqe(Qp& qp, SqEntry& e) {
   e.started = true;
   e.acked = true;
   e.npkts = 0;
-  e.first_psn = qp.next_psn;
+  e.first_psn = qp.req.next_psn;
   if (e.wqe.op == WrOp::BindMw) {
     uint32_t rkey = 0;
     e.status = mrs_.bind_window(e.wqe.bind, qp.cfg.pd, qp.qpn, &rkey) ? WcStatus::Success : WcStatus::MwBindErr;
   } else {
     e.status = mrs_.invalidate(e.wqe.imm_be, qp.cfg.pd, qp.qpn, false) ? WcStatus::Success : WcStatus::LocQpOpErr;
   }
+  const bool ok = e.status == WcStatus::Success;
+  if (!ok) qp.req.sq_stop_at = qp.req.send_index;
+  ++qp.req.send_index;
+  qp.req.send_offset_pkts = 0;
+  complete_in_order(qp);  // e is not touched after this
+  return ok;
 }
 
 bool Engine::prepare_wqe(Qp& qp, SqEntry& e) {
   const SendWqe& w = e.wqe;
-  e.npkts = is_read_or_atomic(w.op) && w.op != WrOp::Read ? 1 : packets_for(w.length, qp.mtu);
+  const WorkRequest wr = work_request(w.op, qp.cfg.type);
+  e.npkts = wr.atomic ? 1 : packets_for(w.length, qp.mtu);
   if (w.length > core::DeviceLimits::kMaxMsgSize) {
     e.status = WcStatus::LocLenErr;
     return false;
   }
-  if ((w.op == WrOp::CompareSwap || w.op == WrOp::FetchAdd) && w.length != 8) {
+  if (wr.atomic && w.length != 8) {
     e.status = WcStatus::LocLenErr;
     return false;
   }
   if (w.flags & kInline) return true;
   // The HCA writes READ and ATOMIC results into the gather list: those SGEs need LOCAL_WRITE.
-  bool write = is_read_or_atomic(w.op);
+  bool write = wr.read_or_atomic();
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     if (mrs_.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, write, &e.host[i]) !=
         core::AccessResult::Ok) {
@@ -115,6 +88,7 @@ bool Engine::prepare_wqe(Qp& qp, SqEntry& e) {
 
 void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
   const SendWqe& w = e.wqe;
+  const RequestOpcodes opcodes = work_request(w.op, qp.cfg.type).opcodes;  // UC: its own class
   wire::Packet pkt{};
   pkt.bth.psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(idx));
   uint8_t scratch[4096];
@@ -124,13 +98,13 @@ void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
   switch (w.op) {
     case WrOp::Read:
       // A re-issued READ asks only for what has not arrived yet, at that part's PSN (IBTA 9.7.4.1.4).
-      pkt.bth.opcode = wire::kRcReadRequest;
+      pkt.bth.opcode = opcodes.only;
       pkt.reth = {w.remote_addr + idx * qp.mtu, w.rkey, static_cast<uint32_t>(w.length - idx * qp.mtu)};
       if (w.length == 0) pkt.reth.dma_len = 0;
       break;
     case WrOp::CompareSwap:
     case WrOp::FetchAdd:
-      pkt.bth.opcode = pick_opcode(w.op, true, true);
+      pkt.bth.opcode = opcodes.only;
       pkt.atomic = {w.remote_addr, w.rkey, w.op == WrOp::CompareSwap ? w.swap : w.compare_add,
                     w.op == WrOp::CompareSwap ? w.compare_add : 0};
       break;
@@ -139,7 +113,7 @@ void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
       last = idx + 1 == e.npkts;
       uint64_t off = idx * qp.mtu;
       len = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, w.length - std::min(off, w.length)));
-      pkt.bth.opcode = pick_opcode(w.op, first, last);
+      pkt.bth.opcode = opcodes.at(first, last);
       if (first && (w.op == WrOp::Write || w.op == WrOp::WriteImm))
         pkt.reth = {w.remote_addr, w.rkey, static_cast<uint32_t>(w.length)};
       if (last) {
@@ -159,113 +133,103 @@ void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
     }
   }
   pkt.bth.ack_req = last || (idx % kAckReqInterval) == kAckReqInterval - 1;
-  if (qp.cfg.type == QpType::Uc) {
-    // UC SEND/WRITE opcodes are the RC ones in the UC class (IBTA table 38); nothing is acknowledged.
-    pkt.bth.opcode = static_cast<uint8_t>(pkt.bth.opcode | 0x20);
-    pkt.bth.ack_req = false;
-  }
+  if (qp.cfg.type == QpType::Uc) pkt.bth.ack_req = false;  // nothing is acknowledged
   send_packet(qp, pkt, payload, len);
 }
 
 void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
   uint64_t us = wire::ack_timeout_us(qp.timeout);
-  qp.timer_deadline_ns = us ? now + us * 1000 : 0;
+  qp.comp.timer_deadline_ns = us ? now + us * 1000 : 0;
 }
 
 bool Engine::requester_run(Qp& qp, uint64_t now) {
   if (qp.cfg.type != QpType::Rc) return unreliable_requester_run(qp);
   // now 0 (a post from the caller's thread): the clock is read only where a timer needs it.
-  if (qp.rnr_resume_ns) {
+  if (qp.comp.rnr_resume_ns) {
     if (!now) now = this->now();
-    if (now < qp.rnr_resume_ns) return false;
-    qp.rnr_resume_ns = 0;
+    if (now < qp.comp.rnr_resume_ns) return false;
+    qp.comp.rnr_resume_ns = 0;
   }
   bool did = false;
   int budget = kBurst;
-  const uint64_t head = std::min(qp.sq.head.load(std::memory_order_acquire), qp.sq_stop_at);
-  while (budget > 0 && qp.send_index < head) {
-    SqEntry& e = qp.sq.at(qp.send_index);
+  const uint64_t head = std::min(qp.sq.head.load(std::memory_order_acquire), qp.req.sq_stop_at);
+  while (budget > 0 && qp.req.send_index < head) {
+    SqEntry& e = qp.sq.at(qp.req.send_index);
+    const WorkRequest wr = work_request(e.wqe.op, qp.cfg.type);
     if (e.started && e.acked && e.status == WcStatus::Success) {
       // Rewound past a request that is already acknowledged: nothing of it needs resending.
-      ++qp.send_index;
-      qp.send_offset_pkts = 0;
+      ++qp.req.send_index;
+      qp.req.send_offset_pkts = 0;
       continue;
     }
     if (!e.started) {
       // A fenced WQE waits until every earlier WQE (and so every READ/ATOMIC) has completed.
-      if ((e.wqe.flags & kFence) && qp.sq.tail.load(std::memory_order_relaxed) != qp.send_index) break;
-      if (is_read_or_atomic(e.wqe.op) && qp.reads_outstanding >= qp.max_rd_atomic) break;
-      if (is_local_op(e.wqe.op)) {
-        execute_local_wqe(qp, e);
-        ++qp.send_index;
-        qp.send_offset_pkts = 0;
+      if ((e.wqe.flags & kFence) && qp.sq.tail.load(std::memory_order_relaxed) != qp.req.send_index) break;
+      if (wr.read_or_atomic() && qp.req.reads_outstanding >= qp.max_rd_atomic) break;
+      if (wr.local) {
         did = true;
-        // A failed one completes in error in order; nothing after it is sent.
-        const bool failed = e.status != WcStatus::Success;
-        if (failed) qp.sq_stop_at = qp.send_index - 1;
-        complete_in_order(qp);
-        if (failed) return true;
+        if (!execute_local_wqe(qp, e)) return true;
         continue;
       }
       if (!prepare_wqe(qp, e)) {
         // Reported in order by the completer; nothing after it is sent.
         e.started = true;
         e.acked = true;
-        qp.sq_stop_at = qp.send_index;
+        qp.req.sq_stop_at = qp.req.send_index;
         complete_in_order(qp);
         return true;
       }
       // The intra-host direct path, for a one-sided WQE with nothing before it in flight (so order and
       // fences hold trivially); whatever it cannot do exactly goes by packets.
-      if (qp.direct_peer && qp.sq.tail.load(std::memory_order_relaxed) == qp.send_index) {
+      if (qp.direct.peer && qp.sq.tail.load(std::memory_order_relaxed) == qp.req.send_index) {
         if (direct_->execute(qp, e, now) == DirectEndpoint::Result::Done) {
           e.started = true;
           e.acked = true;
           e.npkts = 0;
-          e.first_psn = qp.next_psn;
+          e.first_psn = qp.req.next_psn;
           count(&qp, &core::Counters::direct_ops);
           count(&qp, &core::Counters::direct_bytes, e.wqe.length);
-          ++qp.send_index;
-          qp.send_offset_pkts = 0;
+          ++qp.req.send_index;
+          qp.req.send_offset_pkts = 0;
           did = true;
           complete_in_order(qp);
           continue;
         }
         count(&qp, &core::Counters::direct_fallbacks);
       }
-      if (wire::psn_diff(qp.next_psn, qp.acked_psn) >= static_cast<int32_t>(qp.cwnd)) break;
+      if (wire::psn_diff(qp.req.next_psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
       // By packets the peer's responder takes a receive WQE the direct path does not know of.
-      if (consumes_receive(e.wqe.op)) qp.direct_recv.valid = false;
-      e.first_psn = qp.next_psn;
-      qp.next_psn = wire::psn_add(qp.next_psn, e.npkts);
+      if (wr.consumes_receive) qp.direct.recv.valid = false;
+      e.first_psn = qp.req.next_psn;
+      qp.req.next_psn = wire::psn_add(qp.req.next_psn, e.npkts);
       e.started = true;
-      qp.send_offset_pkts = 0;
-      if (is_read_or_atomic(e.wqe.op)) ++qp.reads_outstanding;
+      qp.req.send_offset_pkts = 0;
+      if (wr.read_or_atomic()) ++qp.req.reads_outstanding;
     }
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered while it was in flight: it completes in error, in order.
       e.acked = true;
-      qp.sq_stop_at = qp.send_index;
+      qp.req.sq_stop_at = qp.req.send_index;
       complete_in_order(qp);
       return true;
     }
     // READ and ATOMIC are one request packet however many PSNs their responses use.
-    uint64_t to_send = is_read_or_atomic(e.wqe.op) ? (e.wqe.op == WrOp::Read ? qp.send_offset_pkts + 1 : 1) : e.npkts;
-    while (qp.send_offset_pkts < to_send && budget > 0) {
-      uint32_t psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(qp.send_offset_pkts));
-      if (wire::psn_diff(psn, qp.acked_psn) >= static_cast<int32_t>(qp.cwnd)) break;
-      send_request_packet(qp, e, qp.send_offset_pkts);
-      ++qp.send_offset_pkts;
+    uint64_t to_send = wr.read ? qp.req.send_offset_pkts + 1 : wr.atomic ? 1 : e.npkts;
+    while (qp.req.send_offset_pkts < to_send && budget > 0) {
+      uint32_t psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(qp.req.send_offset_pkts));
+      if (wire::psn_diff(psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
+      send_request_packet(qp, e, qp.req.send_offset_pkts);
+      ++qp.req.send_offset_pkts;
       --budget;
       did = true;
-      if (!qp.timer_deadline_ns) {
+      if (!qp.comp.timer_deadline_ns) {
         if (!now) now = this->now();
         arm_retransmit_timer(qp, now);
       }
     }
-    if (qp.send_offset_pkts < to_send) break;
-    ++qp.send_index;
-    qp.send_offset_pkts = 0;
+    if (qp.req.send_offset_pkts < to_send) break;
+    ++qp.req.send_index;
+    qp.req.send_offset_pkts = 0;
   }
   return did;
 }

@@ -1,6 +1,9 @@
 // Responder (IBTA 9.7.3-9.7.5.2, 9.9.3): executes in-order requests on registered memory and the RQ,
 // acknowledges them (coalesced), NAKs sequence errors, RNR and invalid or unauthorised requests, and
 // answers duplicates from the replay cache: READ responses regenerated, ATOMIC results replayed.
+// A request passes check stages (PSN, opcode sequence, length, receive WQE, R_Key) and is executed;
+// the stages for SEND and WRITE are shared with the UC responder (datagram.cpp), and each returns a
+// verdict that RC answers with a NAK and UC with a silent drop.
 #include <algorithm>
 #include <cstring>
 
@@ -23,7 +26,7 @@ void Engine::responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn) {
   wire::Packet pkt{};
   pkt.bth.opcode = wire::kRcAck;
   pkt.bth.psn = psn;
-  pkt.aeth = {syndrome, qp.msn};
+  pkt.aeth = {syndrome, qp.resp.msn};
   send_packet(qp, pkt, nullptr, 0);
 }
 
@@ -31,13 +34,13 @@ void Engine::responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn) {
 // READ or ATOMIC, or the requester would take those for lost. Regenerated responses (answers to
 // duplicates) hold nothing back: the requester already saw later traffic.
 static bool ack_must_wait(const Qp& qp, uint32_t ack_psn) {
-  for (const ReadResponseJob& j : qp.read_jobs)
+  for (const ReadResponseJob& j : qp.resp.read_jobs)
     if (!j.regenerated && wire::psn_diff(ack_psn, j.first_psn) > 0) return true;
   return false;
 }
 
 static bool original_job_pending(const Qp& qp) {
-  for (const ReadResponseJob& j : qp.read_jobs)
+  for (const ReadResponseJob& j : qp.resp.read_jobs)
     if (!j.regenerated) return true;
   return false;
 }
@@ -45,14 +48,14 @@ static bool original_job_pending(const Qp& qp) {
 void Engine::flush_owed_acks() {
   size_t kept = 0;
   for (Qp* qp : ack_owed_) {
-    if (qp->ack_owed && ack_must_wait(*qp, qp->ack_psn) &&
+    if (qp->resp.ack_owed && ack_must_wait(*qp, qp->resp.ack_psn) &&
         qp->state.load(std::memory_order_relaxed) != QpState::Err) {
       ack_owed_[kept++] = qp;
       continue;
     }
-    if (qp->ack_owed && qp->state.load(std::memory_order_relaxed) != QpState::Err)
-      responder_send_ack(*qp, wire::aeth_ack(), qp->ack_psn);
-    qp->ack_owed = false;
+    if (qp->resp.ack_owed && qp->state.load(std::memory_order_relaxed) != QpState::Err)
+      responder_send_ack(*qp, wire::aeth_ack(), qp->resp.ack_psn);
+    qp->resp.ack_owed = false;
   }
   ack_owed_.resize(kept);
 }
@@ -61,7 +64,7 @@ void Engine::send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig) {
   wire::Packet ack{};
   ack.bth.opcode = wire::kRcAtomicAck;
   ack.bth.psn = psn;
-  ack.aeth = {wire::aeth_ack(), qp.msn};
+  ack.aeth = {wire::aeth_ack(), qp.resp.msn};
   ack.atomic_ack_orig = orig;
   send_packet(qp, ack, nullptr, 0);
 }
@@ -73,22 +76,22 @@ void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus re
     ReadResponseJob nak{psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::Nak};
     nak.nak_code = nak_code;
     nak.recv_status = recv_status;
-    qp.read_jobs.push_back(nak);
-    qp.pending_fatal_nak = true;
+    qp.resp.read_jobs.push_back(nak);
+    qp.resp.pending_fatal_nak = true;
     return;
   }
   count(&qp, nak_code == wire::kNakRemoteAccess ? &core::Counters::naks_sent_rem_access
              : nak_code == wire::kNakRemoteOp   ? &core::Counters::naks_sent_rem_op
                                                 : &core::Counters::naks_sent_inv_req);
   responder_send_ack(qp, wire::aeth_nak(nak_code), psn);
-  if (qp.recv_active) {
+  if (qp.resp.recv_active) {
     core::Cqe c{};
     c.wr_id = active_recv_wqe(qp).wr_id;
     c.status = recv_status;
     c.opcode = core::WcOpcode::Recv;
     c.qp_num = qp.qpn;
     retire_recv_wqe(qp);
-    qp.recv_active = false;
+    qp.resp.recv_active = false;
     post_cqe(qp.cfg.recv_cq, c, false);
   }
   // Errors that consumed no receive WQE are reported through the async event stream (IBTA 11.6.3).
@@ -100,21 +103,21 @@ void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus re
 }
 
 bool Engine::responder_run_reads(Qp& qp) {
-  if (qp.read_jobs.empty()) return false;
+  if (qp.resp.read_jobs.empty()) return false;
   int budget = kReadBurst;
-  while (budget > 0 && !qp.read_jobs.empty()) {
-    ReadResponseJob& j = qp.read_jobs.front();
+  while (budget > 0 && !qp.resp.read_jobs.empty()) {
+    ReadResponseJob& j = qp.resp.read_jobs.front();
     if (j.kind == ReadResponseJob::Kind::Nak) {
       // Everything before it has gone out: now the NAK, and the QP goes to error.
       const ReadResponseJob nak = j;
-      qp.read_jobs.clear();
-      qp.pending_fatal_nak = false;
+      qp.resp.read_jobs.clear();
+      qp.resp.pending_fatal_nak = false;
       responder_fatal(qp, nak.nak_code, nak.psn, nak.recv_status);
       return true;
     }
     if (j.kind == ReadResponseJob::Kind::AtomicAck) {
       send_atomic_ack(qp, j.psn, j.atomic_orig);
-      qp.read_jobs.erase(qp.read_jobs.begin());
+      qp.resp.read_jobs.erase(qp.resp.read_jobs.begin());
       --budget;
       continue;
     }
@@ -125,57 +128,171 @@ bool Engine::responder_run_reads(Qp& qp) {
     pkt.bth.opcode = first ? (last ? wire::kRcReadResponseOnly : wire::kRcReadResponseFirst)
                            : (last ? wire::kRcReadResponseLast : wire::kRcReadResponseMiddle);
     pkt.bth.psn = j.psn;
-    pkt.aeth = {wire::aeth_ack(), qp.msn};
+    pkt.aeth = {wire::aeth_ack(), qp.resp.msn};
     send_packet(qp, pkt, j.src, len);
     j.src += len;
     j.remaining -= len;
     j.psn = wire::psn_add(j.psn, 1);
     --budget;
-    if (last) qp.read_jobs.erase(qp.read_jobs.begin());
+    if (last) qp.resp.read_jobs.erase(qp.resp.read_jobs.begin());
   }
   return true;
 }
 
-// Takes the next receive WQE and resolves its SGEs; false (after the NAK) when it cannot.
-bool Engine::take_receive(Qp& qp, bool& rnr, WcStatus& err) {
-  rnr = false;
-  if (!next_recv_wqe(qp)) {
-    rnr = true;
-    return false;
+// ---- Check stages shared by RC and UC ----
+
+bool Engine::opcode_in_sequence(const Qp& qp, const wire::OpcodeInfo& info) {
+  bool continues = !info.first;
+  return continues == qp.resp.in_message &&
+         (!continues || wire::opcode_info(qp.resp.last_opcode).kind == info.kind);
+}
+
+Engine::Verdict Engine::check_length(const Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  if (info.has_payload && ((!info.last && pkt.payload_len != qp.mtu) || pkt.payload_len > qp.mtu))
+    return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  return {};
+}
+
+Engine::Verdict Engine::check_receive(Qp& qp, const wire::OpcodeInfo& info) {
+  if (info.kind == wire::OpKind::Write) {
+    // WRITE with immediate consumes a receive WQE: without one, refused before memory is touched.
+    if ((info.headers & wire::kHdrImm) && !qp.resp.recv_active && !next_recv_wqe(qp)) return {Verdict::Rnr};
+    return {};
   }
-  RecvWqe& w = take_recv_wqe(qp);
-  qp.recv_active = true;
-  qp.recv_offset = 0;
+  if (info.kind != wire::OpKind::Send || !info.first) return {};
+  // A WQE still held from a message given up (UC, SRQ) serves this one.
+  if (!qp.resp.recv_active) {
+    if (!next_recv_wqe(qp)) return {Verdict::Rnr};
+    take_recv_wqe(qp);
+    qp.resp.recv_active = true;
+  }
+  qp.resp.recv_offset = 0;
+  RecvWqe& w = active_recv_wqe(qp);
   // An SRQ's buffers belong to the SRQ's protection domain (IBTA 10.2.9).
   uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;
-  for (uint32_t i = 0; i < w.num_sge; ++i) {
-    if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.recv_host[i]) !=
-        core::AccessResult::Ok) {
-      err = WcStatus::LocProtErr;
-      return false;
-    }
+  for (uint32_t i = 0; i < w.num_sge; ++i)
+    if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.resp.recv_host[i]) !=
+        core::AccessResult::Ok)
+      return {Verdict::RemoteOp, WcStatus::LocProtErr};
+  return {};
+}
+
+Engine::Verdict Engine::check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access,
+                                   uint8_t** host) {
+  if (!(qp.access_flags & access) ||
+      mrs_.check_remote(rkey, qp.cfg.pd, va, len, access, host, qp.qpn) != core::AccessResult::Ok)
+    return {Verdict::RemoteAccess, WcStatus::RemAccessErr};
+  return {};
+}
+
+Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  RecvWqe& w = active_recv_wqe(qp);
+  if (qp.resp.recv_offset + pkt.payload_len > w.length) return {Verdict::InvalidRequest, WcStatus::LocLenErr};
+  const uint8_t* src = pkt.payload;
+  bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, pkt.payload_len,
+                                   [&](uint8_t* p, uint64_t n) {
+                                     if (!p) return false;
+                                     std::memcpy(p, src, n);
+                                     src += n;
+                                     return true;
+                                   });
+  // The receive buffer's MR was deregistered while this message arrived.
+  if (!placed) return {Verdict::RemoteOp, WcStatus::LocProtErr};
+  qp.resp.recv_offset += pkt.payload_len;
+  if (!info.last) return {};
+  core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
+                                      (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
+  if (info.headers & wire::kHdrIeth) {
+    // Send with Invalidate: only a type 2 window bound through this QP can be invalidated;
+    // any other key is a Class J error (the receive WQE completes in error, QP to error).
+    if (!mrs_.invalidate(pkt.ieth_rkey, qp.cfg.pd, qp.qpn, true))
+      return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+    c.wc_flags = core::kWcWithInv;
+    c.imm_or_inv = pkt.ieth_rkey;
   }
-  return true;
+  retire_recv_wqe(qp);
+  qp.resp.recv_active = false;
+  qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+  post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+  return {};
+}
+
+Engine::Verdict Engine::execute_write(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt,
+                                      bool complete_receive) {
+  if (info.first) {
+    uint8_t* host = nullptr;
+    if (Verdict v = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, pkt.reth.dma_len, core::kRemoteWrite, &host); !v.ok())
+      return v;
+    qp.resp.write_dst = host;
+    qp.resp.write_remaining = pkt.reth.dma_len;
+    qp.resp.write_total = pkt.reth.dma_len;
+  }
+  // The target MR was deregistered between the packets of this WRITE.
+  if (!qp.resp.write_dst && qp.resp.write_remaining) return {Verdict::RemoteAccess, WcStatus::RemAccessErr};
+  // A length that contradicts the RETH.
+  if (pkt.payload_len > qp.resp.write_remaining || (info.last && pkt.payload_len != qp.resp.write_remaining))
+    return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  if (pkt.payload_len) std::memcpy(qp.resp.write_dst, pkt.payload, pkt.payload_len);
+  qp.resp.write_dst += pkt.payload_len;
+  qp.resp.write_remaining -= pkt.payload_len;
+  if (!info.last) return {};
+  qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+  if ((info.headers & wire::kHdrImm) && complete_receive) {
+    core::Cqe c = connected_receive_cqe(qp, take_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
+                                        qp.resp.write_total, true, pkt.imm_data_be);
+    retire_recv_wqe(qp);
+    qp.resp.recv_active = false;
+    post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+  }
+  return {};
+}
+
+// ---- RC ----
+
+// RC answers a refused request with a NAK: RNR (the requester backs off and resends), or a fatal one
+// after which the QP is in error.
+void Engine::rc_refuse(Qp& qp, const Verdict& v, uint32_t psn) {
+  switch (v.kind) {
+    case Verdict::Rnr:
+      count(&qp, &core::Counters::rnr_naks_sent);
+      responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
+      // The requester resends from psn after its back-off: the packets already behind this one get
+      // no NAK-sequence as well, which would spend one of its retries per RNR (seen with 16 QPs on
+      // one SRQ: RETRY_EXC_ERR after 7 RNR rounds).
+      qp.resp.nak_sent = true;
+      return;
+    case Verdict::InvalidRequest:
+      responder_fatal(qp, wire::kNakInvalidRequest, psn, v.status);
+      return;
+    case Verdict::RemoteAccess:
+      responder_fatal(qp, wire::kNakRemoteAccess, psn, v.status);
+      return;
+    case Verdict::RemoteOp:
+      responder_fatal(qp, wire::kNakRemoteOp, psn, v.status);
+      return;
+    case Verdict::Ok:
+      return;
+  }
 }
 
 void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
-  if (qp.pending_fatal_nak) {
+  if (qp.resp.pending_fatal_nak) {
     // Failed already: the NAK waits behind owed responses, and the QP is as good as in error.
     count(&qp, &core::Counters::drop_bad_state);
     return;
   }
   // A request by packets comes after whatever its requester left in the inbox before it.
-  if (qp.direct_inbox) direct_receive(qp);
+  if (qp.direct.inbox) direct_receive(qp);
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   uint32_t psn = pkt.bth.psn;
-  int32_t d = wire::psn_diff(psn, qp.epsn);
+  int32_t d = wire::psn_diff(psn, qp.resp.epsn);
   if (d > 0) {
     // A gap: earlier packets were lost. One NAK per gap (IBTA 9.7.5.1.2).
     count(&qp, &core::Counters::out_of_sequence);
-    if (!qp.nak_sent) {
-      qp.nak_sent = true;
+    if (!qp.resp.nak_sent) {
+      qp.resp.nak_sent = true;
       count(&qp, &core::Counters::naks_sent_seq);
-      responder_send_ack(qp, wire::aeth_nak(wire::kNakPsnSeqErr), qp.epsn);
+      responder_send_ack(qp, wire::aeth_nak(wire::kNakPsnSeqErr), qp.resp.epsn);
     }
     return;
   }
@@ -184,7 +301,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
     if (info.kind == wire::OpKind::ReadRequest || info.kind == wire::OpKind::CompareSwap ||
         info.kind == wire::OpKind::FetchAdd) {
       bool atomic = info.kind != wire::OpKind::ReadRequest;
-      for (ReplayEntry& r : qp.replay) {
+      for (ReplayEntry& r : qp.resp.replay) {
         int32_t off = wire::psn_diff(psn, r.psn);
         if (!r.valid || r.atomic != atomic || off < 0 || off >= static_cast<int32_t>(r.npkts)) continue;
         if (atomic) {
@@ -199,16 +316,16 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
                                 &host, qp.qpn) != core::AccessResult::Ok)
             break;
           // A request re-issued from its start supersedes the one being streamed out.
-          qp.read_jobs.erase(std::remove_if(qp.read_jobs.begin(), qp.read_jobs.end(),
+          qp.resp.read_jobs.erase(std::remove_if(qp.resp.read_jobs.begin(), qp.resp.read_jobs.end(),
                                             [&](const ReadResponseJob& j) {
                                               return j.kind == ReadResponseJob::Kind::Read &&
                                                      wire::psn_diff(j.psn, psn) >= 0 &&
                                                      wire::psn_diff(j.last_psn, wire::psn_add(psn, n - 1)) <= 0;
                                             }),
-                             qp.read_jobs.end());
+                             qp.resp.read_jobs.end());
           // Bounded: a requester that keeps re-issuing cannot grow the queue without limit.
-          if (qp.read_jobs.size() < 4 * qp.max_dest_rd_atomic + 16)
-            qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len,
+          if (qp.resp.read_jobs.size() < 4 * qp.max_dest_rd_atomic + 16)
+            qp.resp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len,
                                     ReadResponseJob::Kind::Read, 0, true});
         }
         break;
@@ -216,150 +333,52 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       return;
     }
     // A duplicate SEND/WRITE: its ACK was lost. Acknowledge everything received so far again.
-    if (!qp.ack_owed) ack_owed_.push_back(&qp);
-    qp.ack_owed = true;
-    qp.ack_psn = wire::psn_add(qp.epsn, wire::kPsnMask);  // epsn - 1
+    if (!qp.resp.ack_owed) ack_owed_.push_back(&qp);
+    qp.resp.ack_owed = true;
+    qp.resp.ack_psn = wire::psn_add(qp.resp.epsn, wire::kPsnMask);  // epsn - 1
     return;
   }
 
-  qp.nak_sent = false;
-  // Opcode sequence (IBTA 9.8.3): a FIRST opens a message, MIDDLE/LAST continue the same kind.
-  bool continues = !info.first;
-  if (continues != qp.in_message ||
-      (continues && wire::opcode_info(qp.last_opcode).kind != info.kind)) {
-    responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
-    return;
-  }
-  // Every packet of a multi-packet message but the last is exactly one path MTU (IBTA 9.7.4.1.x).
-  if (info.has_payload && ((!info.last && pkt.payload_len != qp.mtu) || pkt.payload_len > qp.mtu)) {
-    responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
+  qp.resp.nak_sent = false;
+  Verdict v;
+  if (!opcode_in_sequence(qp, info)) v = {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  if (v.ok()) v = check_length(qp, info, pkt);
+  if (v.ok()) v = check_receive(qp, info);
+  if (!v.ok()) {
+    rc_refuse(qp, v, psn);
     return;
   }
 
   switch (info.kind) {
-    case wire::OpKind::Send: {
-      if (info.first) {
-        bool rnr;
-        WcStatus err = WcStatus::Success;
-        if (!take_receive(qp, rnr, err)) {
-          if (rnr) {
-            count(&qp, &core::Counters::rnr_naks_sent);
-            responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
-            // The requester resends from psn after its back-off: the packets already behind this one
-            // get no NAK-sequence as well, which would spend one of its retries per RNR (seen with 16
-            // QPs on one SRQ: RETRY_EXC_ERR after 7 RNR rounds).
-            qp.nak_sent = true;
-          } else {
-            responder_fatal(qp, wire::kNakRemoteOp, psn, err);
-          }
-          return;
-        }
-      }
-      RecvWqe& w = active_recv_wqe(qp);
-      if (qp.recv_offset + pkt.payload_len > w.length) {
-        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::LocLenErr);
+    case wire::OpKind::Send:
+    case wire::OpKind::Write:
+      v = info.kind == wire::OpKind::Send ? execute_send(qp, info, pkt) : execute_write(qp, info, pkt, true);
+      if (!v.ok()) {
+        rc_refuse(qp, v, psn);
         return;
-      }
-      const uint8_t* src = pkt.payload;
-      bool placed = for_each_sge_piece(w.sge, qp.recv_host, w.num_sge, qp.recv_offset, pkt.payload_len,
-                                       [&](uint8_t* p, uint64_t n) {
-                                         if (!p) return false;
-                                         std::memcpy(p, src, n);
-                                         src += n;
-                                         return true;
-                                       });
-      if (!placed) {
-        // The receive buffer's MR was deregistered while this message arrived.
-        responder_fatal(qp, wire::kNakRemoteOp, psn, WcStatus::LocProtErr);
-        return;
-      }
-      qp.recv_offset += pkt.payload_len;
-      if (info.last) {
-        core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.recv_offset,
-                                            (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
-        if (info.headers & wire::kHdrIeth) {
-          // Send with Invalidate: only a type 2 window bound through this QP can be invalidated;
-          // any other key is a Class J error (the receive WQE completes in error, QP to error).
-          if (!mrs_.invalidate(pkt.ieth_rkey, qp.cfg.pd, qp.qpn, true)) {
-            responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
-            return;
-          }
-          c.wc_flags = core::kWcWithInv;
-          c.imm_or_inv = pkt.ieth_rkey;
-        }
-        retire_recv_wqe(qp);
-        qp.recv_active = false;
-        qp.msn = wire::psn_add(qp.msn, 1);
-        post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
       }
       break;
-    }
-    case wire::OpKind::Write: {
-      bool imm = (info.headers & wire::kHdrImm) != 0;
-      // WRITE with immediate consumes a receive WQE: without one, RNR before touching memory.
-      if (imm && !next_recv_wqe(qp)) {
-        count(&qp, &core::Counters::rnr_naks_sent);
-        responder_send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
-        qp.nak_sent = true;  // as for a SEND: no NAK-sequence for the packets behind it
-        return;
-      }
-      if (info.first) {
-        uint8_t* host = nullptr;
-        if (!(qp.access_flags & core::kRemoteWrite) ||
-            mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteWrite,
-                              &host, qp.qpn) != core::AccessResult::Ok) {
-          responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
-          return;
-        }
-        qp.write_dst = host;
-        qp.write_remaining = pkt.reth.dma_len;
-        qp.write_total = pkt.reth.dma_len;
-      }
-      if (!qp.write_dst && qp.write_remaining) {
-        // The target MR was deregistered between the packets of this WRITE.
-        responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
-        return;
-      }
-      if (pkt.payload_len > qp.write_remaining || (info.last && pkt.payload_len != qp.write_remaining)) {
-        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
-        return;
-      }
-      if (pkt.payload_len) std::memcpy(qp.write_dst, pkt.payload, pkt.payload_len);
-      qp.write_dst += pkt.payload_len;
-      qp.write_remaining -= pkt.payload_len;
-      if (info.last) {
-        qp.msn = wire::psn_add(qp.msn, 1);
-        if (imm) {
-          core::Cqe c = connected_receive_cqe(qp, take_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
-                                              qp.write_total, true, pkt.imm_data_be);
-          retire_recv_wqe(qp);
-          post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
-        }
-      }
-      break;
-    }
     case wire::OpKind::ReadRequest: {
       size_t outstanding = 0;
-      for (const ReadResponseJob& j : qp.read_jobs) outstanding += !j.regenerated;
+      for (const ReadResponseJob& j : qp.resp.read_jobs) outstanding += !j.regenerated;
       if (outstanding >= qp.max_dest_rd_atomic) {
         responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
         return;
       }
       uint8_t* host = nullptr;
-      if (!(qp.access_flags & core::kRemoteRead) ||
-          mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host,
-                            qp.qpn) != core::AccessResult::Ok) {
-        responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
+      if (Verdict r = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host);
+          !r.ok()) {
+        rc_refuse(qp, r, psn);
         return;
       }
       uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
-      ReplayEntry& r = qp.replay[qp.replay_next++ % qp.replay.size()];
+      ReplayEntry& r = qp.resp.replay[qp.resp.replay_next++ % qp.resp.replay.size()];
       r = {true, false, psn, n, 0};
-      qp.msn = wire::psn_add(qp.msn, 1);
-      qp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len});
-      qp.epsn = wire::psn_add(qp.epsn, n);
-      qp.last_opcode = pkt.bth.opcode;
-      qp.in_message = false;
+      qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+      qp.resp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len});
+      qp.resp.epsn = wire::psn_add(qp.resp.epsn, n);
+      qp.resp.last_opcode = pkt.bth.opcode;
+      qp.resp.in_message = false;
       return;
     }
     case wire::OpKind::CompareSwap:
@@ -369,10 +388,8 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         return;
       }
       uint8_t* host = nullptr;
-      if (!(qp.access_flags & core::kRemoteAtomic) ||
-          mrs_.check_remote(pkt.atomic.rkey, qp.cfg.pd, pkt.atomic.va, 8, core::kRemoteAtomic, &host, qp.qpn) !=
-              core::AccessResult::Ok) {
-        responder_fatal(qp, wire::kNakRemoteAccess, psn, WcStatus::RemAccessErr);
+      if (Verdict r = check_rkey(qp, pkt.atomic.rkey, pkt.atomic.va, 8, core::kRemoteAtomic, &host); !r.ok()) {
+        rc_refuse(qp, r, psn);
         return;
       }
       auto* word = reinterpret_cast<uint64_t*>(host);
@@ -383,29 +400,29 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       } else {
         orig = __atomic_fetch_add(word, pkt.atomic.swap_add, __ATOMIC_SEQ_CST);
       }
-      ReplayEntry& r = qp.replay[qp.replay_next++ % qp.replay.size()];
+      ReplayEntry& r = qp.resp.replay[qp.resp.replay_next++ % qp.resp.replay.size()];
       r = {true, true, psn, 1, orig};
-      qp.msn = wire::psn_add(qp.msn, 1);
+      qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
       if (!original_job_pending(qp))
         send_atomic_ack(qp, psn, orig);
       else
-        qp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::AtomicAck, orig});
-      qp.epsn = wire::psn_add(qp.epsn, 1);
-      qp.last_opcode = pkt.bth.opcode;
-      qp.in_message = false;
+        qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::AtomicAck, orig});
+      qp.resp.epsn = wire::psn_add(qp.resp.epsn, 1);
+      qp.resp.last_opcode = pkt.bth.opcode;
+      qp.resp.in_message = false;
       return;
     }
     default:
       count(&qp, &core::Counters::drop_bad_opcode);
       return;
   }
-  qp.epsn = wire::psn_add(qp.epsn, 1);
-  qp.last_opcode = pkt.bth.opcode;
-  qp.in_message = !info.last;
+  qp.resp.epsn = wire::psn_add(qp.resp.epsn, 1);
+  qp.resp.last_opcode = pkt.bth.opcode;
+  qp.resp.in_message = !info.last;
   if (pkt.bth.ack_req) {
-    if (!qp.ack_owed) ack_owed_.push_back(&qp);
-    qp.ack_owed = true;
-    qp.ack_psn = psn;
+    if (!qp.resp.ack_owed) ack_owed_.push_back(&qp);
+    qp.resp.ack_owed = true;
+    qp.resp.ack_psn = psn;
   }
 }
 

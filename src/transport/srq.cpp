@@ -118,7 +118,7 @@ int Engine::post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
 }
 
 RecvWqe* Engine::next_recv_wqe(Qp& qp) {
-  if (qp.srq_wqe_held) return &qp.srq_wqe;  // taken by a message that was given up (UC): reused
+  if (qp.resp.srq_wqe_held) return &qp.resp.srq_wqe;  // taken by a message that was given up (UC): reused
   WorkQueue<RecvWqe>& q = qp.recv_queue();
   uint64_t t = q.tail.load(std::memory_order_relaxed);
   return t == q.head.load(std::memory_order_acquire) ? nullptr : &q.at(t);
@@ -126,31 +126,31 @@ RecvWqe* Engine::next_recv_wqe(Qp& qp) {
 
 RecvWqe& Engine::take_recv_wqe(Qp& qp) {
   if (!qp.srq) return qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
-  if (qp.srq_wqe_held) return qp.srq_wqe;
+  if (qp.resp.srq_wqe_held) return qp.resp.srq_wqe;
   Srq& srq = *qp.srq;
   uint64_t t = srq.rq.tail.load(std::memory_order_relaxed);
   const RecvWqe& w = srq.rq.at(t);
-  qp.srq_wqe.wr_id = w.wr_id;
-  qp.srq_wqe.num_sge = w.num_sge;
-  qp.srq_wqe.length = w.length;
-  std::memcpy(qp.srq_wqe.sge, w.sge, sizeof(Sge) * w.num_sge);
+  qp.resp.srq_wqe.wr_id = w.wr_id;
+  qp.resp.srq_wqe.num_sge = w.num_sge;
+  qp.resp.srq_wqe.length = w.length;
+  std::memcpy(qp.resp.srq_wqe.sge, w.sge, sizeof(Sge) * w.num_sge);
   srq.rq.tail.store(t + 1, std::memory_order_release);
-  qp.srq_wqe_held = true;
+  qp.resp.srq_wqe_held = true;
   // The low watermark (IBTA 11.2.3.2 / ibv_modify_srq(3)): once, then disarmed until set again.
   if (srq.limit && srq.rq.count() < srq.limit) {
     srq.limit = 0;
     async_events_.push(AsyncEvent{AsyncEventType::SrqLimitReached, nullptr, nullptr, &srq});
   }
-  return qp.srq_wqe;
+  return qp.resp.srq_wqe;
 }
 
 RecvWqe& Engine::active_recv_wqe(Qp& qp) {
-  return qp.srq ? qp.srq_wqe : qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
+  return qp.srq ? qp.resp.srq_wqe : qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
 }
 
 void Engine::retire_recv_wqe(Qp& qp) {
   if (qp.srq) {
-    qp.srq_wqe_held = false;
+    qp.resp.srq_wqe_held = false;
   } else {
     qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     if (direct_) direct_->publish_tails(qp);
@@ -160,8 +160,8 @@ void Engine::retire_recv_wqe(Qp& qp) {
 void Engine::report_last_wqe(Qp& qp) {
   // The QP is in error and its WQE in progress is flushed: it takes nothing more from the SRQ, whose
   // remaining WQEs stay there for the other QPs (IBTA 11.6.3.1, 10.3.1).
-  if (!qp.srq || qp.last_wqe_reached) return;
-  qp.last_wqe_reached = true;
+  if (!qp.srq || qp.resp.last_wqe_reached) return;
+  qp.resp.last_wqe_reached = true;
   async_events_.push(AsyncEvent{AsyncEventType::QpLastWqeReached, &qp, nullptr});
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/limits.h"
 #include "core/qp_state.h"
+#include "transport/work_request.h"
 #include "verbs/ah.h"
 #include "verbs/soft_objects.h"
 
@@ -117,9 +118,9 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
     case IBV_WR_ATOMIC_FETCH_AND_ADD: w.op = WrOp::FetchAdd; break;
     case IBV_WR_BIND_MW:
     case IBV_WR_LOCAL_INV:
-      // Local operations on memory windows: no data, no packets. ibv_bind_mw(3) allows RC and UC;
-      // only the RC requester executes them so far.
-      if (cfg.type != transport::QpType::Rc) return EINVAL;
+      // Local operations on memory windows: no data, no packets (RC and UC, ibv_bind_mw(3)).
+      if (!transport::work_request(wr.opcode == IBV_WR_BIND_MW ? WrOp::BindMw : WrOp::LocalInv, cfg.type).allowed)
+        return EINVAL;
       if (wr.opcode == IBV_WR_BIND_MW) return fill_mw_bind(w, wr.bind_mw.mw, wr.bind_mw.rkey, wr.bind_mw.bind_info);
       w.op = WrOp::LocalInv;
       w.imm_be = wr.invalidate_rkey;
@@ -128,17 +129,16 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
       return 0;
     default: return EINVAL;
   }
-  // UD sends datagrams only; UC has no READ or ATOMIC (IBTA table 38: no such UC opcodes).
-  bool send_op = w.op == WrOp::Send || w.op == WrOp::SendImm;
+  // What the service carries (IBTA table 38): UD sends datagrams only, UC has no READ or ATOMIC.
+  const transport::WorkRequest kind = transport::work_request(w.op, cfg.type);
+  if (!kind.allowed) return EINVAL;
   if (cfg.type == transport::QpType::Ud) {
-    if (!send_op || !wr.wr.ud.ah) return EINVAL;
+    if (!wr.wr.ud.ah) return EINVAL;
     w.ud_dest_ip_be = to_ah(wr.wr.ud.ah)->dest_ip_be;
     w.ud_remote_qpn = wr.wr.ud.remote_qpn;
     w.ud_remote_qkey = wr.wr.ud.remote_qkey;
-  } else if (cfg.type == transport::QpType::Uc && !send_op && w.op != WrOp::Write && w.op != WrOp::WriteImm) {
-    return EINVAL;
   }
-  if (w.op == WrOp::CompareSwap || w.op == WrOp::FetchAdd) {
+  if (kind.atomic) {
     w.remote_addr = wr.wr.atomic.remote_addr;
     w.rkey = wr.wr.atomic.rkey;
     w.compare_add = wr.wr.atomic.compare_add;
@@ -151,9 +151,7 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
   uint64_t len = 0;
   for (int i = 0; i < wr.num_sge; ++i) len += wr.sg_list[i].length;
   w.length = len;
-  bool is_inline = (wr.send_flags & IBV_SEND_INLINE) &&
-                   (w.op == WrOp::Send || w.op == WrOp::SendImm || w.op == WrOp::SendInv || w.op == WrOp::Write ||
-                    w.op == WrOp::WriteImm);
+  bool is_inline = (wr.send_flags & IBV_SEND_INLINE) && kind.inline_data;
   if (is_inline) {
     // Inline data is copied now: the buffers need no key and may be reused at once (ibv_post_send(3)).
     if (len > cfg.max_inline) return EINVAL;
@@ -395,8 +393,7 @@ SendWqe* current(ibv_qp_ex* x) {
 // Inline data is for SEND and RDMA WRITE only (ibv_wr_post(3)).
 SendWqe* current_inline(ibv_qp_ex* x) {
   SendWqe* w = current(x);
-  if (w && w->op != WrOp::Send && w->op != WrOp::SendImm && w->op != WrOp::SendInv && w->op != WrOp::Write &&
-      w->op != WrOp::WriteImm) {
+  if (w && !transport::work_request(w->op, of(x)->tqp->cfg.type).inline_data) {
     of(x)->staged_error = EINVAL;
     return nullptr;
   }

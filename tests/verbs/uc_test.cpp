@@ -1,6 +1,6 @@
 // UC queue pairs: SEND and RDMA WRITE (with immediate) over a connection without acknowledgements,
-// segmented by the path MTU, and what UC refuses (READ, ATOMIC) or silently drops (a WRITE with a
-// bad R_Key). Only the public verbs API is used.
+// segmented by the path MTU, a WRITE through a type 2 memory window bound on the UC QP, and what UC
+// refuses (READ, ATOMIC) or silently drops (a WRITE with a bad R_Key). Only the public verbs API is used.
 #include <cstring>
 
 #include "helpers.h"
@@ -159,6 +159,48 @@ TEST_F(Uc, WriteAndWriteWithImm) {
   EXPECT_EQ(ntohl(wc.imm_data), 0x1234u);
   EXPECT_EQ(check_pattern(dst->data + 100, len, 5), len);
   EXPECT_EQ(check_pattern(dst->data + 500000, 5000, 6), 5000u);
+}
+
+// A type 2 window is bound to the QP that bound it (IBTA 10.6.7.2): its peer writes through it on UC
+// as on RC. The WRITE with immediate behind it tells when both are placed (UC has no ACK).
+TEST_F(Uc, WriteThroughTypeTwoWindowBoundOnTheQp) {
+  Buffer mem(16384);
+  ASSERT_TRUE(mem.reg(pd, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND));
+  ibv_mw* mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+  ASSERT_NE(mw, nullptr);
+  const uint32_t key = ibv_inc_rkey(mw->rkey);
+  ibv_send_wr bind{};
+  bind.wr_id = 30;
+  bind.opcode = IBV_WR_BIND_MW;
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_mw.mw = mw;
+  bind.bind_mw.rkey = key;
+  bind.bind_mw.bind_info.mr = mem.mr;
+  bind.bind_mw.bind_info.addr = mem.addr(1024);
+  bind.bind_mw.bind_info.length = 8192;
+  bind.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(b.qp, &bind, &bad), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.scq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.opcode, IBV_WC_BIND_MW);
+
+  fill_pattern(src->data, 8192, 9);
+  SendWr w(31, IBV_WR_RDMA_WRITE, {src->sge(0, 8192)});
+  w.rdma(mem.addr(1024), key);
+  ASSERT_EQ(post_send(a.qp, w), 0);
+  send_done(31, IBV_WC_RDMA_WRITE);
+  ASSERT_EQ(post_recv(b.qp, 32, {}), 0);
+  SendWr wi(33, IBV_WR_RDMA_WRITE_WITH_IMM, {src->sge(0, 16)});
+  wi.rdma(dst->addr(0), dst->rkey()).imm(7);
+  ASSERT_EQ(post_send(a.qp, wi), 0);
+  send_done(33, IBV_WC_RDMA_WRITE);
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 32u);
+  EXPECT_EQ(check_pattern(mem.data + 1024, 8192, 9), 8192u) << "the WRITE through the window was dropped";
+  EXPECT_EQ(ibv_dealloc_mw(mw), 0);
 }
 
 TEST_F(Uc, BadRkeyWriteIsDroppedAndTheQpGoesOn) {

@@ -135,6 +135,17 @@ RcPair connect_rc(Fabric&, Host& ha, Host& hb, const RcParams& p) {
   return r;
 }
 
+void reconnect_rc(RcPair& r, const RcParams& p) {
+  for (End* e : {&r.a, &r.b}) {
+    QpModify m;
+    m.mask = kModState;
+    m.state = QpState::Reset;
+    e->engine().modify_qp(e->qp, m);
+  }
+  bring_up(r.a, r.b, p.psn_a, p.psn_b, p);
+  bring_up(r.b, r.a, p.psn_b, p.psn_a, p);
+}
+
 void destroy(End& e) {
   if (!e.qp) return;
   e.engine().destroy_qp(e.qp);

@@ -72,6 +72,9 @@ struct RcPair {
   End a, b;
 };
 RcPair connect_rc(Fabric& f, Host& ha, Host& hb, const RcParams& p);
+// Takes both QPs to RESET and connects them again (INIT, RTR, RTS), as an application that re-uses
+// its QPs for a new connection does.
+void reconnect_rc(RcPair& r, const RcParams& p);
 void destroy(End& e);
 
 // Work requests.

@@ -73,7 +73,7 @@ TEST(LiveIcrc, NoFlippedPacketOfASoftrdmaPeerIsAccepted) {
   EXPECT_EQ(dropped, shot) << "every flipped packet is dropped before the transport sees it";
   EXPECT_EQ(after.icrc_solved_ip_id, before.icrc_solved_ip_id) << "no identification was solved for a softrdma peer";
   for (int i = 0; i < 1024; ++i) ASSERT_EQ(dst->data()[i], 0) << "nothing was written, at byte " << i;
-  EXPECT_EQ(pair.b.qp->epsn, p.psn_a) << "b still expects the request";
+  EXPECT_EQ(pair.b.qp->resp.epsn, p.psn_a) << "b still expects the request";
 
   // The intact request is accepted.
   b.inject_datagram(good.data(), static_cast<uint32_t>(good.size()), kIpA, from.port);

@@ -1,6 +1,7 @@
 // RC protocol sequences asserted step by step, in virtual time: what goes on the wire for a WRITE,
 // the NAK and resend after a lost packet, the retransmit timer, RNR back-off, duplicate READ and ATOMIC
-// requests answered from the replay cache, retry exhaustion and PSNs across the 24-bit wrap.
+// requests answered from the replay cache, retry exhaustion, PSNs across the 24-bit wrap, and a QP
+// re-connected through RESET starting from fresh transport state.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -298,4 +299,55 @@ TEST_F(RcSequence, PsnsWrapAt24Bits) {
 }
 
 }  // namespace
+TEST_F(RcSequence, ReconnectThroughResetStartsFromFreshTransportState) {
+  params.timeout = 10;  // 4.2 ms
+  connect();
+  auto src = register_region(pair.a.engine(), 1, 100 * 1024, core::kLocalWrite);
+  auto dst = register_region(pair.b.engine(), 1, 100 * 1024, params.access);
+  for (int i = 0; i < 100 * 1024; ++i) src->data()[i] = static_cast<uint8_t>(i * 5 + 3);
+  // The first connection loses a request: the retransmit timer shrinks a's congestion window to its
+  // floor. b is left with the state of the SEND it received last.
+  bool dropped = false;
+  faults = [&](const Traced& t) {
+    net::MemoryNetwork::Fate fate;
+    if (t.from_a && !dropped) fate.drop = dropped = true;
+    return fate;
+  };
+  ASSERT_EQ(post(pair.a, write_wqe(1, *src, 0, 64, dst->addr(), dst->mr.rkey)), 0);
+  auto c = completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::Success);
+  ASSERT_EQ(post(pair.b, recv_wqe(2, *dst, 0, 100)), 0);
+  ASSERT_EQ(post(pair.a, send_wqe(3, *src, 0, 100)), 0);
+  c = completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::Success);
+  ASSERT_TRUE(f.settle());
+  ASSERT_LT(pair.a.qp->req.cwnd, 100u) << "the timeout shrank the window";
+  poll_all(pair.b, *pair.b.rcq);
+
+  params.psn_a = 0x300;
+  params.psn_b = 0x400;
+  reconnect_rc(pair, params);
+  EXPECT_EQ(pair.a.qp->req.cwnd, kPsnWindow);
+  EXPECT_EQ(pair.b.qp->resp.last_opcode, Qp::ResponderState{}.last_opcode);
+  EXPECT_EQ(pair.b.qp->resp.write_dst, nullptr);
+  EXPECT_EQ(pair.b.qp->resp.recv_offset, 0u);
+  // The new connection starts with the whole window: all 100 packets of a WRITE go out before b's
+  // first acknowledgement, not just the shrunk window's worth.
+  trace.clear();
+  ASSERT_EQ(post(pair.a, write_wqe(4, *src, 0, 100 * 1024, dst->addr(), dst->mr.rkey)), 0);
+  c = completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::Success);
+  EXPECT_EQ(std::memcmp(src->data(), dst->data(), 100 * 1024), 0);
+  size_t before_first_ack = 0;
+  for (const Traced& t : trace) {
+    if (!t.from_a) break;
+    ++before_first_ack;
+  }
+  EXPECT_EQ(before_first_ack, 100u) << dump();
+  EXPECT_EQ(trace.front().v.psn, params.psn_a);
+}
+
 }  // namespace softrdma::transport::test

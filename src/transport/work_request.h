@@ -1,0 +1,112 @@
+// The work-request table: for each send-queue operation (WrOp) on each transport service (QpType),
+// whether the service carries it (IBTA table 38 and 10.8; ibv_post_send(3)), what the responder does
+// with it, the completion opcode it reports, and the request packets it goes out as. The verbs layer,
+// the requester, the completer and the direct path read their facts about an operation from here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+
+#include "core/cq.h"
+#include "core/mr.h"
+#include "transport/qp.h"
+#include "wire/opcode.h"
+
+namespace softrdma::transport {
+
+// No request packet: the operation is local, or the service does not carry it.
+inline constexpr uint8_t kNoRequestOpcode = 0xFF;
+
+// The BTH opcodes of a message's request packets by their position in it. READ and ATOMIC are a
+// single request packet, whatever the length of their response.
+struct RequestOpcodes {
+  uint8_t first = kNoRequestOpcode, middle = kNoRequestOpcode, last = kNoRequestOpcode, only = kNoRequestOpcode;
+  constexpr uint8_t at(bool is_first, bool is_last) const {
+    return is_first ? (is_last ? only : first) : (is_last ? last : middle);
+  }
+};
+
+struct WorkRequest {
+  bool allowed = false;           // the service carries it
+  bool consumes_receive = false;  // the message takes a receive WQE at the responder
+  bool read = false;              // RDMA READ: response packets carry the data back
+  bool atomic = false;            // CmpSwap, FetchAdd: 8 aligned bytes, the original value comes back
+  bool local = false;             // Bind MW, Local Invalidate: executed in order, no packets, no PSN
+  bool inline_data = false;       // may carry inline data (SEND and RDMA WRITE only)
+  uint32_t remote_access = 0;     // the access right the responder checks on the target memory (0: none)
+  core::WcOpcode completion = core::WcOpcode::Send;
+  RequestOpcodes opcodes;         // on this service; none when not allowed or local
+  // READ and ATOMIC hold a responder resource each: at most max_rd_atomic may be outstanding.
+  constexpr bool read_or_atomic() const { return read || atomic; }
+};
+
+namespace work_request_table {
+using namespace wire;
+struct Row {
+  bool rc, uc, ud;  // services that carry it
+  bool consumes_receive, read, atomic, local, inline_data;
+  uint32_t remote_access;
+  core::WcOpcode completion;
+  RequestOpcodes rc_opcodes, uc_opcodes, ud_opcodes;
+};
+using W = core::WcOpcode;
+inline constexpr RequestOpcodes kNone{};
+inline constexpr RequestOpcodes single(uint8_t op) { return {op, op, op, op}; }
+// Indexed by WrOp. UC carries SEND and RDMA WRITE only, with the RC codes in its class; UD carries
+// SEND ONLY (with or without immediate) only.
+inline constexpr Row kRows[] = {
+    // Send
+    {true, true, true, true, false, false, false, true, 0, W::Send,
+     {kRcSendFirst, kRcSendMiddle, kRcSendLast, kRcSendOnly},
+     {kUcSendFirst, kUcSendMiddle, kUcSendLast, kUcSendOnly},
+     {kNoRequestOpcode, kNoRequestOpcode, kNoRequestOpcode, kUdSendOnly}},
+    // SendImm
+    {true, true, true, true, false, false, false, true, 0, W::Send,
+     {kRcSendFirst, kRcSendMiddle, kRcSendLastImm, kRcSendOnlyImm},
+     {kUcSendFirst, kUcSendMiddle, kUcSendLastImm, kUcSendOnlyImm},
+     {kNoRequestOpcode, kNoRequestOpcode, kNoRequestOpcode, kUdSendOnlyImm}},
+    // SendInv: RC only (no UC or UD opcode carries an IETH)
+    {true, false, false, true, false, false, false, true, 0, W::Send,
+     {kRcSendFirst, kRcSendMiddle, kRcSendLastInv, kRcSendOnlyInv}, kNone, kNone},
+    // Write
+    {true, true, false, false, false, false, false, true, core::kRemoteWrite, W::RdmaWrite,
+     {kRcWriteFirst, kRcWriteMiddle, kRcWriteLast, kRcWriteOnly},
+     {kUcWriteFirst, kUcWriteMiddle, kUcWriteLast, kUcWriteOnly}, kNone},
+    // WriteImm: the immediate data completes a receive WQE
+    {true, true, false, true, false, false, false, true, core::kRemoteWrite, W::RdmaWrite,
+     {kRcWriteFirst, kRcWriteMiddle, kRcWriteLastImm, kRcWriteOnlyImm},
+     {kUcWriteFirst, kUcWriteMiddle, kUcWriteLastImm, kUcWriteOnlyImm}, kNone},
+    // Read: RC only
+    {true, false, false, false, true, false, false, false, core::kRemoteRead, W::RdmaRead,
+     single(kRcReadRequest), kNone, kNone},
+    // CompareSwap: RC only
+    {true, false, false, false, false, true, false, false, core::kRemoteAtomic, W::CompSwap,
+     single(kRcCompareSwap), kNone, kNone},
+    // FetchAdd: RC only
+    {true, false, false, false, false, true, false, false, core::kRemoteAtomic, W::FetchAdd,
+     single(kRcFetchAdd), kNone, kNone},
+    // BindMw: on the connected services (IBTA 10.6.7.2.x); UD QPs bind no type 2 windows
+    {true, true, false, false, false, false, true, false, 0, W::BindMw, kNone, kNone, kNone},
+    // LocalInv
+    {true, true, false, false, false, false, true, false, 0, W::LocalInv, kNone, kNone, kNone},
+};
+static_assert(std::size(kRows) == static_cast<size_t>(WrOp::LocalInv) + 1, "one row per WrOp, in order");
+}  // namespace work_request_table
+
+constexpr WorkRequest work_request(WrOp op, QpType type) {
+  const work_request_table::Row& r = work_request_table::kRows[static_cast<size_t>(op)];
+  WorkRequest w;
+  w.allowed = type == QpType::Rc ? r.rc : type == QpType::Uc ? r.uc : r.ud;
+  w.consumes_receive = r.consumes_receive;
+  w.read = r.read;
+  w.atomic = r.atomic;
+  w.local = r.local;
+  w.inline_data = r.inline_data;
+  w.remote_access = r.remote_access;
+  w.completion = r.completion;
+  if (w.allowed)
+    w.opcodes = type == QpType::Rc ? r.rc_opcodes : type == QpType::Uc ? r.uc_opcodes : r.ud_opcodes;
+  return w;
+}
+
+}  // namespace softrdma::transport
