@@ -73,6 +73,11 @@ class CompletionQueue {
   const std::atomic<int>* arm_word() const { return &ring_->armed; }
   // Whether an arm can raise anything: the CQ has a completion channel (fixed at creation).
   bool notifies() const { return static_cast<bool>(on_completion_); }
+  // The write end of that channel's wake-up pipe (-1: none): an intra-host initiator that leaves a
+  // message for this armed CQ writes a byte there, which wakes the thread waiting on the channel at
+  // once (it places the message itself), instead of waking this context's progress thread first.
+  void set_wake_fd(int fd) { wake_fd_ = fd; }
+  int wake_fd() const { return wake_fd_; }
   // ibv_create_cq_ex with completion timestamps: each CQE is stamped as it is written. Called before any
   // QP completes into this CQ.
   void enable_timestamps() { timestamps_ = true; }
@@ -91,6 +96,7 @@ class CompletionQueue {
   static constexpr int kUnarmed = 0, kArmedSolicited = 1, kArmedAll = 2;
 
   Arena& arena_;
+  int wake_fd_ = -1;
   Ring* ring_;
   size_t ring_bytes_;
   uint32_t mask_;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <system_error>
 
@@ -28,6 +29,11 @@ class EventQueue {
   EventQueue& operator=(const EventQueue&) = delete;
 
   int fd() const { return fds_[0]; }
+  // The write end: a byte written there without an event makes pop() run the empty-wake hook.
+  int write_fd() const { return fds_[1]; }
+  // Called (from pop, in the waiting thread) for a wake-up byte that brought no event: an intra-host
+  // peer's, asking this process to place what it left (the placement then pushes the event).
+  void set_empty_wake(std::function<void()> fn) { on_empty_wake_ = std::move(fn); }
 
   void push(const Event& e) {
     std::lock_guard lock(mutex_);
@@ -45,13 +51,16 @@ class EventQueue {
       char b;
       ssize_t n = read(fds_[0], &b, 1);
       if (n < 0 && errno == EINTR) return -1;
-      std::lock_guard lock(mutex_);
-      if (!events_.empty()) {
-        out = events_.front();
-        events_.pop_front();
-        return 0;
+      {
+        std::lock_guard lock(mutex_);
+        if (!events_.empty()) {
+          out = events_.front();
+          events_.pop_front();
+          return 0;
+        }
       }
       if (n < 0) return -1;
+      if (n == 1 && on_empty_wake_) on_empty_wake_();
     }
   }
 
@@ -66,6 +75,7 @@ class EventQueue {
   int fds_[2];
   std::mutex mutex_;
   std::deque<Event> events_;
+  std::function<void()> on_empty_wake_;
 };
 
 }  // namespace softrdma::core

@@ -1,5 +1,6 @@
 #include "transport/direct.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -33,7 +34,7 @@ bool direct_enabled() {
 
 namespace {
 
-enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4 };
+enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5 };
 
 struct Reply {
   int32_t status;  // 0 or an errno
@@ -185,6 +186,7 @@ DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, ui
   shared_->key_table_off = static_cast<uint64_t>(static_cast<const uint8_t*>(keys.slots()) - arena_.base());
   shared_->key_seq_off = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(keys.seq()) - arena_.base());
   for (uint32_t i = DirectShared::kQps; i-- > 0;) free_descs_.push_back(i);
+  for (int& fd : wake_fds_) fd = -1;
   listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   sockaddr_un sa;
@@ -214,6 +216,8 @@ DirectEndpoint::~DirectEndpoint() {
   close(listen_fd_);
   close(stop_fd_);
   peers_.clear();
+  for (int fd : wake_fds_)
+    if (fd >= 0) close(fd);
   arena_.release(shared_, sizeof(DirectShared));
 }
 
@@ -310,6 +314,16 @@ void DirectEndpoint::handle_client(int k, const Request& req) {
     case kDoorbell:
       send_reply(fd, rep, doorbell_fd_);
       return;
+    case kWake: {
+      // The wake-up pipe of a QP's receive CQ channel, for a connected initiator (it can only wake).
+      int wfd = -1;
+      std::lock_guard lock(wake_mu_);
+      for (uint32_t i = 0; i < DirectShared::kQps && client_slot_[static_cast<size_t>(k)] >= 0; ++i)
+        if (shared_->qps[i].qpn.load(std::memory_order_acquire) == req.arg) wfd = wake_fds_[i];
+      rep.status = wfd >= 0 ? 0 : ENOENT;
+      send_reply(fd, rep, wfd);
+      return;
+    }
     case kMap: {
       if (client_slot_[static_cast<size_t>(k)] < 0) {
         rep.status = EPERM;
@@ -359,6 +373,10 @@ void DirectEndpoint::qp_created(Qp& qp) {
   d.rq_head.store(0, std::memory_order_relaxed);
   d.tails.store(0, std::memory_order_relaxed);
   d.generation.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(wake_mu_);
+    wake_fds_[qp.direct.desc] = rcq && rcq->notifies() && rcq->wake_fd() >= 0 ? fcntl(rcq->wake_fd(), F_DUPFD_CLOEXEC, 0) : -1;
+  }
   d.qpn.store(qp.qpn, std::memory_order_release);
 }
 
@@ -409,6 +427,11 @@ void DirectEndpoint::qp_destroyed(Qp& qp) {
   d.qpn.store(0, std::memory_order_seq_cst);
   // An initiator that saw this QP live may be finishing a copy: let it, before the QP's memory goes.
   wait_copies();
+  {
+    std::lock_guard lock(wake_mu_);
+    if (wake_fds_[qp.direct.desc] >= 0) close(wake_fds_[qp.direct.desc]);
+    wake_fds_[qp.direct.desc] = -1;
+  }
   free_descs_.push_back(qp.direct.desc);
   qp.direct.desc = ~0u;
 }
@@ -428,7 +451,7 @@ void DirectEndpoint::wait_copies() {
 }
 
 void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
-  qp.direct.peer.reset();
+  detach(qp);
   qp.direct.recv.valid = false;
   uint64_t key = static_cast<uint64_t>(qp.dest_ip_be) << 16 | port;
   std::shared_ptr<DirectPeer>& peer = peers_[key];
@@ -471,9 +494,18 @@ void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
   if (!call(peer->sock, req, &rep, nullptr) || rep.status != 0) return;
   qp.direct.peer = peer;
   qp.direct.peer_desc = rep.index;
+  // Where to wake a thread waiting for the peer QP's receive completions (none: its doorbell).
+  Request wreq{kWake, 0, qp.dest_qpn};
+  if (!call(peer->sock, wreq, &rep, &qp.direct.peer_wake_fd) || rep.status != 0) {
+    if (qp.direct.peer_wake_fd >= 0) close(qp.direct.peer_wake_fd);
+    qp.direct.peer_wake_fd = -1;
+  }
 }
 
 void DirectEndpoint::detach(Qp& qp) {
+  qp.direct.recv.valid = false;
+  if (qp.direct.peer_wake_fd >= 0) close(qp.direct.peer_wake_fd);
+  qp.direct.peer_wake_fd = -1;
   if (!qp.direct.peer) return;
   qp.direct.peer.reset();
   // The connection goes with the last QP that used it.
@@ -633,15 +665,23 @@ void post_to_inbox(DirectInbox& in, const SqEntry& e, uint64_t payload) {
   in.head = h + 1;
 }
 // The target places a message when its application polls; one blocked in ibv_get_cq_event has armed
-// the CQ first, and then its engine is woken. Publish, then read the arm state: the target arms, then
-// looks at its inboxes (Engine::arm_cq), so one of the two sides sees the other.
-void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d) {
+// the CQ first, and then it is woken. Publish, then read the arm state: the target arms, then looks at
+// its inboxes (Engine::arm_cq), so one of the two sides sees the other. The wake-up goes straight to
+// the channel's pipe, so the thread waiting there places the message itself (one wake-up, not the
+// progress thread's and then the application's); without one, to the target engine's doorbell.
+void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d, int wake_fd) {
   const uint64_t arm = d.recv_cq_arm_off.load(std::memory_order_relaxed);
   if (!arm) return;  // no completion channel on that CQ
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (arm <= p.arena_size - sizeof(std::atomic<int>) &&
-      reinterpret_cast<const std::atomic<int>*>(p.arena + arm)->load(std::memory_order_relaxed) != 0 &&
-      p.doorbell_fd >= 0) {
+  if (arm > p.arena_size - sizeof(std::atomic<int>) ||
+      reinterpret_cast<const std::atomic<int>*>(p.arena + arm)->load(std::memory_order_relaxed) == 0)
+    return;
+  if (wake_fd >= 0) {
+    const char b = 1;
+    // Nonblocking (the pipe's flag): a full pipe has wake-ups enough already.
+    if (write(wake_fd, &b, 1) == 1) return;
+  }
+  if (p.doorbell_fd >= 0) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(p.doorbell_fd, &one, sizeof one);
   }
@@ -763,7 +803,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       ++qp.direct.recv.next_wqe;
     }
     leave();
-    if (inbox) wake_if_armed(*peer, d);
+    if (inbox) wake_if_armed(*peer, d, qp.direct.peer_wake_fd);
     return Result::Done;
   }
   return Result::Fallback;

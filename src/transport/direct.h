@@ -164,6 +164,10 @@ class DirectEndpoint {
   std::vector<int32_t> client_slot_;
   std::unordered_map<uint64_t, std::shared_ptr<DirectPeer>> peers_;  // by (port << 32 | ip)
   std::vector<uint32_t> free_descs_;
+  // Per QP descriptor: a dup of its receive CQ channel's wake-up pipe (-1: none), handed to a connected
+  // initiator (kWake). The mutex keeps the server thread from passing one that is being closed.
+  std::mutex wake_mu_;
+  int wake_fds_[DirectShared::kQps];
 };
 
 }  // namespace softrdma::transport

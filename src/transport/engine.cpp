@@ -843,6 +843,12 @@ bool Engine::lock_for_caller() {
   return true;
 }
 
+void Engine::place_direct() {
+  if (!direct_ || !direct_active_.load(std::memory_order_relaxed) || !lock_for_caller()) return;
+  if (direct_receive_all()) count(nullptr, &core::Counters::direct_channel_wakes);
+  lock_.unlock();
+}
+
 void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
   cq->arm(solicited_only);
   if (!cq->notifies() || !direct_active_.load(std::memory_order_relaxed)) return;

@@ -126,6 +126,9 @@ class Engine {
   // Without a progress thread: one pass of the progress engine (receive, timers, requesters,
   // responders); true when it did anything. And the earliest timer deadline of any QP (0: none).
   bool step();
+  // Places what intra-host initiators left in this context's inboxes (their CQEs raise the events of
+  // armed CQs): for a thread woken on a completion channel by such an initiator.
+  void place_direct();
   uint64_t next_deadline();
   uint64_t now() const { return clock_->now_ns(); }
 

@@ -314,6 +314,7 @@ struct Qp {
     uint32_t desc = ~0u;
     DirectInbox* inbox = nullptr;  // SENDs from the peer's requester (target side)
     uint32_t inbox_tail = 0;       // inbox entries consumed
+    int peer_wake_fd = -1;         // the wake-up pipe of the peer QP's receive CQ channel (initiator side)
     DirectRecvView recv;
   } direct;
 };

@@ -2,6 +2,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -116,6 +117,14 @@ SOFTRDMA_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
   }
   ch->channel.context = ctx;
   ch->channel.fd = ch->events.fd();
+  ch->events.set_empty_wake([ch] {
+    std::vector<transport::Engine*> engines;
+    {
+      std::lock_guard lock(ch->engines_mu);
+      engines = ch->engines;
+    }
+    for (transport::Engine* e : engines) e->place_direct();
+  });
   ch->channel.refcnt = 0;
   return &ch->channel;
 }
@@ -161,6 +170,12 @@ SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel*
     return nullptr;
   }
   cq->queue->user = cq;
+  if (cq->channel) {
+    cq->queue->set_wake_fd(cq->channel->events.write_fd());
+    std::lock_guard lock(cq->channel->engines_mu);
+    auto& es = cq->channel->engines;
+    if (std::find(es.begin(), es.end(), &engine_of(ctx)) == es.end()) es.push_back(&engine_of(ctx));
+  }
   ibv_cq_ex& c = cq->cq;
   c.context = ctx;
   c.channel = channel;

@@ -58,6 +58,9 @@ struct SoftMr {
 struct SoftChannel {
   ibv_comp_channel channel;
   core::EventQueue<struct SoftCq*> events;
+  // The engines of its CQs: a wake-up byte from an intra-host peer has them place what it left.
+  std::mutex engines_mu;
+  std::vector<transport::Engine*> engines;
 };
 
 struct SoftCq {

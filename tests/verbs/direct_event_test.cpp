@@ -46,6 +46,7 @@ struct Tally {
   uint32_t lost = 0;         // waits for an event that gave up: lost wake-ups (the loop stops at one)
   uint32_t errors = 0;       // failed verbs calls or CQEs with an error
   uint64_t late_events = 0;  // direct_late_events of this process during the ping-pong
+  uint64_t channel_wakes = 0;  // direct_channel_wakes: messages placed by the thread an initiator woke
 };
 
 // One side: a QP whose send and receive CQ are one CQ, with one completion channel.
@@ -101,6 +102,7 @@ struct Endpoint {
   Tally ping_pong(ibv_wr_opcode op, const Info& peer, uint32_t n, bool initiator) {
     Tally t;
     const uint64_t late_before = my_counter(&core::Counters::direct_late_events);
+    const uint64_t wakes_before = my_counter(&core::Counters::direct_channel_wakes);
     uint32_t sent = 0;
     int done = 1;  // bit 0: the last send completed; bit 1: the peer's message arrived
     if (initiator) {
@@ -127,6 +129,7 @@ struct Endpoint {
       }
     }
     t.late_events = my_counter(&core::Counters::direct_late_events) - late_before;
+    t.channel_wakes = my_counter(&core::Counters::direct_channel_wakes) - wakes_before;
     return t;
   }
 };
@@ -236,6 +239,10 @@ class DirectEvents : public ForkedTarget {
     const char* d = getenv("SOFTRDMA_DIRECT");
     if (getenv("VT_DEVICE") == nullptr && (d ? std::strcmp(d, "0") != 0 : getenv("SOFTRDMA_IMPAIR") == nullptr)) {
       EXPECT_GE(direct_ops, mine.received) << "messages on the direct path";
+      // One wake-up per message: the initiator wakes the thread blocked on the channel, which places
+      // the message itself, rather than the target's progress thread (a second wake-up).
+      EXPECT_GT(mine.channel_wakes, 0u) << "no reply was placed by the thread its initiator woke";
+      EXPECT_GT(theirs.channel_wakes, 0u) << "no message was placed by the thread its initiator woke";
     }
   }
 
