@@ -50,9 +50,9 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   // would sit in the ring with no event raised and a consumer blocked in ibv_get_cq_event forever.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   int armed = ring_->armed.load(std::memory_order_acquire);
-  bool fire = armed == kArmedAll ||
+  bool fire = armed == kArmedAll || armed == kClaimed ||
               (armed == kArmedSolicited && (solicited || cqe.status != WcStatus::Success));
-  if (fire && ring_->armed.compare_exchange_strong(armed, kUnarmed)) on_completion_(*this);
+  if (fire && ring_->armed.compare_exchange_strong(armed, kUnarmed)) on_completion_(*this, armed == kClaimed);
   return true;
 }
 

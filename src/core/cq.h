@@ -46,6 +46,12 @@ class CompletionQueue {
  public:
   // Raised when a CQE is added to an armed CQ (IBTA 11.4.2.2), and on overrun.
   using NotifyFn = std::function<void(CompletionQueue&)>;
+  // The completion event; woken: an intra-host initiator claimed this event (the arm word's kClaimed)
+  // and has already written the channel's wake-up byte for it, so the event must not write another.
+  using EventFn = std::function<void(CompletionQueue&, bool woken)>;
+  // The arm word's values. kClaimed: an intra-host initiator that left a message for the armed CQ
+  // took the arm and woke the channel's waiter (wake_fd); the next CQE raises the event, byte-less.
+  static constexpr int kUnarmed = 0, kArmedSolicited = 1, kArmedAll = 2, kClaimed = 3;
 
   CompletionQueue(Arena& arena, uint32_t min_entries);
   ~CompletionQueue();
@@ -63,7 +69,7 @@ class CompletionQueue {
 
   // ibv_req_notify_cq: the next CQE (or the next solicited/error CQE) raises an event.
   void arm(bool solicited_only);
-  void set_notify(NotifyFn completion, NotifyFn overrun) {
+  void set_notify(EventFn completion, NotifyFn overrun) {
     on_completion_ = std::move(completion);
     on_overrun_ = std::move(overrun);
   }
@@ -93,7 +99,6 @@ class CompletionQueue {
     alignas(64) std::atomic<int> armed;
     alignas(64) Cqe slots[1];
   };
-  static constexpr int kUnarmed = 0, kArmedSolicited = 1, kArmedAll = 2;
 
   Arena& arena_;
   int wake_fd_ = -1;
@@ -103,7 +108,8 @@ class CompletionQueue {
   SpinLock consumer_lock_;
   std::atomic<bool> overrun_{false};
   bool timestamps_ = false;
-  NotifyFn on_completion_, on_overrun_;
+  EventFn on_completion_;
+  NotifyFn on_overrun_;
 };
 
 }  // namespace softrdma::core

@@ -29,15 +29,19 @@ class EventQueue {
   EventQueue& operator=(const EventQueue&) = delete;
 
   int fd() const { return fds_[0]; }
-  // The write end: a byte written there without an event makes pop() run the empty-wake hook.
+  // The write end: a byte written there ahead of its event (push(e, false) follows) makes pop() run
+  // the empty-wake hook. Each event has exactly one byte, so a readable fd means an event is there or
+  // on its way, as on the kernel's channel.
   int write_fd() const { return fds_[1]; }
-  // Called (from pop, in the waiting thread) for a wake-up byte that brought no event: an intra-host
-  // peer's, asking this process to place what it left (the placement then pushes the event).
+  // Called (from pop, in the waiting thread) for a wake-up byte whose event is not queued yet: an
+  // intra-host peer's, asking this process to place what it left (the placement pushes the event).
   void set_empty_wake(std::function<void()> fn) { on_empty_wake_ = std::move(fn); }
 
-  void push(const Event& e) {
+  // wake: write the event's wake-up byte; false when it was written for it already (write_fd()).
+  void push(const Event& e, bool wake = true) {
     std::lock_guard lock(mutex_);
     events_.push_back(e);
+    if (!wake) return;
     char b = 0;
     // A full pipe (64 Ki unread events) only loses the wake-up byte, not the event: pop() drains.
     [[maybe_unused]] ssize_t n = write(fds_[1], &b, 1);
@@ -60,7 +64,14 @@ class EventQueue {
         }
       }
       if (n < 0) return -1;
-      if (n == 1 && on_empty_wake_) on_empty_wake_();
+      if (n != 1 || !on_empty_wake_) continue;
+      on_empty_wake_();
+      std::lock_guard lock(mutex_);
+      if (!events_.empty()) {
+        out = events_.front();
+        events_.pop_front();
+        return 0;
+      }
     }
   }
 

@@ -11,8 +11,9 @@ uint64_t SystemClock::now_ns() const {
 }
 
 const SystemClock& SystemClock::instance() {
-  static const SystemClock clock;
-  return clock;
+  // Never destroyed: progress threads of contexts still open at exit read it after static destructors.
+  static const SystemClock* clock = new SystemClock;
+  return *clock;
 }
 
 }  // namespace softrdma::net

@@ -666,20 +666,28 @@ void post_to_inbox(DirectInbox& in, const SqEntry& e, uint64_t payload) {
 }
 // The target places a message when its application polls; one blocked in ibv_get_cq_event has armed
 // the CQ first, and then it is woken. Publish, then read the arm state: the target arms, then looks at
-// its inboxes (Engine::arm_cq), so one of the two sides sees the other. The wake-up goes straight to
-// the channel's pipe, so the thread waiting there places the message itself (one wake-up, not the
-// progress thread's and then the application's); without one, to the target engine's doorbell.
-void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d, int wake_fd) {
-  const uint64_t arm = d.recv_cq_arm_off.load(std::memory_order_relaxed);
-  if (!arm) return;  // no completion channel on that CQ
+// its inboxes (Engine::arm_cq), so one of the two sides sees the other.
+// With the channel's wake-up pipe, the initiator takes the arm (kClaimed: the event is its to wake)
+// and writes the event's byte there, so the thread waiting on the channel places the message itself:
+// one wake-up, not the progress thread's and then the application's. The CQE then raises the event
+// without a byte of its own, so each event still has exactly one. Only a message that raises the event
+// claims it (a solicited-only arm waits for a solicited one); without a pipe, the doorbell wakes the
+// target's engine.
+void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d, int wake_fd, bool solicited) {
+  const uint64_t arm_off = d.recv_cq_arm_off.load(std::memory_order_relaxed);
+  if (!arm_off || arm_off > p.arena_size - sizeof(std::atomic<int>)) return;  // no completion channel
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (arm > p.arena_size - sizeof(std::atomic<int>) ||
-      reinterpret_cast<const std::atomic<int>*>(p.arena + arm)->load(std::memory_order_relaxed) == 0)
-    return;
+  auto* arm = reinterpret_cast<std::atomic<int>*>(p.arena + arm_off);
+  int cur = arm->load(std::memory_order_relaxed);
+  if (cur == core::CompletionQueue::kUnarmed || cur == core::CompletionQueue::kClaimed) return;
   if (wake_fd >= 0) {
+    if (cur == core::CompletionQueue::kArmedSolicited && !solicited) return;  // raises no event
+    if (!arm->compare_exchange_strong(cur, core::CompletionQueue::kClaimed)) return;  // raised already
     const char b = 1;
-    // Nonblocking (the pipe's flag): a full pipe has wake-ups enough already.
     if (write(wake_fd, &b, 1) == 1) return;
+    // A full pipe (64 Ki wake-ups unread): give the arm back and wake the engine instead.
+    int claimed = core::CompletionQueue::kClaimed;
+    arm->compare_exchange_strong(claimed, cur);
   }
   if (p.doorbell_fd >= 0) {
     uint64_t one = 1;
@@ -803,7 +811,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       ++qp.direct.recv.next_wqe;
     }
     leave();
-    if (inbox) wake_if_armed(*peer, d, qp.direct.peer_wake_fd);
+    if (inbox) wake_if_armed(*peer, d, qp.direct.peer_wake_fd, (w.flags & kSolicited) != 0);
     return Result::Done;
   }
   return Result::Fallback;

@@ -562,13 +562,13 @@ void Engine::dealloc_mw(uint32_t handle) {
 }
 
 std::unique_ptr<core::CompletionQueue> Engine::create_cq(uint32_t entries,
-                                                         core::CompletionQueue::NotifyFn on_completion) {
+                                                         core::CompletionQueue::EventFn on_completion) {
   auto cq = std::make_unique<core::CompletionQueue>(arena_, entries);
   // Only a CQ with a completion channel gets a notify function (CompletionQueue::notifies()).
   if (on_completion)
-    on_completion = [this, raise = std::move(on_completion)](core::CompletionQueue& c) {
+    on_completion = [this, raise = std::move(on_completion)](core::CompletionQueue& c, bool woken) {
       ++events_raised_;
-      raise(c);
+      raise(c, woken);
     };
   cq->set_notify(std::move(on_completion), [this](core::CompletionQueue& c) {
     async_events_.push(AsyncEvent{AsyncEventType::CqErr, nullptr, &c});

@@ -95,7 +95,7 @@ class Engine {
   bool alloc_mw(core::MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey);
   void dealloc_mw(uint32_t handle);
 
-  std::unique_ptr<core::CompletionQueue> create_cq(uint32_t entries, core::CompletionQueue::NotifyFn on_completion);
+  std::unique_ptr<core::CompletionQueue> create_cq(uint32_t entries, core::CompletionQueue::EventFn on_completion);
   // Drops the CQ's pending events; the CQ must have no QPs left (the verbs layer checks).
   void destroy_cq(core::CompletionQueue* cq);
 

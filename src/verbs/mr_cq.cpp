@@ -154,11 +154,12 @@ SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel*
     return nullptr;
   }
   cq->channel = reinterpret_cast<SoftChannel*>(channel);
-  core::CompletionQueue::NotifyFn notify;
+  core::CompletionQueue::EventFn notify;
   if (cq->channel) {
-    notify = [cq](core::CompletionQueue&) {
+    notify = [cq](core::CompletionQueue&, bool woken) {
       cq->events_delivered.fetch_add(1);
-      cq->channel->events.push(cq);
+      // One wake-up byte per event: an intra-host initiator that claimed it wrote the byte already.
+      cq->channel->events.push(cq, !woken);
     };
   }
   try {
