@@ -190,7 +190,7 @@ std::string describe_diff(const uint8_t* want, const uint8_t* got, size_t n, uin
     std::snprintf(line, sizeof line, "\n    offset %" PRIu64 ": want %02x got %02x (xor %02x)", base + i, want[i],
                   got[i], want[i] ^ got[i]);
     s += line;
-    if (where) s += " " + where(base + i);
+    if (where) s.append(" ").append(where(base + i));  // append: no GCC 12 -O3 -Wrestrict false positive
   }
   if (count > shown.size()) s += "\n    ...";
   return s;
