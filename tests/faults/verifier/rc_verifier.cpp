@@ -631,10 +631,12 @@ struct Initiator {
     uint64_t ignored;
     replay_target(o, 0, shadow, &ignored);
     expect_atomic = key(o.seed, kKeyAtomic);
-    local_mr = ibv_reg_mr(rc.pd, local, kMrSize, IBV_ACCESS_LOCAL_WRITE);
-    read_mr = ibv_reg_mr(rc.pd, readbuf, kReadBuf, IBV_ACCESS_LOCAL_WRITE);
-    send_mr = ibv_reg_mr(rc.pd, sendbuf, kMaxMsg, IBV_ACCESS_LOCAL_WRITE);
-    atomic_mr = ibv_reg_mr(rc.pd, atomic_res, 64, IBV_ACCESS_LOCAL_WRITE);
+    // An int, not the enumerator: ibv_reg_mr's macro masks it with another enum (clang -Werror).
+    const int lw = IBV_ACCESS_LOCAL_WRITE;
+    local_mr = ibv_reg_mr(rc.pd, local, kMrSize, lw);
+    read_mr = ibv_reg_mr(rc.pd, readbuf, kReadBuf, lw);
+    send_mr = ibv_reg_mr(rc.pd, sendbuf, kMaxMsg, lw);
+    atomic_mr = ibv_reg_mr(rc.pd, atomic_res, 64, lw);
     if (!local_mr || !read_mr || !send_mr || !atomic_mr) return fail(kSetup, 0, "ibv_reg_mr failed");
 
     // Most runs cross the PSN wrap.
@@ -770,7 +772,8 @@ struct Target {
     const int rw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     mem_mr = ibv_reg_mr(rc.pd, mem, kMrSize, rw);
     atomic_mr = ibv_reg_mr(rc.pd, atomic, kAtomicMr, rw | IBV_ACCESS_REMOTE_ATOMIC);
-    recv_mr = ibv_reg_mr(rc.pd, recvbuf, kRecvs * kMaxMsg, IBV_ACCESS_LOCAL_WRITE);
+    const int lw = IBV_ACCESS_LOCAL_WRITE;  // an int: see the initiator
+    recv_mr = ibv_reg_mr(rc.pd, recvbuf, kRecvs * kMaxMsg, lw);
     if (!mem_mr || !atomic_mr || !recv_mr) return fail(kSetup, "ibv_reg_mr failed");
     for (int i = 0; i < kRecvs; ++i)
       if (!post_recv(i)) return fail(kSetup, "ibv_post_recv failed");
