@@ -217,7 +217,7 @@ void bring_up() {
     if (e.post_send(h->qp, wqes, n, &bad) != 0) fail("post_send refused");
     // Wait (bounded) until the requester has sent them, so the completer has PSNs to match.
     core::Cqe c[8];
-    for (int spin = 0; spin < 100000 && h->qp->send_index < h->qp->sq.head.load(); ++spin) {
+    for (int spin = 0; spin < 100000 && h->qp->req.send_index < h->qp->sq.head.load(); ++spin) {
       e.poll_cq(h->send_cq.get(), c, 8);
       sched_yield();
     }
@@ -240,7 +240,7 @@ void patch_and_inject(uint8_t ctl, uint8_t* pkt, uint32_t len) {
     if (!(ctl & 2)) {
       bool response = info.kind == wire::OpKind::Ack || info.kind == wire::OpKind::AtomicAck ||
                       info.kind == wire::OpKind::ReadResponse;
-      uint32_t base = response ? qp.acked_psn : qp.epsn;
+      uint32_t base = response ? qp.comp.acked_psn : qp.resp.epsn;
       uint32_t psn = wire::psn_add(base, static_cast<uint32_t>((pkt[11] & 0xF) - 4) & wire::kPsnMask);
       pkt[9] = static_cast<uint8_t>(psn >> 16);
       pkt[10] = static_cast<uint8_t>(psn >> 8);
@@ -268,7 +268,7 @@ void patch_and_inject(uint8_t ctl, uint8_t* pkt, uint32_t len) {
     std::fprintf(stderr, "pkt %s len %u psn %06x -> state %d epsn %06x msn %u acked %06x next %06x\n",
                  len ? wire::opcode_info(pkt[0]).name : "-", len,
                  len >= 12 ? unsigned{pkt[9]} << 16 | unsigned{pkt[10]} << 8 | pkt[11] : 0u,
-                 static_cast<int>(qp.state.load()), qp.epsn, qp.msn, qp.acked_psn, qp.next_psn);
+                 static_cast<int>(qp.state.load()), qp.resp.epsn, qp.resp.msn, qp.comp.acked_psn, qp.req.next_psn);
 }
 
 void check_guards() {
