@@ -450,9 +450,18 @@ void DirectEndpoint::wait_copies() {
   }
 }
 
-void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
-  detach(qp);
+namespace {
+// The QP lets go of its peer and the peer QP's wake-up pipe; the connection itself stays for reuse.
+void forget_peer(Qp& qp) {
   qp.direct.recv.valid = false;
+  if (qp.direct.peer_wake_fd >= 0) close(qp.direct.peer_wake_fd);
+  qp.direct.peer_wake_fd = -1;
+  qp.direct.peer.reset();
+}
+}  // namespace
+
+void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
+  forget_peer(qp);  // not detach(): a connection to the same peer is reused, not torn down and remade
   uint64_t key = static_cast<uint64_t>(qp.dest_ip_be) << 16 | port;
   std::shared_ptr<DirectPeer>& peer = peers_[key];
   if (peer && (peer->dead || peer->pid != pid)) peer.reset();
@@ -503,11 +512,9 @@ void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
 }
 
 void DirectEndpoint::detach(Qp& qp) {
-  qp.direct.recv.valid = false;
-  if (qp.direct.peer_wake_fd >= 0) close(qp.direct.peer_wake_fd);
-  qp.direct.peer_wake_fd = -1;
-  if (!qp.direct.peer) return;
-  qp.direct.peer.reset();
+  const bool had_peer = qp.direct.peer != nullptr;
+  forget_peer(qp);
+  if (!had_peer) return;
   // The connection goes with the last QP that used it.
   for (auto it = peers_.begin(); it != peers_.end();)
     it = it->second.use_count() == 1 ? peers_.erase(it) : std::next(it);
