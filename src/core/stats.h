@@ -21,7 +21,8 @@ namespace softrdma::core {
   X(rnr_retry_exceeded) X(drop_malformed) X(drop_icrc) X(drop_pkey) X(drop_unknown_qp)          \
   X(drop_bad_opcode) X(drop_bad_state) X(drop_stale_response) X(forwarded)                     \
   X(ud_drop_qkey) X(ud_drop_no_recv) X(ud_send_over_mtu) X(uc_msg_dropped)                                              \
-  X(direct_ops) X(direct_bytes) X(direct_fallbacks) X(direct_late_events) X(direct_channel_wakes) X(icrc_solved_ip_id) X(drop_icrc_ip_id)
+  X(direct_ops) X(direct_bytes) X(direct_fallbacks) X(direct_late_events) X(direct_channel_wakes) X(icrc_solved_ip_id) X(drop_icrc_ip_id) \
+  X(icrc_moved_segment) X(peer_port_learned)
 
 struct Counters {
 #define SOFTRDMA_FIELD(name) uint64_t name;

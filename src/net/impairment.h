@@ -92,6 +92,7 @@ class DirectionImpairment {
     uint32_t ip_be = 0;
     uint16_t port = 0;
     uint32_t local_ip_be = 0;
+    bool coalesce = false;  // transmit: the datagram may join a segmented send (packet_port.h)
   };
   using Emit = std::function<void(const uint8_t* data, uint32_t len, const Meta& meta)>;
   static constexpr uint32_t kMaxTicksHeld = 2;

@@ -1,5 +1,7 @@
 #include "net/memory_network.h"
 
+#include "net/gso.h"
+
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -12,6 +14,7 @@ class MemoryNetwork::Port final : public PacketPort {
  public:
   Port(MemoryNetwork& net, Endpoint ep) : net_(net), ep_(ep) {}
   ~Port() override {
+    launch_run();
     for (const Flight& f : queue_) net_.free_slot(f.slot);
     release_lent();
     if (held_) net_.free_slot(held_->slot);
@@ -22,21 +25,59 @@ class MemoryNetwork::Port final : public PacketPort {
   size_t receive(Datagram* out, size_t max) override {
     release_lent();
     size_t n = 0;
-    for (; n < max && n < kBatch && !queue_.empty(); ++n) {
+    while (n < max && n < kBatch && !queue_.empty()) {
       const Flight& f = queue_.front();
-      out[n] = {net_.slot_data(f.slot), f.len, f.from.ip_be, f.from.port, ep_.ip_be};
-      lent_.push_back(f.slot);
-      queue_.pop_front();
+      if (cursor_.done()) cursor_ = {net_.slot_data(f.slot), f.len, f.seg_size};
+      Datagram& d = out[n++];
+      d.len = cursor_.next(&d.data, &d.segment);
+      d.peer_ip_be = f.from.ip_be;
+      d.peer_port = f.from.port;
+      d.local_ip_be = ep_.ip_be;
+      if (cursor_.done()) {
+        lent_.push_back(f.slot);
+        queue_.pop_front();
+      }
     }
     return n;
   }
-  void send(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port) override {
-    net_.send(*this, data, len, {dst_ip_be, dst_port});
+  uint8_t* reserve(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id) override {
+    if (len > kMaxDatagram) {
+      ++net_.stats_.sent;
+      ++net_.stats_.dropped;
+      return nullptr;
+    }
+    placing_len_ = len;
+    if (net_.gso_ && coalesce && run_.accepts(dst_ip_be, dst_port, len)) {
+      placing_join_ = true;
+      *ip_id = static_cast<uint16_t>(run_.segments);
+      return gather_.data() + run_.bytes;
+    }
+    launch_run();
+    placing_join_ = false;
+    placing_to_ = {dst_ip_be, dst_port};
+    placing_coalesce_ = net_.gso_ && coalesce;
+    *ip_id = 0;
+    if (gather_.size() < kMaxDatagram) gather_.resize(kMaxDatagram);
+    return gather_.data();
   }
-  void flush() override {}
+  void commit() override {
+    if (placing_join_) {
+      run_.add(placing_len_);
+      return;
+    }
+    run_.open(placing_to_.ip_be, placing_to_.port, placing_len_);
+    if (!placing_coalesce_) launch_run();  // alone: it leaves now, as before segmentation existed
+  }
+  void flush() override { launch_run(); }
 
  private:
   friend class MemoryNetwork;
+  void launch_run() {
+    if (!run_.segments) return;
+    net_.send(*this, gather_.data(), run_.bytes, {run_.dst_ip_be, run_.dst_port},
+              run_.segments > 1 ? run_.seg_size : 0);
+    run_ = {};
+  }
   void release_lent() {
     for (uint32_t s : lent_) net_.free_slot(s);
     lent_.clear();
@@ -46,6 +87,13 @@ class MemoryNetwork::Port final : public PacketPort {
   std::deque<Flight> queue_;
   std::vector<uint32_t> lent_;   // slots handed out by the last receive()
   std::optional<Flight> held_;   // waits for this port's next send
+  SegmentCursor cursor_;         // splits queue_.front() into its segments
+  // The datagram reserve() handed out, and the run of them being gathered into one send.
+  std::vector<uint8_t> gather_;
+  GsoRun run_;
+  uint32_t placing_len_ = 0;
+  Endpoint placing_to_{};
+  bool placing_join_ = false, placing_coalesce_ = false;
 };
 
 MemoryNetwork::~MemoryNetwork() {
@@ -75,14 +123,14 @@ uint32_t MemoryNetwork::alloc_slot() {
   return s;
 }
 
-void MemoryNetwork::send(Port& from, const uint8_t* data, uint32_t len, Endpoint to) {
+void MemoryNetwork::send(Port& from, const uint8_t* data, uint32_t len, Endpoint to, uint32_t seg_size) {
   ++stats_.sent;
   if (len > kMaxDatagram) {
     ++stats_.dropped;
     return;
   }
   Fate fate;
-  if (policy_) fate = policy_(Offer{from.ep_, to, data, len, stats_.sent - 1});
+  if (policy_) fate = policy_(Offer{from.ep_, to, data, len, stats_.sent - 1, seg_size});
   // A datagram held earlier leaves now, right behind this one (whatever becomes of this one).
   std::optional<Flight> released = std::move(from.held_);
   from.held_.reset();
@@ -92,7 +140,7 @@ void MemoryNetwork::send(Port& from, const uint8_t* data, uint32_t len, Endpoint
   } else {
     if (fate.delay_ns) ++stats_.delayed;
     for (int copy = 0; copy < (fate.duplicate ? 2 : 1); ++copy) {
-      Flight f{arrive, seq_++, alloc_slot(), len, from.ep_, to};
+      Flight f{arrive, seq_++, alloc_slot(), len, from.ep_, to, seg_size};
       uint8_t* d = slot_data(f.slot);
       std::memcpy(d, data, len);
       if (fate.flip_bit < len * 8u) {

@@ -21,7 +21,15 @@ namespace softrdma::net {
 
 class MemoryNetwork final : public Clock {
  public:
-  static constexpr uint32_t kMaxDatagram = 8192;
+  static constexpr uint32_t kMaxDatagram = 65536;  // a segmented send (gso) fills up to 64 KiB
+
+  // With segmentation offload on, a port gathers consecutive coalescing datagrams to one destination into
+  // one segmented datagram (net/gso.h), which flies as one and is split on receive, as a veth carries
+  // them between UDP_SEGMENT and UDP_GRO sockets. The policy then sees, and may corrupt, the whole of it.
+  struct Options {
+    uint64_t latency_ns = 2000;
+    bool gso = false;
+  };
 
   struct Endpoint {
     uint32_t ip_be;
@@ -34,6 +42,7 @@ class MemoryNetwork final : public Clock {
     const uint8_t* data;
     uint32_t len;
     uint64_t index;  // datagrams offered so far on the network
+    uint32_t seg_size;  // segmented (gso): its segment length; 0 for one datagram
   };
   struct Fate {
     bool drop = false;
@@ -50,6 +59,7 @@ class MemoryNetwork final : public Clock {
   };
 
   explicit MemoryNetwork(uint64_t latency_ns = 2000) : latency_ns_(latency_ns) {}
+  explicit MemoryNetwork(const Options& o) : latency_ns_(o.latency_ns), gso_(o.gso) {}
   ~MemoryNetwork() override;
   MemoryNetwork(const MemoryNetwork&) = delete;
   MemoryNetwork& operator=(const MemoryNetwork&) = delete;
@@ -78,16 +88,18 @@ class MemoryNetwork final : public Clock {
     uint64_t seq;  // ties keep sending order
     uint32_t slot, len;
     Endpoint from, to;
+    uint32_t seg_size = 0;
     bool operator>(const Flight& o) const { return arrive_ns != o.arrive_ns ? arrive_ns > o.arrive_ns : seq > o.seq; }
   };
   uint32_t alloc_slot();
   void free_slot(uint32_t slot) { free_.push_back(slot); }
   uint8_t* slot_data(uint32_t slot) { return chunks_[slot / kSlotsPerChunk].get() + (slot % kSlotsPerChunk) * kMaxDatagram; }
-  void send(Port& from, const uint8_t* data, uint32_t len, Endpoint to);
+  void send(Port& from, const uint8_t* data, uint32_t len, Endpoint to, uint32_t seg_size);
   void launch(const Flight& f) { flights_.push(f); }
 
-  static constexpr uint32_t kSlotsPerChunk = 64;
+  static constexpr uint32_t kSlotsPerChunk = 16;
   uint64_t latency_ns_;
+  bool gso_ = false;
   uint64_t now_ = 1;
   uint64_t seq_ = 0;
   Policy policy_;

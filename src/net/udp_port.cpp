@@ -1,9 +1,11 @@
 #include "net/udp_port.h"
 
 #include "net/impairment.h"
+#include "net/gso.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -51,12 +54,28 @@ struct UdpPort::Buffers {
   sockaddr_in rx_addr[kBatch];
   union Control {
     cmsghdr align;
-    char bytes[CMSG_SPACE(sizeof(in_pktinfo))];
+    char bytes[CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(int))];
   } rx_ctrl[kBatch];
+  SegmentCursor rx_cursor;  // the slot rx_next_ being split into its segments
+  uint32_t rx_peer_ip[kBatch], rx_local_ip[kBatch], rx_seg[kBatch];
+  uint16_t rx_peer_port[kBatch];
   mmsghdr tx_msgs[kBatch];
   iovec tx_iov[kBatch];
   sockaddr_in tx_addr[kBatch];
+  GsoRun tx_run[kBatch];
+  union TxControl {
+    cmsghdr align;
+    char bytes[CMSG_SPACE(sizeof(uint16_t))];
+  } tx_ctrl[kBatch];
 };
+
+namespace {
+// SOFTRDMA_GSO=0 turns segmentation offload off (to measure what it brings, or on a kernel without it).
+bool gso_wanted() {
+  const char* s = getenv("SOFTRDMA_GSO");
+  return !s || std::strcmp(s, "0") != 0;
+}
+}  // namespace
 
 UdpPort::UdpPort(uint32_t ip_be, uint16_t port) : ip_be_(ip_be), buf_(std::make_unique<Buffers>()) {
   const uint64_t index = g_ports_created.fetch_add(1, std::memory_order_relaxed);
@@ -73,6 +92,12 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port) : ip_be_(ip_be), buf_(std::make_
   if (setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) fail("IP_MTU_DISCOVER");
   int on = 1;
   if (setsockopt(fd_, IPPROTO_IP, IP_PKTINFO, &on, sizeof(on)) != 0) fail("IP_PKTINFO");
+  if (gso_wanted()) {
+    // Segmented sends need UDP_SEGMENT (4.18) and segmented receives UDP_GRO (5.0); both or neither.
+    int zero = 0;
+    gso_ = setsockopt(fd_, SOL_UDP, UDP_SEGMENT, &zero, sizeof(zero)) == 0 &&
+           setsockopt(fd_, SOL_UDP, UDP_GRO, &on, sizeof(on)) == 0;
+  }
   set_buffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF);
   set_buffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF);
 
@@ -122,7 +147,7 @@ UdpPort::~UdpPort() {
   // Best effort: queued datagrams are part of what the caller already posted.
   if (impair_) {
     impair_->tx.release_all([this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) {
-      enqueue(d, n, m.ip_be, m.port);
+      enqueue(d, n, m.ip_be, m.port, m.coalesce);
     });
     // One line per impaired port: what a fault test's log needs to show the faults happened.
     for (const auto* st : {&impair_->tx_stats, &impair_->rx_stats}) {
@@ -191,64 +216,126 @@ size_t UdpPort::receive_raw(Datagram* out, size_t max) {
   Buffers& b = *buf_;
   const size_t n = std::min(max, kBatch);
   if (n == 0) return 0;
-  for (size_t i = 0; i < n; ++i) {
-    b.rx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
-    b.rx_msgs[i].msg_hdr.msg_controllen = sizeof(b.rx_ctrl[i].bytes);
-    b.rx_msgs[i].msg_hdr.msg_flags = 0;
-  }
-  int got;
-  do {
-    got = recvmmsg(fd_, b.rx_msgs, static_cast<unsigned>(n), MSG_DONTWAIT, nullptr);
-  } while (got < 0 && errno == EINTR);
-  if (got <= 0) return 0;
-  for (int i = 0; i < got; ++i) {
-    msghdr& h = b.rx_msgs[i].msg_hdr;
-    Datagram& d = out[i];
-    d.data = static_cast<uint8_t*>(b.rx_iov[i].iov_base);
-    d.len = b.rx_msgs[i].msg_len;
-    d.peer_ip_be = b.rx_addr[i].sin_addr.s_addr;
-    d.peer_port = ntohs(b.rx_addr[i].sin_port);
-    d.local_ip_be = ip_be_;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
-      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
-        in_pktinfo info;
-        std::memcpy(&info, CMSG_DATA(c), sizeof(info));
-        d.local_ip_be = info.ipi_addr.s_addr;
+  if (rx_next_ == rx_got_) {
+    for (size_t i = 0; i < n; ++i) {
+      b.rx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+      b.rx_msgs[i].msg_hdr.msg_controllen = sizeof(b.rx_ctrl[i].bytes);
+      b.rx_msgs[i].msg_hdr.msg_flags = 0;
+    }
+    int got;
+    do {
+      got = recvmmsg(fd_, b.rx_msgs, static_cast<unsigned>(n), MSG_DONTWAIT, nullptr);
+    } while (got < 0 && errno == EINTR);
+    if (got <= 0) return 0;
+    rx_got_ = static_cast<size_t>(got);
+    rx_next_ = 0;
+    for (size_t i = 0; i < rx_got_; ++i) {
+      msghdr& h = b.rx_msgs[i].msg_hdr;
+      b.rx_peer_ip[i] = b.rx_addr[i].sin_addr.s_addr;
+      b.rx_peer_port[i] = ntohs(b.rx_addr[i].sin_port);
+      b.rx_local_ip[i] = ip_be_;
+      b.rx_seg[i] = 0;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
+        if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+          in_pktinfo info;
+          std::memcpy(&info, CMSG_DATA(c), sizeof(info));
+          b.rx_local_ip[i] = info.ipi_addr.s_addr;
+        } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+          int seg = 0;
+          std::memcpy(&seg, CMSG_DATA(c), sizeof(seg));
+          b.rx_seg[i] = seg > 0 ? static_cast<uint32_t>(seg) : 0;
+        }
       }
     }
+    b.rx_cursor = {static_cast<uint8_t*>(b.rx_iov[0].iov_base), b.rx_msgs[0].msg_len, b.rx_seg[0]};
+  }
+  size_t k = 0;
+  while (k < n && rx_next_ < rx_got_) {
+    const size_t i = rx_next_;
+    Datagram& d = out[k++];
+    d.len = b.rx_cursor.next(&d.data, &d.segment);
+    d.peer_ip_be = b.rx_peer_ip[i];
+    d.peer_port = b.rx_peer_port[i];
+    d.local_ip_be = b.rx_local_ip[i];
     ++stats_.rx_packets;
     stats_.rx_bytes += d.len;
+    if (b.rx_cursor.done() && ++rx_next_ < rx_got_)
+      b.rx_cursor = {static_cast<uint8_t*>(b.rx_iov[rx_next_].iov_base), b.rx_msgs[rx_next_].msg_len,
+                     b.rx_seg[rx_next_]};
   }
-  return static_cast<size_t>(got);
+  return k;
 }
 
-void UdpPort::send(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port) {
+uint8_t* UdpPort::reserve(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id) {
   if (len > kMaxDatagram) {
     ++stats_.tx_errors;
-    return;
+    return nullptr;
   }
   if (impair_) [[unlikely]] {
-    // Impair a copy: corruption must not touch the caller's buffer.
-    PortImpairment& im = *impair_;
-    im.tx_scratch.assign(data, data + len);
-    im.tx.offer(im.tx_scratch.data(), len, {dst_ip_be, dst_port, ip_be_},
-                [this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) { enqueue(d, n, m.ip_be, m.port); });
-    return;
+    // Impair a copy, on commit(): corruption must not touch what the caller wrote.
+    impair_->tx_scratch.resize(len);
+    placing_len_ = len;
+    placing_ip_ = dst_ip_be;
+    placing_port_ = dst_port;
+    placing_coalesce_ = coalesce;
+    *ip_id = 0;  // the impairment may move it; receivers check segments of contexts leniently (icrc_gate.h)
+    return impair_->tx_scratch.data();
   }
-  enqueue(data, len, dst_ip_be, dst_port);
+  return place(len, dst_ip_be, dst_port, coalesce, ip_id);
 }
 
-void UdpPort::enqueue(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port) {
-  if (tx_count_ == kBatch) send_batch();
+void UdpPort::commit() {
+  if (impair_) [[unlikely]] {
+    PortImpairment& im = *impair_;
+    im.tx.offer(im.tx_scratch.data(), placing_len_, {placing_ip_, placing_port_, ip_be_, placing_coalesce_},
+                [this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) {
+                  enqueue(d, n, m.ip_be, m.port, m.coalesce);
+                });
+    return;
+  }
+  place_commit();
+}
+
+uint8_t* UdpPort::place(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id) {
   Buffers& b = *buf_;
-  const size_t i = tx_count_++;
-  std::memcpy(b.tx_iov[i].iov_base, data, len);
-  b.tx_iov[i].iov_len = len;
-  b.tx_addr[i] = {};
-  b.tx_addr[i].sin_family = AF_INET;
-  b.tx_addr[i].sin_addr.s_addr = dst_ip_be;
-  b.tx_addr[i].sin_port = htons(dst_port);
+  placing_len_ = len;
+  if (gso_ && coalesce && tx_count_ && b.tx_run[tx_count_ - 1].accepts(dst_ip_be, dst_port, len)) {
+    placing_slot_ = tx_count_ - 1;
+    placing_new_ = false;
+    GsoRun& r = b.tx_run[placing_slot_];
+    *ip_id = static_cast<uint16_t>(r.segments);
+    return static_cast<uint8_t*>(b.tx_iov[placing_slot_].iov_base) + r.bytes;
+  }
   if (tx_count_ == kBatch) send_batch();
+  placing_slot_ = tx_count_;
+  placing_new_ = true;
+  placing_ip_ = dst_ip_be;
+  placing_port_ = dst_port;
+  placing_coalesce_ = coalesce;
+  *ip_id = 0;
+  return static_cast<uint8_t*>(b.tx_iov[placing_slot_].iov_base);
+}
+
+void UdpPort::place_commit() {
+  Buffers& b = *buf_;
+  GsoRun& r = b.tx_run[placing_slot_];
+  if (!placing_new_) {
+    r.add(placing_len_);
+    return;
+  }
+  r.open(placing_ip_, placing_port_, placing_len_);
+  if (!placing_coalesce_) r.closed = true;
+  b.tx_addr[placing_slot_] = {};
+  b.tx_addr[placing_slot_].sin_family = AF_INET;
+  b.tx_addr[placing_slot_].sin_addr.s_addr = placing_ip_;
+  b.tx_addr[placing_slot_].sin_port = htons(placing_port_);
+  ++tx_count_;
+}
+
+void UdpPort::enqueue(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce) {
+  uint16_t ip_id;
+  std::memcpy(place(len, dst_ip_be, dst_port, coalesce, &ip_id), data, len);
+  place_commit();
 }
 
 void UdpPort::flush() {
@@ -256,7 +343,7 @@ void UdpPort::flush() {
     // A flush is a batch boundary: reordered datagrams age, and go out after a bounded number of flushes
     // (a tx_hold datagram waits for the next send instead).
     impair_->tx.tick([this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) {
-      enqueue(d, n, m.ip_be, m.port);
+      enqueue(d, n, m.ip_be, m.port, m.coalesce);
     });
   }
   send_batch();
@@ -264,14 +351,35 @@ void UdpPort::flush() {
 
 void UdpPort::send_batch() {
   Buffers& b = *buf_;
+  for (size_t i = 0; i < tx_count_; ++i) {
+    const GsoRun& r = b.tx_run[i];
+    msghdr& h = b.tx_msgs[i].msg_hdr;
+    b.tx_iov[i].iov_len = r.bytes;
+    if (r.segments > 1) {
+      h.msg_control = b.tx_ctrl[i].bytes;
+      h.msg_controllen = sizeof(b.tx_ctrl[i].bytes);
+      cmsghdr* c = CMSG_FIRSTHDR(&h);
+      c->cmsg_level = SOL_UDP;
+      c->cmsg_type = UDP_SEGMENT;
+      c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+      const auto seg = static_cast<uint16_t>(r.seg_size);
+      std::memcpy(CMSG_DATA(c), &seg, sizeof(seg));
+    } else {
+      h.msg_control = nullptr;
+      h.msg_controllen = 0;
+    }
+  }
   size_t done = 0;
   std::chrono::steady_clock::time_point deadline{};
   bool waiting = false;
+  auto lost = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i) stats_.tx_errors += b.tx_run[i].segments;
+  };
   while (done < tx_count_) {
     int r = sendmmsg(fd_, b.tx_msgs + done, static_cast<unsigned>(tx_count_ - done), 0);
     if (r > 0) {
       for (int k = 0; k < r; ++k) {
-        ++stats_.tx_packets;
+        stats_.tx_packets += b.tx_run[done + k].segments;
         stats_.tx_bytes += b.tx_msgs[done + k].msg_len;
       }
       done += static_cast<size_t>(r);
@@ -294,11 +402,13 @@ void UdpPort::send_batch() {
         continue;
       }
       // Out of patience: give up on what is left, but count it.
-      stats_.tx_errors += tx_count_ - done;
+      lost(done, tx_count_);
       break;
     }
-    // The kernel refused the first datagram of the rest (EMSGSIZE, ENETUNREACH, EPERM...): skip it.
-    ++stats_.tx_errors;
+    // The kernel refused the first message of the rest (EMSGSIZE, ENETUNREACH, EPERM...): skip it. A
+    // device that cannot take segmented sends (EIO: no checksum offload) gets single datagrams from now on.
+    if (b.tx_run[done].segments > 1 && (err == EIO || err == EINVAL)) gso_ = false;
+    lost(done, done + 1);
     ++done;
   }
   tx_count_ = 0;

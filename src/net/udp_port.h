@@ -31,16 +31,21 @@ class UdpPort final : public PacketPort {
   uint16_t port() const override { return port_; }  // host order; the actual port when 0 was asked
   uint32_t ip_be() const override { return ip_be_; }
 
-  // Receives up to max (at most kBatch) datagrams with one recvmmsg into the port's own buffers.
-  // out[i].data stays valid until the next receive(). Returns the count (0 if none).
+  // Receives up to max (at most kBatch) datagrams with one recvmmsg into the port's own buffers; a
+  // buffer that arrived segmented (UDP_GRO) gives one datagram per segment, over as many calls as it
+  // takes. out[i].data stays valid until the next receive(). Returns the count (0 if none).
   size_t receive(Datagram* out, size_t max) override;
 
-  // Queues one datagram (copied into a send slot); sends the batch when all kBatch slots are queued.
-  // A datagram longer than kMaxDatagram is dropped and counted in tx_errors.
-  void send(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port) override;
+  // Datagrams go out in batches of up to kBatch messages (sendmmsg); a coalesced run of them to one
+  // destination is one message with UDP_SEGMENT (net/gso.h). A datagram longer than kMaxDatagram is
+  // refused and counted in tx_errors.
+  uint8_t* reserve(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id) override;
+  void commit() override;
   // Sends everything queued with sendmmsg, waiting briefly for socket space on EAGAIN/ENOBUFS rather than
   // dropping. Datagrams the kernel rejects (e.g. EMSGSIZE over the path MTU) count in tx_errors.
   void flush() override;
+  // Whether this port segments sends and receives segmented buffers (off with SOFTRDMA_GSO=0).
+  bool offload() const { return gso_; }
   size_t queued() const { return tx_count_; }
 
   struct Stats {
@@ -54,14 +59,25 @@ class UdpPort final : public PacketPort {
  private:
   size_t receive_raw(Datagram* out, size_t max);
   size_t receive_impaired(Datagram* out, size_t max);
-  void enqueue(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port);
+  uint8_t* place(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id);
+  void place_commit();
+  void enqueue(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce);
   void send_batch();
 
   struct Buffers;  // message headers, addresses, control space and packet storage
   int fd_ = -1;
   uint32_t ip_be_ = 0;
   uint16_t port_ = 0;
-  size_t tx_count_ = 0;
+  bool gso_ = false;
+  size_t tx_count_ = 0;  // messages queued (each one datagram or a segmented run)
+  // The datagram reserve() placed, until commit(): in slot placing_slot_, opening it when placing_new_.
+  size_t placing_slot_ = 0;
+  bool placing_new_ = false;
+  uint32_t placing_len_ = 0, placing_ip_ = 0;
+  uint16_t placing_port_ = 0;
+  bool placing_coalesce_ = false;
+  // Receive side: slots filled by the last recvmmsg, and the one being split into its segments.
+  size_t rx_got_ = 0, rx_next_ = 0;
   Stats stats_{};
   std::unique_ptr<Buffers> buf_;
   std::unique_ptr<PortImpairment> impair_;

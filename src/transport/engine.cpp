@@ -74,12 +74,22 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   doorbell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (doorbell_fd_ < 0 || epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
+  quiet_epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (quiet_epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
   for (int fd : {port_->fd(), doorbell_fd_}) {
     if (fd < 0) continue;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  {
+    // While an application thread spins in poll_cq it drives the engine; the progress thread then
+    // sleeps on the doorbell alone, so packets do not wake it on the application's core.
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = doorbell_fd_;
+    epoll_ctl(quiet_epoll_fd_, EPOLL_CTL_ADD, doorbell_fd_, &ev);
   }
   if (opts_.link_monitor) start_link_monitor();
   sq_credits_ = std::make_unique<SqCredit[]>(core::DeviceLimits::kMaxQp);
@@ -148,6 +158,7 @@ Engine::~Engine() {
   close(doorbell_fd_);
   mcast_close_all();
   close(epoll_fd_);
+  close(quiet_epoll_fd_);
 }
 
 core::Counters Engine::counters() {
@@ -184,6 +195,14 @@ void Engine::progress_loop() {
     }
     uint64_t t = now();
     check_link(t, false);
+    if (app_polling_.load(std::memory_order_acquire) && !serves_passive_.load(std::memory_order_relaxed)) {
+      // Run to completion: an application thread spins in poll_cq and does the engine's work itself
+      // (DESIGN §8). Stay off its core until it stops (poll_cq rings when a poll finds completions, the
+      // point where the application goes off to do something else) or a timer is due.
+      quiet_sleep();
+      idle_since = now();
+      continue;
+    }
     if (did) {
       idle_since = t;
       continue;
@@ -228,6 +247,37 @@ void Engine::progress_loop() {
   }
 }
 
+void Engine::quiet_sleep() {
+  uint64_t deadline;
+  const uint64_t polls = app_polls_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard lock(lock_);
+    deadline = next_deadline_ns();
+  }
+  quiet_.store(true, std::memory_order_seq_cst);
+  // Rechecked after announcing the sleep: poll_cq clears app_polling_ before it looks at quiet_.
+  if (app_polling_.load(std::memory_order_seq_cst)) {
+    // At most kQuietCheckNs, then look whether the application still polls (it may have stopped without
+    // a poll that found anything: a thread gone to ibv_get_cq_event, or gone altogether). A context
+    // that serves one-sided requests is woken by its packets too, as when it is not quiet, but does not
+    // spin: its application may wait on memory for the next WRITE as soon as this poll returns.
+    const uint64_t t = now();
+    uint64_t wait = kQuietCheckNs;
+    if (deadline) wait = std::min(wait, deadline > t ? deadline - t : 0);
+    timespec ts{static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};
+    epoll_event ev;
+    const int epfd = serves_passive_.load(std::memory_order_relaxed) ? epoll_fd_ : quiet_epoll_fd_;
+    if (epoll_pwait2(epfd, &ev, 1, &ts, nullptr) > 0) {
+      uint64_t v;
+      [[maybe_unused]] ssize_t n = read(doorbell_fd_, &v, sizeof v);
+    }
+    if (app_polls_.load(std::memory_order_relaxed) == polls) app_polling_.store(false, std::memory_order_relaxed);
+  }
+  quiet_.store(false, std::memory_order_release);
+  std::lock_guard lock(lock_);
+  progress_once();  // timers, and whatever rang
+}
+
 bool Engine::progress_once() {
   bool did = false;
   // Placing direct messages is not work that keeps the progress thread spinning: the application's
@@ -270,7 +320,8 @@ void Engine::receive_from(net::PacketPort& port, bool& did) {
   net::Datagram dgrams[net::PacketPort::kBatch];
   size_t n = port.receive(dgrams, net::PacketPort::kBatch);
   for (size_t i = 0; i < n; ++i)
-    handle_packet(dgrams[i].data, dgrams[i].len, dgrams[i].peer_ip_be, dgrams[i].peer_port, port.port());
+    handle_packet(dgrams[i].data, dgrams[i].len, dgrams[i].peer_ip_be, dgrams[i].peer_port, port.port(),
+                  dgrams[i].segment);
   if (n) {
     did = true;
     flush_owed_acks();
@@ -278,13 +329,14 @@ void Engine::receive_from(net::PacketPort& port, bool& did) {
 }
 
 void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
-                           uint16_t local_port) {
+                           uint16_t local_port, uint32_t segment) {
   count(nullptr, &core::Counters::rx_packets);
   count(nullptr, &core::Counters::rx_bytes, len);
   // Forwarded by this host's 4791 holder, which checked the ICRC against the original addresses and
   // appended them (UD receivers report the sender's address in the GRH).
   bool forwarded = peer_ip == iface_.ip_be && peer_port == wire::kRoceUdpPort && local_port != wire::kRoceUdpPort;
-  wire::Ipv4UdpAddr addr{peer_ip, iface_.ip_be, peer_port, local_port};
+  // Segment k of a segmented send carried identification k (net/gso.h).
+  wire::Ipv4UdpAddr addr{peer_ip, iface_.ip_be, peer_port, local_port, static_cast<uint16_t>(segment)};
   if (forwarded && len >= kForwardTrailerLen && std::memcmp(data + len - 4, kForwardMagic, 4) == 0) {
     len -= kForwardTrailerLen;
     const uint8_t* t = data + len;
@@ -362,6 +414,14 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
       uc_receive(qp, pkt);
     return;
   }
+  if (qp.dest_port == wire::kRoceUdpPort && peer_ip == qp.dest_ip_be && peer_port >= net::UdpPort::kContextPortBegin &&
+      peer_port < net::UdpPort::kContextPortEnd) {
+    // The peer is a softrdma context on another host (RoCE stacks send from 0xC000 up): from now on it
+    // is reached at its own port, not through the 4791 holder of its host (DESIGN §4), and our packets
+    // to it may travel segmented.
+    qp.dest_port = peer_port;
+    count(&qp, &core::Counters::peer_port_learned);
+  }
   switch (info.kind) {
     case wire::OpKind::Ack:
     case wire::OpKind::AtomicAck:
@@ -386,6 +446,9 @@ bool Engine::icrc_accepts(const wire::Ipv4UdpAddr& addr, const uint8_t* data, ui
   switch (icrc_gate_.check(addr, data, len, now(), ident)) {
     case IcrcGate::Verdict::Exact:
       return true;
+    case IcrcGate::Verdict::Segment:
+      count(nullptr, &core::Counters::icrc_moved_segment);
+      return true;
     case IcrcGate::Verdict::Solved:
       count(nullptr, &core::Counters::icrc_solved_ip_id);
       return true;
@@ -406,17 +469,22 @@ void Engine::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint
 
 void Engine::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                             uint16_t dest_port) {
-  uint8_t buf[wire::kBthLen + wire::kAtomicEthLen + wire::kRethLen + 16 + 4096 + 8];
   pkt.bth.pkey = wire::kDefaultPkey;
   pkt.bth.pad_count = wire::pad_for(len);
-  size_t n = wire::write_headers(pkt, buf);
-  if (len) std::memcpy(buf + n, payload, len);
-  n += len;
-  for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[n++] = 0;
-  wire::Ipv4UdpAddr addr{iface_.ip_be, dest_ip_be, port_->port(), dest_port};
-  wire::append_icrc(addr, buf, n);
-  n += wire::kIcrcLen;
-  port_->send(buf, static_cast<uint32_t>(n), dest_ip_be, dest_port);
+  const uint32_t hdr = wire::opcode_info(pkt.bth.opcode).header_len;
+  const uint32_t n = hdr + len + pkt.bth.pad_count + wire::kIcrcLen;
+  // Written in place into the port's send buffer. Packets to a softrdma context (not to 4791, where
+  // RoCE stacks listen) may travel as segments of one send; the ICRC covers the identification that
+  // segment gets on the wire.
+  uint16_t ip_id = 0;
+  uint8_t* buf = port_->reserve(n, dest_ip_be, dest_port, dest_port != wire::kRoceUdpPort, &ip_id);
+  if (!buf) return;
+  wire::write_headers(pkt, buf);
+  if (len) std::memcpy(buf + hdr, payload, len);
+  for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[hdr + len + i] = 0;
+  wire::Ipv4UdpAddr addr{iface_.ip_be, dest_ip_be, port_->port(), dest_port, ip_id};
+  wire::append_icrc(addr, buf, n - wire::kIcrcLen);
+  port_->commit();
   count(&qp, &core::Counters::tx_packets);
   count(&qp, &core::Counters::tx_bytes, n);
 }
@@ -787,8 +855,12 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
   // would keep that thread spinning on the application's core.
   if (lock_for_caller()) {
     // No time passed: the requester reads the clock only if it arms a timer (a post must not pay for it).
+    // With packets of this QP already unacknowledged, the new ones wait in the port for the next
+    // flush (the next poll, or the progress thread, which the doorbell below rouses): they then leave
+    // together, segmented, in one system call. A lone request leaves at once.
+    const bool pipelined = qp->cfg.type == QpType::Rc && qp->req.next_psn != qp->comp.acked_psn;
     if (qp->state.load() == QpState::Rts) requester_run(*qp, 0);
-    port_->flush();
+    if (!pipelined) port_->flush();
     lock_.unlock();
     // Everything done here (the direct path completes at once): no need to wake the progress thread.
     if (qp->sq.count() == 0) return rc;
@@ -849,7 +921,17 @@ void Engine::place_direct() {
   lock_.unlock();
 }
 
+void Engine::app_stops_polling(bool wake) {
+  if (!app_polling_.load(std::memory_order_relaxed)) return;
+  app_polling_.store(false, std::memory_order_seq_cst);
+  if (wake && quiet_.load(std::memory_order_seq_cst)) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = write(doorbell_fd_, &one, sizeof one);
+  }
+}
+
 void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
+  app_stops_polling(true);  // it is going to wait for an event
   cq->arm(solicited_only);
   if (!cq->notifies() || !direct_active_.load(std::memory_order_relaxed)) return;
   // An initiator that published before the arm found the CQ unarmed and woke nobody, and the poll that
@@ -870,11 +952,19 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     // only every 1024th one goes on to the sockets and timers (syscalls and clock reads, ~1 us): the
     // progress thread handles packets too, and a spinning poller must see a direct message at once.
     if (!direct_active_.load(std::memory_order_relaxed) ||
-        (!direct_receive_all() && (++empty_polls_ & 1023) == 0))
+        (!direct_receive_all() && (++empty_polls_ & 1023) == 0)) {
       progress_once();
+      if (opts_.progress_thread && !direct_active_.load(std::memory_order_relaxed)) {
+        app_polls_.fetch_add(1, std::memory_order_relaxed);
+        if (!app_polling_.load(std::memory_order_relaxed)) app_polling_.store(true, std::memory_order_release);
+      }
+    }
     lock_.unlock();
     got = cq->poll(out, n);
   }
+  // The application has what it waited for and goes off to do something else: the progress thread
+  // serves the engine again (a passive-side packet may be next, and nobody may poll for it).
+  if (got > 0) app_stops_polling(false);
   // Send-queue slots are the application's again once their completions are polled.
   for (int i = 0; i < got; ++i)
     if (uint32_t ref = out[i].sq_ref)

@@ -150,10 +150,16 @@ class Engine {
   void check_link(uint64_t now_ns, bool readable);
   // engine.cpp
   void progress_loop();
+  // The progress thread while an application thread drives the engine from poll_cq: it sleeps on the
+  // doorbell alone, for at most kQuietCheckNs or until a timer is due, then does one pass.
+  void quiet_sleep();
+  static constexpr uint64_t kQuietCheckNs = 1000000;
+  // From an application thread: it stopped driving the engine; wake: rouse a quiet progress thread.
+  void app_stops_polling(bool wake);
   bool progress_once();  // lock held; true when anything was done
   void receive_from(net::PacketPort& port, bool& did);
   void handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
-                     uint16_t local_port);
+                     uint16_t local_port, uint32_t segment = 0);
   // gsi.cpp: a datagram for QP1 (CM MADs): routed to the process it belongs to.
   void handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port);
   // The ICRC check of a datagram as the socket saw it (icrc_gate.h); counts what it drops.
@@ -277,6 +283,15 @@ class Engine {
   std::atomic<uint32_t> work_hint_{0};
   int doorbell_fd_ = -1;
   int epoll_fd_ = -1;
+  int quiet_epoll_fd_ = -1;  // the doorbell alone (quiet_sleep)
+  // Run to completion: an application thread's last poll_cq found nothing and drove the engine itself
+  // (it polls again); app_polls_ counts such polls; quiet_: the progress thread sleeps in quiet_sleep.
+  std::atomic<bool> app_polling_{false};
+  std::atomic<uint64_t> app_polls_{0};
+  std::atomic<bool> quiet_{false};
+  // Peers have sent this context one-sided requests (WRITE, READ, ATOMIC): its application may wait on
+  // memory for the next one as soon as a poll returns, so its quiet progress thread sleeps on packets too.
+  std::atomic<bool> serves_passive_{false};
   // The device interface's link (port_state.cpp): the monitor is the progress thread's; port_link_
   // holds its last LinkState (bit 0 admin up, 1 carrier, 2 address) for ibv_query_port.
   std::unique_ptr<net::LinkMonitor> link_;

@@ -1,14 +1,23 @@
 #include "transport/icrc_gate.h"
 
+#include "net/gso.h"
 #include "wire/headers.h"
 
 namespace softrdma::transport {
 
 IcrcGate::Verdict IcrcGate::check(const wire::Ipv4UdpAddr& addr, const uint8_t* pkt, uint32_t len, uint64_t now,
                                   wire::IpIdent* ident) {
-  *ident = {0, 0x40};
+  *ident = {addr.ip_id, addr.ip_flags};
   if (wire::check_icrc(addr, pkt, len)) return Verdict::Exact;
-  if (addr.dst_port != wire::kRoceUdpPort || addr.src_port < kForeignPortFloor) return Verdict::Bad;
+  if (addr.src_port < kForeignPortFloor) {
+    // A softrdma context: a segment of a segmented send that arrived alone, or in another place of a
+    // buffer than it left in (reordered, or regrouped by GRO), carries an identification below 64.
+    auto solved = wire::solve_ip_ident(addr, pkt, len);
+    if (!solved || solved->ip_flags != 0x40 || solved->ip_id >= net::kGsoMaxSegments) return Verdict::Bad;
+    *ident = *solved;
+    return Verdict::Segment;
+  }
+  if (addr.dst_port != wire::kRoceUdpPort) return Verdict::Bad;
   auto solved = wire::solve_ip_ident(addr, pkt, len);
   if (!solved) return Verdict::Bad;
   auto [it, first_contact] = senders_.try_emplace(addr.src_ip_be, Sender{solved->ip_id, solved->ip_flags, false, 0, 0, now});

@@ -1,6 +1,7 @@
 // The receive side's ICRC check (IBTA A17.3.3) when the IPv4 identification is unseen: a UDP socket
-// does not report it, and the ICRC covers it. softrdma contexts send identification 0 (DF set) and are
-// checked at full strength. RoCE stacks (Linux rxe, NICs) send changing identifications; for them the
+// does not report it, and the ICRC covers it. softrdma contexts send identification 0 (DF set), or k
+// for segment k of a segmented send (net/gso.h), and are checked with the one the segment's place in
+// its received buffer implies; failing that, with any identification below 64 (26 bits of strength). RoCE stacks (Linux rxe, NICs) send changing identifications; for them the
 // identification is solved from the ICRC and accepted only near the one that sender used last, since a
 // solution alone would pass about 1 in 2^15 corrupted packets (docs/reliability.md).
 #pragma once
@@ -27,14 +28,15 @@ class IcrcGate {
   static constexpr size_t kMaxSenders = 4096;  // forged source addresses cannot grow the table further
 
   enum class Verdict : uint8_t {
-    Exact,        // the ICRC matches with identification 0 and DF: accepted
+    Exact,        // the ICRC matches with the identification given (0, or the segment index) and DF: accepted
+    Segment,      // a softrdma context's segment with another identification below 64: accepted
     Solved,       // a foreign sender's packet, with an identification it plausibly sent: accepted
     Bad,          // no identification the sender may use explains the ICRC: dropped
     OutOfWindow,  // some identification explains it, but not one this sender could have sent now
   };
-  static bool accepted(Verdict v) { return v == Verdict::Exact || v == Verdict::Solved; }
+  static bool accepted(Verdict v) { return v == Verdict::Exact || v == Verdict::Solved || v == Verdict::Segment; }
 
-  // addr: the datagram's addresses as the socket saw them. *ident gets the identification and flags
+  // addr: the datagram's addresses as the socket saw them, ip_id its segment index (0 when alone). *ident gets the identification and flags
   // the packet checked out with (for a hop that forwards it on, which re-checks at full strength).
   Verdict check(const wire::Ipv4UdpAddr& addr, const uint8_t* pkt, uint32_t len, uint64_t now_ns,
                 wire::IpIdent* ident);

@@ -284,6 +284,8 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   // A request by packets comes after whatever its requester left in the inbox before it.
   if (qp.direct.inbox) direct_receive(qp);
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
+  if (info.kind != wire::OpKind::Send && !serves_passive_.load(std::memory_order_relaxed))
+    serves_passive_.store(true, std::memory_order_relaxed);
   uint32_t psn = pkt.bth.psn;
   int32_t d = wire::psn_diff(psn, qp.resp.epsn);
   if (d > 0) {
