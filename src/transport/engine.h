@@ -263,6 +263,10 @@ class Engine {
   std::vector<Srq*> srqs_;
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
+  // Under lock_: the pass is an application's poll; 4791's last look found datagrams; looks skipped.
+  bool app_pass_ = false;
+  bool roce_busy_ = false;
+  uint32_t roce_skips_ = 0;
   uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
   const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
   // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
