@@ -197,8 +197,9 @@ void Engine::progress_loop() {
     check_link(t, false);
     if (app_polling_.load(std::memory_order_acquire) && !serves_passive_.load(std::memory_order_relaxed)) {
       // Run to completion: an application thread spins in poll_cq and does the engine's work itself
-      // (DESIGN §8). Stay off its core until it stops (poll_cq rings when a poll finds completions, the
-      // point where the application goes off to do something else) or a timer is due.
+      // (DESIGN §8). Stay off its core until it stops or a timer is due. Not in a context that serves
+      // one-sided requests: its application may wait on memory for the next WRITE as soon as a poll
+      // returns, and only this thread can place it.
       quiet_sleep();
       idle_since = now();
       continue;
@@ -258,16 +259,13 @@ void Engine::quiet_sleep() {
   // Rechecked after announcing the sleep: poll_cq clears app_polling_ before it looks at quiet_.
   if (app_polling_.load(std::memory_order_seq_cst)) {
     // At most kQuietCheckNs, then look whether the application still polls (it may have stopped without
-    // a poll that found anything: a thread gone to ibv_get_cq_event, or gone altogether). A context
-    // that serves one-sided requests is woken by its packets too, as when it is not quiet, but does not
-    // spin: its application may wait on memory for the next WRITE as soon as this poll returns.
+    // a poll that found anything: a thread gone to ibv_get_cq_event, or gone altogether).
     const uint64_t t = now();
     uint64_t wait = kQuietCheckNs;
     if (deadline) wait = std::min(wait, deadline > t ? deadline - t : 0);
     timespec ts{static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};
     epoll_event ev;
-    const int epfd = serves_passive_.load(std::memory_order_relaxed) ? epoll_fd_ : quiet_epoll_fd_;
-    if (epoll_pwait2(epfd, &ev, 1, &ts, nullptr) > 0) {
+    if (epoll_pwait2(quiet_epoll_fd_, &ev, 1, &ts, nullptr) > 0) {
       uint64_t v;
       [[maybe_unused]] ssize_t n = read(doorbell_fd_, &v, sizeof v);
     }
@@ -974,8 +972,9 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     lock_.unlock();
     got = cq->poll(out, n);
   }
-  // The application has what it waited for and goes off to do something else: the progress thread
-  // serves the engine again (a passive-side packet may be next, and nobody may poll for it).
+  // The application has what it waited for and may go off to do something else: a quiet progress
+  // thread serves the engine again within kQuietCheckNs unless the application polls again meanwhile
+  // (waking it for every completion would cost a ping-pong more than the wait).
   if (got > 0) app_stops_polling(false);
   // Send-queue slots are the application's again once their completions are polled.
   for (int i = 0; i < got; ++i)

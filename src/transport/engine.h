@@ -294,7 +294,7 @@ class Engine {
   std::atomic<uint64_t> app_polls_{0};
   std::atomic<bool> quiet_{false};
   // Peers have sent this context one-sided requests (WRITE, READ, ATOMIC): its application may wait on
-  // memory for the next one as soon as a poll returns, so its quiet progress thread sleeps on packets too.
+  // memory for the next one as soon as a poll returns, so its progress thread never goes quiet.
   std::atomic<bool> serves_passive_{false};
   // The device interface's link (port_state.cpp): the monitor is the progress thread's; port_link_
   // holds its last LinkState (bit 0 admin up, 1 carrier, 2 address) for ibv_query_port.
