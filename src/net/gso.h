@@ -21,9 +21,10 @@ struct GsoRun {
   uint32_t bytes = 0;
   bool closed = false;     // a shorter datagram ended it
 
-  // Whether a datagram of len bytes to (ip, port) may join the run as its next segment.
+  // Whether a datagram of len bytes to (ip, port) may join the run as its next segment. An empty one
+  // may not: as a last segment of no bytes it would not be there on receive.
   bool accepts(uint32_t ip_be, uint16_t port, uint32_t len) const {
-    return segments && !closed && ip_be == dst_ip_be && port == dst_port && len <= seg_size &&
+    return segments && !closed && len && ip_be == dst_ip_be && port == dst_port && len <= seg_size &&
            segments < kGsoMaxSegments && bytes + len <= kGsoMaxBytes;
   }
   void open(uint32_t ip_be, uint16_t port, uint32_t len) {

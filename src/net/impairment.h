@@ -93,6 +93,7 @@ class DirectionImpairment {
     uint16_t port = 0;
     uint32_t local_ip_be = 0;
     bool coalesce = false;  // transmit: the datagram may join a segmented send (packet_port.h)
+    uint32_t segment = 0;   // receive: its index in the buffer it arrived in (Datagram::segment)
   };
   using Emit = std::function<void(const uint8_t* data, uint32_t len, const Meta& meta)>;
   static constexpr uint32_t kMaxTicksHeld = 2;

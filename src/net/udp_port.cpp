@@ -198,7 +198,8 @@ size_t UdpPort::receive_impaired(Datagram* out, size_t max) {
       break;
     }
     for (size_t i = 0; i < got; ++i)
-      im.rx.offer(raw[i].data, raw[i].len, {raw[i].peer_ip_be, raw[i].peer_port, raw[i].local_ip_be}, emit);
+      im.rx.offer(raw[i].data, raw[i].len,
+                  {raw[i].peer_ip_be, raw[i].peer_port, raw[i].local_ip_be, false, raw[i].segment}, emit);
   }
   const size_t k = std::min(n, im.rx_ready.size());
   for (size_t i = 0; i < k; ++i) {
@@ -207,7 +208,8 @@ size_t UdpPort::receive_impaired(Datagram* out, size_t max) {
   }
   for (size_t i = 0; i < k; ++i) {
     PortImpairment::Ready& r = im.rx_delivered[i];
-    out[i] = {r.bytes.data(), static_cast<uint32_t>(r.bytes.size()), r.meta.ip_be, r.meta.port, r.meta.local_ip_be};
+    out[i] = {r.bytes.data(), static_cast<uint32_t>(r.bytes.size()), r.meta.ip_be, r.meta.port, r.meta.local_ip_be,
+              r.meta.segment};
   }
   return k;
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <system_error>
 #include <vector>
 
@@ -191,6 +192,181 @@ TEST(UdpPort, BoundPortsAreSeenAndReleasedOnesAreNot) {
   }
   // Closed: no longer listed (an ephemeral port is not handed out again at once).
   EXPECT_FALSE(udp_port_bound(port));
+}
+
+// Segmentation offload on loopback (UDP_SEGMENT out, UDP_GRO in): lo keeps a segmented send whole, so a
+// receiver with UDP_GRO gets the run back as one buffer, which the port splits into its datagrams with
+// their segment indices. Skipped on a kernel without it.
+
+// Queues one datagram with reserve/commit; returns the identification it was given.
+uint16_t put(UdpPort& a, const std::vector<uint8_t>& d, uint16_t dst_port, bool coalesce = true) {
+  uint16_t ip_id = 0xFFFF;
+  uint8_t* p = a.reserve(static_cast<uint32_t>(d.size()), kLo, dst_port, coalesce, &ip_id);
+  EXPECT_NE(p, nullptr);
+  if (!p) return 0xFFFF;
+  if (!d.empty()) std::memcpy(p, d.data(), d.size());
+  a.commit();
+  return ip_id;
+}
+
+#define SKIP_WITHOUT_OFFLOAD(port) \
+  if (!(port).offload()) GTEST_SKIP() << "no UDP_SEGMENT/UDP_GRO here (or SOFTRDMA_GSO=0)"
+
+TEST(UdpPortGso, ACoalescedRunArrivesAsItsSegments) {
+  UdpPort a(kLo, 0), b(kLo, 0);
+  SKIP_WITHOUT_OFFLOAD(a);
+  ASSERT_TRUE(b.offload());
+  for (uint32_t n : {2u, 9u, 64u}) {
+    SCOPED_TRACE("run of " + std::to_string(n));
+    std::vector<std::vector<uint8_t>> sent;
+    uint64_t bytes = 0;
+    for (uint32_t k = 0; k < n; ++k) {
+      sent.push_back(make_datagram(1000 * n + k, k + 1 == n ? 333 : 1000));  // a short last one
+      bytes += sent.back().size();
+      EXPECT_EQ(put(a, sent.back(), b.port()), k) << "segment k carries identification k";
+    }
+    EXPECT_EQ(a.queued(), 1u) << "one message";
+    const auto before = a.stats();
+    a.flush();
+    EXPECT_EQ(a.stats().tx_errors, before.tx_errors);
+    EXPECT_EQ(a.stats().tx_packets - before.tx_packets, n);
+    EXPECT_EQ(a.stats().tx_bytes - before.tx_bytes, bytes);
+    auto got = receive_n(b, n);
+    ASSERT_EQ(got.size(), n);
+    for (uint32_t k = 0; k < n; ++k) {
+      EXPECT_EQ(got[k].first, sent[k]) << "datagram " << k;
+      EXPECT_EQ(got[k].second.segment, k) << "one GRO buffer: datagram " << k << " is its segment " << k;
+      EXPECT_EQ(got[k].second.peer_port, a.port());
+      EXPECT_EQ(got[k].second.local_ip_be, kLo);
+    }
+  }
+  EXPECT_EQ(b.stats().rx_packets, 2u + 9u + 64u);
+}
+
+TEST(UdpPortGso, ASegmentedBufferIsSplitAcrossReceives) {
+  UdpPort a(kLo, 0), b(kLo, 0);
+  SKIP_WITHOUT_OFFLOAD(a);
+  std::vector<std::vector<uint8_t>> sent;
+  for (uint32_t k = 0; k < 7; ++k) put(a, sent.emplace_back(make_datagram(k, 500)), b.port());
+  a.flush();
+  std::vector<std::pair<std::vector<uint8_t>, uint32_t>> got;
+  Datagram out[3];
+  while (got.size() < 7) {
+    const size_t n = b.receive(out, 3);  // what the last receive left of the buffer comes first
+    EXPECT_LE(n, 3u);
+    for (size_t i = 0; i < n; ++i) got.emplace_back(std::vector<uint8_t>(out[i].data, out[i].data + out[i].len), out[i].segment);
+    pollfd p{b.fd(), POLLIN, 0};
+    if (n == 0 && poll(&p, 1, 5000) <= 0) break;
+  }
+  ASSERT_EQ(got.size(), 7u);
+  for (uint32_t k = 0; k < 7; ++k) {
+    EXPECT_EQ(got[k].first, sent[k]);
+    EXPECT_EQ(got[k].second, k);
+  }
+}
+
+TEST(UdpPortGso, RunsToTwoPortsAreNotMerged) {
+  UdpPort a(kLo, 0), b(kLo, 0), c(kLo, 0);
+  SKIP_WITHOUT_OFFLOAD(a);
+  // Alternating destinations: every datagram is a message of its own.
+  std::vector<std::vector<uint8_t>> to_b, to_c;
+  for (uint32_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(put(a, to_b.emplace_back(make_datagram(k, 800)), b.port()), 0u);
+    EXPECT_EQ(put(a, to_c.emplace_back(make_datagram(100 + k, 800)), c.port()), 0u);
+  }
+  EXPECT_EQ(a.queued(), 8u);
+  // Then a run to each.
+  for (uint32_t k = 4; k < 7; ++k) EXPECT_EQ(put(a, to_b.emplace_back(make_datagram(k, 800)), b.port()), k - 4);
+  for (uint32_t k = 4; k < 7; ++k) EXPECT_EQ(put(a, to_c.emplace_back(make_datagram(100 + k, 800)), c.port()), k - 4);
+  EXPECT_EQ(a.queued(), 10u);
+  a.flush();
+  EXPECT_EQ(a.stats().tx_packets, 14u);
+  for (auto [port, sent] : {std::pair{&b, &to_b}, std::pair{&c, &to_c}}) {
+    auto got = receive_n(*port, sent->size());
+    ASSERT_EQ(got.size(), sent->size());
+    for (uint32_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].first, (*sent)[k]) << "at port " << port->port() << ", datagram " << k;
+      EXPECT_EQ(got[k].second.segment, k < 4 ? 0u : k - 4) << "at port " << port->port() << ", datagram " << k;
+    }
+  }
+  // Nothing more arrived at either: no datagram of one went to the other.
+  Datagram d[4];
+  EXPECT_EQ(b.receive(d, 4), 0u);
+  EXPECT_EQ(c.receive(d, 4), 0u);
+}
+
+TEST(UdpPortGso, NonCoalescingDatagramsStayAlone) {
+  UdpPort a(kLo, 0), b(kLo, 0);
+  SKIP_WITHOUT_OFFLOAD(a);
+  std::vector<std::vector<uint8_t>> sent;
+  EXPECT_EQ(put(a, sent.emplace_back(make_datagram(0, 600)), b.port()), 0u);
+  EXPECT_EQ(put(a, sent.emplace_back(make_datagram(1, 600)), b.port(), false), 0u) << "may not coalesce";
+  EXPECT_EQ(put(a, sent.emplace_back(make_datagram(2, 600)), b.port()), 0u) << "nothing joins a lone one";
+  EXPECT_EQ(put(a, sent.emplace_back(make_datagram(3, 600)), b.port()), 1u);
+  sent.push_back(make_datagram(4, 600));
+  a.send(sent.back().data(), 600, kLo, b.port());  // send(): never coalesced
+  EXPECT_EQ(a.queued(), 4u);
+  a.flush();
+  auto got = receive_n(b, 5);
+  ASSERT_EQ(got.size(), 5u);
+  const uint32_t seg[] = {0, 0, 0, 1, 0};
+  for (uint32_t k = 0; k < 5; ++k) {
+    EXPECT_EQ(got[k].first, sent[k]) << k;
+    EXPECT_EQ(got[k].second.segment, seg[k]) << k;
+  }
+}
+
+TEST(UdpPortGso, AnEmptyDatagramIsNotLostInARun) {
+  UdpPort a(kLo, 0), b(kLo, 0);
+  SKIP_WITHOUT_OFFLOAD(a);
+  const auto d0 = make_datagram(0, 100), d2 = make_datagram(2, 100);
+  put(a, d0, b.port());
+  put(a, {}, b.port());
+  put(a, d2, b.port());
+  a.flush();
+  auto got = receive_n(b, 3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].first, d0);
+  EXPECT_TRUE(got[1].first.empty());
+  EXPECT_EQ(got[2].first, d2);
+}
+
+TEST(UdpPortGso, SegmentIndicesSurviveReceiveImpairment) {
+  // SOFTRDMA_IMPAIR on the receiving side (a burst far away: nothing is touched here) passes datagrams
+  // through its own queue; each keeps the index it had in its buffer, which its ICRC covers.
+  setenv("SOFTRDMA_IMPAIR", "seed=1,rx_burst_at=1000000,rx_burst_len=1", 1);
+  UdpPort b(kLo, 0);
+  unsetenv("SOFTRDMA_IMPAIR");
+  UdpPort a(kLo, 0);
+  SKIP_WITHOUT_OFFLOAD(a);
+  ASSERT_NE(b.impairment(), nullptr);
+  std::vector<std::vector<uint8_t>> sent;
+  for (uint32_t k = 0; k < 6; ++k) put(a, sent.emplace_back(make_datagram(k, k == 5 ? 99 : 400)), b.port());
+  a.flush();
+  auto got = receive_n(b, 6);
+  ASSERT_EQ(got.size(), 6u);
+  for (uint32_t k = 0; k < 6; ++k) {
+    EXPECT_EQ(got[k].first, sent[k]);
+    EXPECT_EQ(got[k].second.segment, k);
+  }
+}
+
+TEST(UdpPortGso, OffWithSoftrdmaGso0) {
+  setenv("SOFTRDMA_GSO", "0", 1);
+  UdpPort a(kLo, 0);
+  unsetenv("SOFTRDMA_GSO");
+  UdpPort b(kLo, 0);
+  EXPECT_FALSE(a.offload());
+  std::vector<std::vector<uint8_t>> sent;
+  for (uint32_t k = 0; k < 5; ++k) EXPECT_EQ(put(a, sent.emplace_back(make_datagram(k, 700)), b.port()), 0u);
+  EXPECT_EQ(a.queued(), 5u) << "one message each";
+  a.flush();
+  auto got = receive_n(b, 5);
+  ASSERT_EQ(got.size(), 5u);
+  for (uint32_t k = 0; k < 5; ++k) {
+    EXPECT_EQ(got[k].first, sent[k]);
+    EXPECT_EQ(got[k].second.segment, 0u);
+  }
 }
 
 }  // namespace

@@ -240,6 +240,16 @@ PacketView view(const uint8_t* data, uint32_t len) {
   return v;
 }
 
+std::vector<Segment> segments(const net::MemoryNetwork::Offer& o) {
+  std::vector<Segment> out;
+  const uint32_t step = o.seg_size ? o.seg_size : o.len;
+  for (uint32_t off = 0; off < o.len || (off == 0 && o.len == 0); off += step) {
+    out.push_back({o.data + off, std::min(step, o.len - off), off});
+    if (step == 0) break;
+  }
+  return out;
+}
+
 std::string describe(const PacketView& v) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "%s psn %06x%s", wire::opcode_info(v.opcode).name, v.psn, v.ack_req ? " A" : "");

@@ -24,6 +24,8 @@ class Fabric {
   static constexpr uint64_t kStepNs = 200;  // virtual time one pass of every engine takes
 
   explicit Fabric(uint64_t latency_ns = 2000) : net(latency_ns) {}
+  // With o.gso, engines' packets to one another travel as segmented datagrams (memory_network.h).
+  explicit Fabric(const net::MemoryNetwork::Options& o) : net(o) {}
   ~Fabric();
   Host& add_host(uint32_t ip_be);
 
@@ -99,6 +101,13 @@ struct PacketView {
   bool ack_req = false;
 };
 PacketView view(const uint8_t* data, uint32_t len);
+// The datagrams of what a policy is offered: one, or each segment of a segmented one (Offer::seg_size).
+struct Segment {
+  const uint8_t* data;
+  uint32_t len;
+  uint32_t offset;  // of its first byte in the offered datagram
+};
+std::vector<Segment> segments(const net::MemoryNetwork::Offer& o);
 std::string describe(const PacketView& v);
 
 }  // namespace softrdma::transport::test

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "net/impairment.h"
@@ -19,8 +20,9 @@ using wire::Ipv4UdpAddr;
 constexpr uint32_t kPeerIp = 0x0A00000A, kOurIp = 0x0B00000A;
 constexpr uint64_t kMs = 1000000;
 
-// A WRITE ONLY of 1024 payload bytes as a sender with this identification and DF would put it on the wire.
-std::vector<uint8_t> packet(uint16_t src_port, uint16_t ip_id, uint8_t flags, uint32_t psn) {
+// A WRITE ONLY of 1024 payload bytes as a sender with this identification and DF would put it on the wire
+// (to dst_port).
+std::vector<uint8_t> packet_to(uint16_t src_port, uint16_t dst_port, uint16_t ip_id, uint8_t flags, uint32_t psn) {
   wire::Packet p{};
   p.bth.opcode = wire::kRcWriteOnly;
   p.bth.pkey = 0xFFFF;
@@ -31,10 +33,13 @@ std::vector<uint8_t> packet(uint16_t src_port, uint16_t ip_id, uint8_t flags, ui
   size_t n = wire::write_headers(p, buf.data());
   for (size_t i = 0; i < 1024; ++i) buf[n + i] = static_cast<uint8_t>(i * 7 + psn);
   n += 1024;
-  Ipv4UdpAddr sent{kPeerIp, kOurIp, src_port, wire::kRoceUdpPort, ip_id, flags};
+  Ipv4UdpAddr sent{kPeerIp, kOurIp, src_port, dst_port, ip_id, flags};
   wire::append_icrc(sent, buf.data(), n);
   buf.resize(n + wire::kIcrcLen);
   return buf;
+}
+std::vector<uint8_t> packet(uint16_t src_port, uint16_t ip_id, uint8_t flags, uint32_t psn) {
+  return packet_to(src_port, wire::kRoceUdpPort, ip_id, flags, psn);
 }
 
 // Flips one or two random bits anywhere in the datagram (the shim of issue 12: UDP cannot catch it).
@@ -149,6 +154,97 @@ TEST(IcrcGate, ForeignSenderResidualAcceptance) {
   EXPECT_GT(solvable, 20);
   EXPECT_LE(accepted, 2);
   EXPECT_LE(valid_dropped, 2 * accepted + 2) << "corruptions must not knock the window off the sender";
+}
+
+// Segments (net/gso.h): a softrdma context's segment k carries identification k, and the receiver checks
+// it with the identification its place j in the buffer it arrived in implies. A segment that left in
+// another place than it arrived in (it arrived alone, or GRO regrouped it) is accepted with any
+// identification below 64; one the ICRC puts at 64 or above, or without DF, is not.
+TEST(IcrcGate, ContextSegmentsAreCheckedWithTheirIndexThenAnyBelow64) {
+  IcrcGate gate;
+  wire::IpIdent ident;
+  for (uint16_t dst : {uint16_t{41000}, wire::kRoceUdpPort}) {
+    SCOPED_TRACE("to port " + std::to_string(dst));
+    auto verdict = [&](uint16_t sent_id, uint8_t flags, uint16_t segment) {
+      auto d = packet_to(40000, dst, sent_id, flags, sent_id);
+      const Ipv4UdpAddr seen{kPeerIp, kOurIp, 40000, dst, segment};
+      return gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), 0, &ident);
+    };
+    for (uint16_t k : {0, 1, 5, 63}) {
+      EXPECT_EQ(verdict(k, 0x40, k), IcrcGate::Verdict::Exact) << "segment " << k << " where it left";
+      EXPECT_EQ(ident.ip_id, k);
+      EXPECT_EQ(ident.ip_flags, 0x40);
+    }
+    const std::pair<uint16_t, uint16_t> moved[] = {{5, 0}, {0, 5}, {63, 2}, {1, 0}, {2, 63}, {7, 200}};
+    for (auto [k, j] : moved) {
+      EXPECT_EQ(verdict(k, 0x40, j), IcrcGate::Verdict::Segment) << "sent as segment " << k << ", arrived as " << j;
+      EXPECT_EQ(ident.ip_id, k) << "the identification it was sent with";
+      EXPECT_EQ(ident.ip_flags, 0x40);
+    }
+    for (uint16_t k : {64, 65, 100, 1000, 0xFFFF}) {
+      EXPECT_EQ(verdict(k, 0x40, 0), IcrcGate::Verdict::Bad) << "identification " << k << " is no segment's";
+      EXPECT_EQ(verdict(k, 0x40, 3), IcrcGate::Verdict::Bad) << "identification " << k;
+    }
+    EXPECT_EQ(verdict(64, 0x40, 64), IcrcGate::Verdict::Exact) << "though one that matches exactly checks out";
+    EXPECT_EQ(verdict(3, 0x00, 0), IcrcGate::Verdict::Bad) << "softrdma always sends DF";
+    EXPECT_EQ(verdict(0, 0x00, 0), IcrcGate::Verdict::Bad);
+  }
+}
+
+TEST(IcrcGate, ForeignSendersGetNoSegmentLeniency) {
+  // A RoCE stack's packet (source port 0xC000 up) with an identification below 64 and another segment
+  // index: towards a context's port it is Bad; towards 4791 its identification is solved and windowed as
+  // any foreign sender's, never taken as a moved segment.
+  IcrcGate gate;
+  wire::IpIdent ident;
+  for (uint16_t k : {1, 5, 63}) {
+    auto d = packet_to(0xC123, 41000, k, 0x40, k);
+    const Ipv4UdpAddr seen{kPeerIp, kOurIp, 0xC123, 41000, 0};
+    EXPECT_EQ(gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), 0, &ident), IcrcGate::Verdict::Bad) << k;
+  }
+  auto offer = [&](uint16_t id, uint16_t segment, uint64_t now) {
+    auto d = packet(0xC123, id, 0x40, id);
+    const Ipv4UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort, segment};
+    return gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), now, &ident);
+  };
+  // The sender's counter stands at 20000: a packet with identification 5 (a context's segment 5 would
+  // have it) is far outside its window, whatever its place in the buffer.
+  EXPECT_EQ(offer(20000, 0, 0), IcrcGate::Verdict::Solved);
+  EXPECT_EQ(offer(20001, 1, 0), IcrcGate::Verdict::Solved);
+  EXPECT_EQ(offer(5, 0, 0), IcrcGate::Verdict::OutOfWindow);
+  EXPECT_EQ(offer(20002, 2, 0), IcrcGate::Verdict::Solved) << "and it did not move the window";
+  EXPECT_EQ(ident.ip_id, 20002);
+  // A flipped foreign packet with a solution below 64 is no context's segment either: ~2^17/2^32 of the
+  // flipped packets have some solution; none may pass as a Segment.
+  net::ImpairmentRng rng(64);
+  const auto good = packet(0xC123, 20003, 0x40, 1);
+  int segment_verdicts = 0;
+  for (int i = 0; i < 200000; ++i) {
+    auto d = good;
+    flip(d, rng);
+    const Ipv4UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort, static_cast<uint16_t>(i % 64)};
+    segment_verdicts += gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), 0, &ident) == IcrcGate::Verdict::Segment;
+  }
+  EXPECT_EQ(segment_verdicts, 0);
+}
+
+TEST(IcrcGate, FlippedContextSegmentsAreNotAccepted) {
+  // The leniency costs 6 of the ICRC's 32 bits (any of 64 identifications): 2e5 flipped segments, each
+  // at a random place in its buffer, and none gets through.
+  IcrcGate gate;
+  net::ImpairmentRng rng(6464);
+  wire::IpIdent ident;
+  int accepted = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const uint16_t k = static_cast<uint16_t>(rng.below(64)), j = static_cast<uint16_t>(rng.below(64));
+    const auto good = packet_to(40000, 41000, k, 0x40, static_cast<uint32_t>(i));
+    auto d = good;
+    flip(d, rng);
+    if (!changed_invariant(good, d)) continue;
+    const Ipv4UdpAddr seen{kPeerIp, kOurIp, 40000, 41000, j};
+    accepted += IcrcGate::accepted(gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), 0, &ident));
+  }
+  EXPECT_EQ(accepted, 0);
 }
 
 }  // namespace

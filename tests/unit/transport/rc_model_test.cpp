@@ -8,9 +8,12 @@
 //     REM_ACCESS_ERR (or, when its NAK was lost, an earlier WQE RETRY_EXC_ERR), all after it flush;
 //   - the responder's memory is a shadow with every request before the bad one applied exactly once;
 //   - READ and ATOMIC results, and every received message, are what the model computed.
-// RC_MODEL_SEEDS=N (default 2000) and RC_MODEL_FIRST=S choose the seeds; RC_MODEL_BIG=1 draws sizes up
-// to 4 MiB. RC_MODEL_TRACE=1 prints every datagram and its fate.
-// A failing seed prints its one-line reproduction.
+// RcModel.Seeds runs them on a network without segmentation offload; RcModel.SeedsGso runs the same
+// seeds with it (MemoryNetwork::Options::gso: packets to a context's port leave as segmented flights,
+// and each fault then strikes a whole flight, a bit flip one segment of it).
+// RC_MODEL_SEEDS=N (default 2000; RC_MODEL_GSO_SEEDS, if set, for SeedsGso alone) and RC_MODEL_FIRST=S
+// choose the seeds; RC_MODEL_BIG=1 draws sizes up to 4 MiB. RC_MODEL_TRACE=1 prints every datagram
+// (every segment of a flight) and its fate. A failing seed prints its one-line reproduction.
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -18,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <string>
 
 #include "fabric.h"
 #include "net/impairment.h"
@@ -50,7 +54,8 @@ struct Op {
 
 class Seed {
  public:
-  explicit Seed(uint64_t seed, bool big) : seed_(seed), rng_(net::ImpairmentRng::mix(seed, 0x5EED)), big_(big) {}
+  Seed(uint64_t seed, bool big, bool gso)
+      : seed_(seed), rng_(net::ImpairmentRng::mix(seed, 0x5EED)), big_(big), gso_(gso) {}
   // Returns "" or what went wrong.
   std::string run();
 
@@ -64,6 +69,7 @@ class Seed {
   uint64_t seed_;
   net::ImpairmentRng rng_;
   bool big_;
+  bool gso_;
   bool trace_ = getenv("RC_MODEL_TRACE") != nullptr;
 };
 
@@ -82,12 +88,13 @@ std::string Seed::run() {
   const uint64_t kMaxLen = big_ ? (4u << 20) : (64u << 10);
   const uint64_t kMaxSend = 16u << 10;
 
-  Fabric f(1000 + rng_.below(20000));
+  Fabric f(net::MemoryNetwork::Options{.latency_ns = 1000 + rng_.below(20000), .gso = gso_});
   Host& ha = f.add_host(kIpA);
   Host& hb = f.add_host(kIpB);
   // Faults: each kind in half the seeds, at up to 5% (RETRY_EXC needs 8 losses in a row then).
   net::ImpairmentRng frng(net::ImpairmentRng::mix(seed_, 0xFA17));
   auto rate = [&](double max) { return frng.below(2) ? frng.uniform() * max : 0.0; };
+  uint64_t corrupted = 0;  // packets delivered with a flipped bit (a flip strikes one segment of a flight)
   const double p_drop = rate(0.05), p_dup = rate(0.05), p_hold = rate(0.05), p_delay = rate(0.05), p_flip = rate(0.01);
   f.net.set_policy([&](const net::MemoryNetwork::Offer& o) {
     net::MemoryNetwork::Fate fate;
@@ -96,10 +103,16 @@ std::string Seed::run() {
     fate.hold = frng.uniform() < p_hold;
     if (frng.uniform() < p_delay) fate.delay_ns = frng.below(200000);
     if (frng.uniform() < p_flip) fate.flip_bit = frng.below(o.len * 8);
+    if (fate.flip_bit != ~0u && !fate.drop) corrupted += fate.duplicate ? 2 : 1;  // one packet per copy
     if (trace_)
-      std::printf("%12llu %s %s%s%s%s%s\n", static_cast<unsigned long long>(f.now()), o.from.ip_be == kIpA ? "a>" : "b>",
-                  describe(view(o.data, o.len)).c_str(), fate.drop ? " DROP" : "", fate.duplicate ? " DUP" : "",
-                  fate.hold ? " HOLD" : "", fate.flip_bit != ~0u ? " FLIP" : "");
+      for (const Segment& s : segments(o)) {
+        const bool flipped = fate.flip_bit != ~0u && fate.flip_bit / 8 >= s.offset && fate.flip_bit / 8 < s.offset + s.len;
+        std::printf("%12llu %s %s%s%s%s%s%s\n", static_cast<unsigned long long>(f.now()),
+                    o.from.ip_be == kIpA ? "a>" : "b>", describe(view(s.data, s.len)).c_str(),
+                    o.seg_size ? (" [" + std::to_string(s.offset / o.seg_size) + "]").c_str() : "",
+                    fate.drop ? " DROP" : "", fate.duplicate ? " DUP" : "", fate.hold ? " HOLD" : "",
+                    flipped ? " FLIP" : "");
+      }
     return fate;
   });
   RcPair pair = connect_rc(f, ha, hb, p);
@@ -349,29 +362,51 @@ std::string Seed::run() {
   if (words->bytes != shadow_words) return "the atomic words differ from the model (not exactly once)";
   for (int i = 0; i < 4096; ++i)
     if (closed->data()[i] != 0) return "the region without remote access was written";
+  // Every packet that arrived as sent checked out with its own identification: segment k of a flight with
+  // k (faults move whole flights, never a segment within one), and only corrupted packets were dropped.
+  const core::Counters ca = ha.engine->counters(), cb = hb.engine->counters();
+  if (ca.icrc_moved_segment + cb.icrc_moved_segment) {
+    why << ca.icrc_moved_segment + cb.icrc_moved_segment
+        << " packets checked out only with another segment's identification (icrc_moved_segment)";
+    return why.str();
+  }
+  const uint64_t bad = ca.drop_icrc + cb.drop_icrc + ca.drop_malformed + cb.drop_malformed;
+  if (bad > corrupted) {
+    why << bad << " packets dropped as corrupted (drop_icrc, drop_malformed), " << corrupted << " were";
+    return why.str();
+  }
   return "";
 }
 
-TEST(RcModel, Seeds) {
+void run_seeds(bool gso, uint64_t default_count) {
   // Each seed allocates and frees a few MiB: keep them on the heap instead of fresh (page-faulting)
   // mappings, which would cost more than the seed itself.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   const uint64_t first = env_u64("RC_MODEL_FIRST", 1);
-  const uint64_t count = env_u64("RC_MODEL_SEEDS", 2000);
+  const uint64_t count = env_u64(gso && getenv("RC_MODEL_GSO_SEEDS") ? "RC_MODEL_GSO_SEEDS" : "RC_MODEL_SEEDS",
+                                 default_count);
   const bool big = env_u64("RC_MODEL_BIG", 0) != 0;
+  const char* test = gso ? "RcModel.SeedsGso" : "RcModel.Seeds";
   uint64_t failed = 0;
   for (uint64_t s = first; s < first + count; ++s) {
-    std::string err = Seed(s, big).run();
+    std::string err = Seed(s, big, gso).run();
     if (err.empty()) continue;
     ++failed;
-    ADD_FAILURE() << "seed " << s << ": " << err << "\n  reproduce: RC_MODEL_FIRST=" << s << " RC_MODEL_SEEDS=1"
-                  << (big ? " RC_MODEL_BIG=1" : "") << " build/tests/unit_transport --gtest_filter=RcModel.Seeds";
+    ADD_FAILURE() << "seed " << s << (gso ? " (gso)" : "") << ": " << err << "\n  reproduce: RC_MODEL_FIRST=" << s
+                  << (gso ? " RC_MODEL_GSO_SEEDS=1" : " RC_MODEL_SEEDS=1") << (big ? " RC_MODEL_BIG=1" : "")
+                  << " build/tests/unit_transport --gtest_filter=" << test;
     if (failed >= 5) break;
   }
-  std::printf("rc model: %llu seeds from %llu, %llu failed\n", static_cast<unsigned long long>(count),
-              static_cast<unsigned long long>(first), static_cast<unsigned long long>(failed));
+  std::printf("rc model%s: %llu seeds from %llu, %llu failed\n", gso ? " (gso)" : "",
+              static_cast<unsigned long long>(count), static_cast<unsigned long long>(first),
+              static_cast<unsigned long long>(failed));
 }
+
+TEST(RcModel, Seeds) { run_seeds(false, 2000); }
+
+// The same seeds (same connections, workloads and fault rates) over segmented flights.
+TEST(RcModel, SeedsGso) { run_seeds(true, 2000); }
 
 }  // namespace
 }  // namespace softrdma::transport::test
