@@ -7,8 +7,10 @@ set -euo pipefail
 
 BUILD_PKGS=(cmake ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libisal-dev libgtest-dev
   libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev dpkg-dev)
-# ucx-utils and libfabric-bin: the shared-memory peers bench/direct.sh measures against.
-RUN_PKGS=(ibverbs-utils rdmacm-utils perftest qperf sockperf iproute2 procps util-linux ucx-utils libfabric-bin)
+# ucx-utils and libfabric-bin: the shared-memory peers bench/direct.sh measures against; iperf3 and
+# gnuplot-nox: bench/netns.sh's TCP peer and its plot.
+RUN_PKGS=(ibverbs-utils rdmacm-utils perftest qperf sockperf iproute2 procps util-linux ucx-utils libfabric-bin
+  iperf3 gnuplot-nox)
 
 update=0
 [[ ${1:-} == --update ]] && update=1

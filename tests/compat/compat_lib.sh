@@ -178,7 +178,8 @@ compat_finish() {
 
 # compat_netns_setup: two "hosts" (network namespaces joined by a veth pair), torn down at exit.
 # Sets nsA nsB ipA ipB devA devB (softrdma device of each side) and the prefixes inA/inB
-# (`ip netns exec X`). Exits 77 (skip) without root or netns/veth support.
+# (`ip netns exec X`). Exits 77 (skip) without root or netns/veth support. COMPAT_NETNS_MTU, when
+# set, is the MTU of both veth ends (default: the kernel's, 1500).
 compat_netns_setup() {
   if [[ $(id -u) != 0 ]]; then
     echo "SKIP: this test needs root (to create network namespaces)"
@@ -219,6 +220,10 @@ compat_netns_setup() {
   fi
   ip -n "$nsA" addr add "$ipA/24" dev "$vethA"
   ip -n "$nsB" addr add "$ipB/24" dev "$vethB"
+  if [[ -n ${COMPAT_NETNS_MTU:-} ]]; then
+    ip -n "$nsA" link set "$vethA" mtu "$COMPAT_NETNS_MTU"
+    ip -n "$nsB" link set "$vethB" mtu "$COMPAT_NETNS_MTU"
+  fi
   for ns in "$nsA" "$nsB"; do ip -n "$ns" link set lo up; done
   ip -n "$nsA" link set "$vethA" up
   ip -n "$nsB" link set "$vethB" up
