@@ -1,14 +1,12 @@
 #include "transport/direct.h"
 
 #include <fcntl.h>
-#include <linux/membarrier.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -98,23 +96,6 @@ bool call(int sock, const DirectEndpoint::Request& req, Reply* rep, int* fd) {
 
 bool pid_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
 
-// The busy slot is a Dekker pair (the initiator stores busy, then loads the key table; the target
-// changes the table, then loads busy): one side needs a full fence. With membarrier the target pays it,
-// once per wait_copies(), instead of the initiator on every WQE (the asymmetric fence of liburcu and
-// folly): the initiator's fence shrinks to a compiler barrier.
-long membarrier(int cmd) { return syscall(__NR_membarrier, cmd, 0, 0); }
-
-bool membarrier_serves_targets() {
-  const long cmds = membarrier(MEMBARRIER_CMD_QUERY);
-  return cmds > 0 && (cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED) && membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0;
-}
-
-// This process is registered for MEMBARRIER_CMD_GLOBAL_EXPEDITED: a target's membarrier fences its threads.
-bool fenced_by_targets() {
-  static const bool registered = membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
-  return registered;
-}
-
 }  // namespace
 
 // An initiator's view of one target context: its arena mapped here, our busy slot in it, and the
@@ -137,7 +118,6 @@ class DirectPeer {
   uint32_t slot = 0;
   bool dead = false;
   bool vm_denied = false;  // process_vm_writev/readv refused (ptrace rules): unshared memory by packets
-  bool fenceless = false;  // the target fences us (DirectShared::membarrier): busy is a plain store
   uint64_t checked_ns = 0;
   std::vector<Mapping> maps;
   // The last rkey found, valid while the target's key table sequence number is still cached_seq (every
@@ -205,7 +185,6 @@ DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, ui
   shared_->layout = kLayout;
   shared_->key_table_off = static_cast<uint64_t>(static_cast<const uint8_t*>(keys.slots()) - arena_.base());
   shared_->key_seq_off = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(keys.seq()) - arena_.base());
-  shared_->membarrier = membarrier_serves_targets() ? 1 : 0;
   for (uint32_t i = DirectShared::kQps; i-- > 0;) free_descs_.push_back(i);
   for (int& fd : wake_fds_) fd = -1;
   listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -459,10 +438,7 @@ void DirectEndpoint::qp_destroyed(Qp& qp) {
 
 void DirectEndpoint::wait_copies() {
   // Every initiator either saw the new sequence number before its copy (and re-checks), or announced
-  // its copy before we looked (and we wait for it): a seq_cst store and load on each side, the
-  // initiator's fence being our membarrier when it marks its slot without one (DirectShared::membarrier).
-  // Should the expedited call be refused now, the plain one (an RCU grace period, ms) is as good.
-  if (shared_->membarrier && membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0) membarrier(MEMBARRIER_CMD_GLOBAL);
+  // its copy before we looked (and we wait for it): a seq_cst store and load on each side.
   for (uint32_t i = 0; i < DirectShared::kPeers; ++i) {
     DirectPeerSlot& s = shared_->peers[i];
     int32_t pid = s.pid.load(std::memory_order_seq_cst);
@@ -518,7 +494,6 @@ void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
     p->key_table = p->arena + p->shared->key_table_off;
     p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + p->shared->key_seq_off);
     p->slot = rep.index;
-    p->fenceless = p->shared->membarrier == 1 && fenced_by_targets();
     DirectEndpoint::Request dreq{kDoorbell, 0, 0};
     if (!call(p->sock, dreq, &rep, &p->doorbell_fd)) return;
     peer = std::move(p);
@@ -655,14 +630,15 @@ DirectInbox* receive_room(DirectPeer& p, const DirectQpDesc& d, Qp::DirectRecvVi
 }
 
 // Appends the message to the inbox (receive_room said it fits) and publishes it.
-void post_to_inbox(DirectInbox& in, const SendWqe& w, uint8_t* const* host, uint64_t payload) {
+void post_to_inbox(DirectInbox& in, const SqEntry& e, uint64_t payload) {
+  const SendWqe& w = e.wqe;
   const uint64_t h = in.head;
   DirectInboxEntry& en = in.entries[h % DirectInbox::kEntries];
   auto gather = [&](auto&& put) {
     if (w.flags & kInline)
       put(w.inline_data, payload);
     else
-      for_each_sge_piece(w.sge, host, w.num_sge, 0, payload, [&](const uint8_t* p, uint64_t n) {
+      for_each_sge_piece(w.sge, e.host, w.num_sge, 0, payload, [&](const uint8_t* p, uint64_t n) {
         put(p, n);
         return true;
       });
@@ -747,8 +723,9 @@ bool copy_across(DirectPeer& p, const SendWqe& w, uint8_t* const* host, uint64_t
 }
 }  // namespace
 
-DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, const SendWqe& w, uint8_t* const* host, uint64_t now) {
+DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now) {
   DirectPeer* peer = qp.direct.peer.get();
+  const SendWqe& w = e.wqe;
   const WorkRequest wr = work_request(w.op, qp.cfg.type);
   // SEND, SEND with immediate and WRITE with immediate take a receive WQE through the inbox (a SEND
   // with invalidate is left to the wire); WRITE, READ and ATOMIC touch the target's memory only.
@@ -782,13 +759,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, const SendWqe& w, uint8_t
   DirectPeerSlot& slot = sh.peers[peer->slot];
   const DirectQpDesc& d = sh.qps[qp.direct.peer_desc];
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (peer->fenceless) {
-      // The target's membarrier orders this store before our loads below; the compiler must keep it so.
-      slot.busy.store(1, std::memory_order_relaxed);
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-    } else {
-      slot.busy.store(1, std::memory_order_seq_cst);
-    }
+    slot.busy.store(1, std::memory_order_seq_cst);
     auto leave = [&] { slot.busy.store(0, std::memory_order_release); };
     uint64_t seq = peer->key_seq->load(std::memory_order_seq_cst);
     auto st = static_cast<QpState>(d.state.load(std::memory_order_acquire));
@@ -822,7 +793,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, const SendWqe& w, uint8_t
       if (r.share_id == 0) {
         // Memory the target could not share (stack, private file mapping, hugetlbfs): copied by the
         // kernel between the address spaces, still inside the copy window.
-        if (peer->vm_denied || !copy_across(*peer, w, host, target, len)) {
+        if (peer->vm_denied || !copy_across(*peer, w, e.host, target, len)) {
           leave();
           return Result::Fallback;
         }
@@ -839,11 +810,11 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, const SendWqe& w, uint8_t
           leave();
           return Result::Fallback;
         }
-        copy_one_sided(w, host, m->local + (target - m->base), len);
+        copy_one_sided(w, e.host, m->local + (target - m->base), len);
       }
     }
     if (inbox) {
-      post_to_inbox(*inbox, w, host, send ? len : 0);
+      post_to_inbox(*inbox, e, send ? len : 0);
       ++qp.direct.recv.next_wqe;
     }
     leave();

@@ -93,9 +93,6 @@ struct DirectShared {
   uint32_t layout;            // sizeof(MrRegion) etc.: both sides must agree
   uint64_t key_table_off;     // arena offsets of the key table and of its sequence number
   uint64_t key_seq_off;
-  // 1: wait_copies() fences every registered initiator with membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED),
-  // so one registered for it marks its slot busy with a plain store (no fence of its own per WQE).
-  uint32_t membarrier;
   alignas(64) DirectPeerSlot peers[kPeers];
   DirectQpDesc qps[kQps];
 };
@@ -141,10 +138,10 @@ class DirectEndpoint {
 
   enum class Result { Done, Fallback };
   // Executes a WQE of qp on its peer: WRITE, READ or ATOMIC on the peer's memory, SEND(_IMM) and
-  // WRITE_WITH_IMM also into its inbox; host: the WQE's local SGEs, already resolved. Fallback:
+  // WRITE_WITH_IMM also into its inbox; e.host: the WQE's local SGEs, already resolved. Fallback:
   // anything the peer's responder would refuse or answer with RNR, or that this path cannot do; the
   // packet path then gives exactly the wire's answer.
-  Result execute(Qp& qp, const SendWqe& w, uint8_t* const* host, uint64_t now);
+  Result execute(Qp& qp, SqEntry& e, uint64_t now);
 
   // One request on the endpoint's socket (the reply may carry an fd).
   struct Request {

@@ -812,33 +812,14 @@ bool op_allowed(const Qp& qp, const SendWqe& w) {
 }  // namespace
 
 int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_batch) {
-  // An intra-host peer and an idle send queue: done at once (direct_post.cpp). All-or-none batches
-  // (ibv_wr_complete) are checked whole first, the generic way.
-  int done = 0;
-  if (!whole_batch && qp->state.load(std::memory_order_acquire) == QpState::Rts) {
-    done = post_direct(*qp, wqes, n);
-    if (done == n) return 0;
-  }
-  const int rc = queue_send(qp, wqes + done, n - done, bad, whole_batch);
-  if (rc) *bad += done;
-  return rc;
-}
-
-int Engine::queue_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_batch) {
   QpState st = qp->state.load(std::memory_order_acquire);
   if (st == QpState::Reset || st == QpState::Init || st == QpState::Rtr) {
     *bad = 0;
     return EINVAL;
   }
   int rc = 0;
-  std::unique_lock<core::AsymmetricMutex> engine;  // post_direct() fills this SQ without the producer lock
   {
-    std::unique_lock lock(qp->sq.producer_lock);
-    if (qp->sq_filled_under_engine_lock) {
-      lock.unlock();
-      engine = std::unique_lock(lock_);
-      lock.lock();
-    }
+    std::lock_guard lock(qp->sq.producer_lock);
     uint64_t head = qp->sq.head.load(std::memory_order_relaxed);
     auto is_bad = [qp](const SendWqe& w) {
       return w.num_sge > qp->cfg.max_send_sge || ((w.flags & kInline) && w.length > qp->cfg.max_inline) ||
@@ -880,7 +861,7 @@ int Engine::queue_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_
   // Send from the caller's thread when the engine is free: no wake-up on the latency path. With an
   // intra-host peer the WQE most likely completes right here, while handing it to the progress thread
   // would keep that thread spinning on the application's core.
-  if (engine ? (engine.release(), true) : lock_for_caller()) {
+  if (lock_for_caller()) {
     // No time passed: the requester reads the clock only if it arms a timer (a post must not pay for it).
     // With packets of this QP already unacknowledged, the new ones wait in the port for the next
     // flush (the next poll, or the progress thread, which the doorbell below rouses): they then leave

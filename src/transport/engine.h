@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/asymmetric_mutex.h"
 #include "core/cq.h"
 #include "core/event_queue.h"
 #include "core/mr.h"
@@ -178,11 +177,6 @@ class Engine {
   // Takes the engine lock for an application thread: when free, or, once a QP has a direct peer, after
   // waiting for it (posts and polls then do the direct path's work themselves).
   bool lock_for_caller();
-  // direct_post.cpp: executes and completes, in the caller's thread, the leading WQEs of a post that the
-  // direct path can do at once (the QP's send queue idle); returns how many. The rest take the SQ.
-  int post_direct(Qp& qp, const SendWqe* wqes, int n);
-  // The rest of post_send: into the send queue, then the requester if the engine lock is free.
-  int queue_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_batch);
   void move_to_error(Qp& qp);
   void flush_queues(Qp& qp);
   void post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited);
@@ -262,7 +256,7 @@ class Engine {
   std::unique_ptr<net::PacketPort> port_;       // ephemeral port: this context's address in the registry
   std::unique_ptr<net::PacketPort> roce_port_;  // UDP 4791, when this process holds it
   uint64_t next_roce_try_ns_ = 0;
-  core::AsymmetricMutex lock_;               // the engine lock (a mutex; taken for each direct-path WQE)
+  std::mutex lock_;                          // the engine lock
   std::unordered_map<uint32_t, Qp*> qps_;
   std::vector<Qp*> qp_list_;
   std::vector<Qp*> ack_owed_;

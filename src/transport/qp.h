@@ -227,10 +227,6 @@ struct Qp {
   uint32_t qkey = 0;               // UD: the Q_Key received datagrams must carry
 
   WorkQueue<SqEntry> sq;
-  // Set (under the engine lock and the producer lock, never cleared) once the direct path posts for
-  // this QP without the producer lock (direct_post.cpp): from then on every producer also holds the
-  // engine lock while it fills the send queue.
-  bool sq_filled_under_engine_lock = false;
   SqCredit* sq_credit = nullptr;   // the engine's entry for this QP (never null once created)
   uint32_t sq_credit_slot = 0;
   WorkQueue<RecvWqe> rq;

@@ -347,65 +347,6 @@ TEST_F(DirectPath, DestroyedQpIsRetryExceeded) {
   expect_untouched();
 }
 
-// One ibv_post_send whose list the direct path starts and the packet path finishes (the second WR's
-// rkey is wrong): the first completes and lands, the second fails as the wire says, the rest are
-// flushed, all in order; then a WR with a bad lkey is reported locally, in order, as the requester does.
-TEST_F(DirectPath, PostListHandedOverMidwayCompletesInOrder) {
-  ASSERT_NO_FATAL_FAILURE(connect());
-  const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
-  fill_pattern(src->data, kALen, 28);
-  SendWr w1(1, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
-  w1.rdma(peer.a_addr, peer.a_rkey);
-  SendWr w2(2, IBV_WR_RDMA_WRITE, {src->sge(64, 64)});
-  w2.rdma(peer.a_addr + 64, peer.a_rkey ^ 0x100);
-  SendWr w3(3, IBV_WR_RDMA_WRITE, {src->sge(128, 64)});
-  w3.rdma(peer.a_addr + 128, peer.a_rkey);
-  ibv_send_wr* list = w1.get();
-  list->next = w2.get();
-  list->next->next = w3.get();
-  ibv_send_wr* bad = nullptr;
-  ASSERT_EQ(ibv_post_send(s.qp, list, &bad), 0);
-  auto wcs = poll_wcs(s.scq, 3);
-  ASSERT_EQ(wcs.size(), 3u);
-  expect_wc(wcs[0], {.wr_id = 1, .opcode = IBV_WC_RDMA_WRITE, .qp_num = s.qpn()});
-  EXPECT_EQ(wcs[1].wr_id, 2u);
-  EXPECT_EQ(wcs[1].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wcs[1].status);
-  EXPECT_EQ(wcs[2].wr_id, 3u);
-  EXPECT_EQ(wcs[2].status, IBV_WC_WR_FLUSH_ERR) << ibv_wc_status_str(wcs[2].status);
-  Contents c = contents();
-  EXPECT_EQ(check_pattern(c.a.data(), 64, 28), 64u) << "the first WRITE landed";
-  EXPECT_EQ(check_pattern(c.a.data() + 64, kALen - 64, 11, 64), kALen - 64) << "nothing after it";
-  if (direct_expected()) {
-    EXPECT_EQ(my_counter(&core::Counters::direct_ops) - ops_before, 1u);
-  }
-}
-
-TEST_F(DirectPath, BadLkeyAfterDirectWritesIsLocalProtectionError) {
-  ASSERT_NO_FATAL_FAILURE(connect());
-  fill_pattern(src->data, kALen, 29);
-  SendWr w1(1, IBV_WR_RDMA_WRITE, {src->sge(0, 64)}, 0);  // unsignaled: freed by the error CQE
-  w1.rdma(peer.a_addr, peer.a_rkey);
-  SendWr w2(2, IBV_WR_RDMA_WRITE, {src->sge(64, 64)});
-  w2.sges[0].lkey ^= 0x100;
-  w2.rdma(peer.a_addr + 64, peer.a_rkey);
-  SendWr w3(3, IBV_WR_RDMA_WRITE, {src->sge(128, 64)});
-  w3.rdma(peer.a_addr + 128, peer.a_rkey);
-  ibv_send_wr* list = w1.get();
-  list->next = w2.get();
-  list->next->next = w3.get();
-  ibv_send_wr* bad = nullptr;
-  ASSERT_EQ(ibv_post_send(s.qp, list, &bad), 0);
-  auto wcs = poll_wcs(s.scq, 2);
-  ASSERT_EQ(wcs.size(), 2u);
-  EXPECT_EQ(wcs[0].wr_id, 2u);
-  EXPECT_EQ(wcs[0].status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wcs[0].status);
-  EXPECT_EQ(wcs[1].wr_id, 3u);
-  EXPECT_EQ(wcs[1].status, IBV_WC_WR_FLUSH_ERR) << ibv_wc_status_str(wcs[1].status);
-  Contents c = contents();
-  EXPECT_EQ(check_pattern(c.a.data(), 64, 29), 64u) << "the first WRITE landed";
-  EXPECT_EQ(check_pattern(c.a.data() + 64, kALen - 64, 11, 64), kALen - 64) << "nothing after it";
-}
-
 // A send-queue slot is the application's again only once its completion, or a later one of the same
 // send queue, has been polled (ibv_post_send(3)): also when the operation is done at once (on the direct
 // path, inside ibv_post_send), for unsignaled WRs, and for WRs flushed in error.
