@@ -20,8 +20,9 @@ class UdpPort final : public PacketPort {
   static constexpr uint16_t kContextPortBegin = 32768, kContextPortEnd = 0xC000;
 
   // Binds an unconnected, nonblocking UDP socket to (ip_be, port) (port 0: see above), with DF set
-  // (IP_PMTUDISC_DO: the kernel then sends IP identification 0, which the ICRC covers), IP_PKTINFO on and
-  // 8 MiB socket buffers where allowed. Throws std::system_error on failure.
+  // (IP_PMTUDISC_DO: the kernel then sends IP identification 0, which the ICRC covers), IP_PKTINFO on,
+  // UDP_SEGMENT/UDP_GRO where the kernel has them (offload()) and 8 MiB socket buffers where allowed.
+  // Throws std::system_error on failure.
   UdpPort(uint32_t ip_be, uint16_t port);
   ~UdpPort();
   UdpPort(const UdpPort&) = delete;
