@@ -9,6 +9,8 @@
 #   COMPAT_TIMEOUT   seconds each server and client may run (default 120)
 #   COMPAT_LOG_DIR   where the logs of each process go (default: a fresh temporary directory)
 #   COMPAT_VERBOSE   1: print every client's output, not only failing ones
+#   COMPAT_RESULTS   a file to which each case's outcome is appended as "NAME<TAB>PASS|FAIL<TAB>WHY"
+#                    (bench/ecosystem.sh builds docs/ecosystem-table.md from it)
 
 compat_repo_root() { (cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd); }
 
@@ -116,6 +118,10 @@ compat_pair() {
 # compat_result NAME OK [WHY]: records the outcome of one case and prints the logs of a failure.
 compat_result() {
   local name=$1 ok=$2 why=${3:-$PAIR_WHY}
+  if [[ -n ${COMPAT_RESULTS:-} ]]; then
+    printf '%s\t%s\t%s\n' "$name" "$([[ $ok == 1 ]] && echo PASS || echo FAIL)" \
+      "$([[ $ok == 1 ]] || echo "${why//$'\n'/ }")" >>"$COMPAT_RESULTS"
+  fi
   if [[ $ok == 1 ]]; then
     COMPAT_PASSED=$((COMPAT_PASSED + 1))
     compat_log "PASS $name"

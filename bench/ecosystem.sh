@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The consumers of RDMA over softrdma (issue 14), in one run:
+#  1. which consumer works over which transport: runs the compat suites of UCX, libfabric, Open MPI
+#     and pyverbs (tests/compat/{ucx,libfabric,mpi,pyverbs}.sh, loopback and two namespaces) and
+#     tabulates every case they report;
+#  2. what each costs beside the consumer's own transports on one host: UCX ucx_perftest over
+#     softrdma (rc_verbs; the direct path is on, as by default) against UCX tcp and UCX posix,cma,
+#     and libfabric fi_pingpong over softrdma's verbs (verbs;ofi_rxm) against libfabric tcp and shm.
+#     Server on CPU 0, client on CPU 1. "ratio" = softrdma / peer: for latency < 1 is faster, for
+#     bandwidth > 1 is faster. Only ratios of one run count (the host moves this VM's vCPUs).
+# Writes build/bench/ecosystem.md; BENCH_DOCS=1 also copies it to docs/ecosystem-table.md.
+#
+#   bench/ecosystem.sh                  (root, after a build in build/; about 6 minutes)
+#   BENCH_SKIP_SUITES=1 bench/ecosystem.sh   only part 2
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin=${SOFTRDMA_BIN:-$root/build/bin}
+softrdma=$bin/softrdma
+T=${BENCH_TIMEOUT:-60}
+out_dir=$root/build/bench
+mkdir -p "$out_dir"
+out=$out_dir/ecosystem.md
+port=$((20000 + RANDOM % 20000))
+work=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-eco.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# ---- 1. the compat suites ----
+suite_rows=()
+if [[ ${BENCH_SKIP_SUITES:-0} != 1 ]]; then
+  for s in ucx libfabric mpi pyverbs; do
+    f=$root/tests/compat/$s.sh
+    [[ -x $f ]] || continue
+    : >"$work/$s.results"
+    echo "=== tests/compat/$s.sh ===" >&2
+    COMPAT_RESULTS=$work/$s.results SOFTRDMA_BIN=$bin COMPAT_LOG_DIR=$work/logs-$s "$f" >"$work/$s.log" 2>&1
+    rc=$?
+    ((rc == 77)) && suite_rows+=("| $s | (whole suite) | skipped | $(grep -m1 SKIP "$work/$s.log") |")
+    while IFS=$'\t' read -r name verdict why; do
+      suite_rows+=("| $s | $name | $verdict | ${why//|//} |")
+    done <"$work/$s.results"
+  done
+fi
+
+# ---- 2. performance beside the peers ----
+# ucx LABEL TEST SIZE ITERS ENV...: ucx_perftest's p50 latency (us) for *_lat tests, else bandwidth
+# (GB/s). LABEL softrdma runs both sides under `softrdma run` on softrdma_lo.
+ucx() {
+  command -v ucx_perftest >/dev/null || return 0
+  local label=$1 test=$2 size=$3 n=$4
+  shift 4
+  local -a pre=(env UCX_WARN_UNUSED_ENV_VARS=n "$@")
+  [[ $label == softrdma ]] && pre=("$softrdma" run -- "${pre[@]}")
+  port=$((port + 1))
+  taskset -c 0 timeout "$T" "${pre[@]}" ucx_perftest -p "$port" >/dev/null 2>&1 &
+  sleep 1
+  taskset -c 1 timeout "$T" "${pre[@]}" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" \
+    -n "$n" -w $((n / 10 + 1)) 2>/dev/null |
+    awk -v t="$test" '/Final:/ { if (t ~ /lat$/) print $3; else printf "%.3f", $7 * 1048576 / 1e9 }'
+  wait 2>/dev/null
+}
+# fab LABEL PROVIDER SIZE ITERS WHAT: fi_pingpong -e rdm; WHAT lat: usec/xfer, bw: GB/s.
+fab() {
+  command -v fi_pingpong >/dev/null || return 0
+  local label=$1 prov=$2 size=$3 n=$4 what=$5
+  local -a pre=()
+  [[ $label == softrdma ]] && pre=("$softrdma" run --)
+  port=$((port + 1))
+  taskset -c 0 timeout "$T" "${pre[@]}" fi_pingpong -p "$prov" -e rdm -I "$n" -S "$size" -B "$port" \
+    >/dev/null 2>&1 &
+  sleep 1
+  taskset -c 1 timeout "$T" "${pre[@]}" fi_pingpong -p "$prov" -e rdm -I "$n" -S "$size" -P "$port" \
+    127.0.0.1 2>/dev/null |
+    awk -v w="$what" '$1 ~ /^[0-9]+[kmg]?$/ && NF >= 8 { if (w == "lat") print $7; else printf "%.3f", $6 / 1000 }'
+  wait 2>/dev/null
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
+perf_rows=()
+row() {  # row NAME SOFTRDMA PEER1_NAME PEER1 PEER2_NAME PEER2
+  perf_rows+=("| $1 | ${2:-fail} | $3 | ${4:-fail} | $(ratio "$2" "$4") | $5 | ${6:-fail} | $(ratio "$2" "$6") |")
+}
+SR_UCX=(UCX_NET_DEVICES=softrdma_lo:1 UCX_TLS=rc_verbs)
+echo "=== UCX ===" >&2
+row "UCX tag_lat 8 B (us, p50)" "$(ucx softrdma tag_lat 8 20000 "${SR_UCX[@]}")" \
+  "UCX tcp" "$(ucx tcp tag_lat 8 20000 UCX_TLS=tcp)" \
+  "UCX posix,cma" "$(ucx sm tag_lat 8 20000 UCX_TLS=posix,cma)"
+row "UCX tag_bw 64 KiB (GB/s)" "$(ucx softrdma tag_bw 65536 5000 "${SR_UCX[@]}")" \
+  "UCX tcp" "$(ucx tcp tag_bw 65536 5000 UCX_TLS=tcp)" \
+  "UCX posix,cma" "$(ucx sm tag_bw 65536 5000 UCX_TLS=posix,cma)"
+row "UCX ucp_put_bw 1 MiB (GB/s)" "$(ucx softrdma ucp_put_bw 1048576 1000 "${SR_UCX[@]}")" \
+  "UCX tcp" "$(ucx tcp ucp_put_bw 1048576 1000 UCX_TLS=tcp)" \
+  "UCX posix,cma" "$(ucx sm ucp_put_bw 1048576 1000 UCX_TLS=posix,cma)"
+echo "=== libfabric ===" >&2
+row "fi_pingpong rdm 8 B (usec/xfer)" "$(fab softrdma verbs 8 20000 lat)" \
+  "libfabric tcp" "$(fab tcp tcp 8 20000 lat)" "libfabric shm" "$(fab shm shm 8 20000 lat)"
+row "fi_pingpong rdm 64 KiB (GB/s)" "$(fab softrdma verbs 65536 2000 bw)" \
+  "libfabric tcp" "$(fab tcp tcp 65536 2000 bw)" "libfabric shm" "$(fab shm shm 65536 2000 bw)"
+
+{
+  echo "Generated by \`bench/ecosystem.sh\` on $(date -u +%Y-%m-%d) at $(git -C "$root" rev-parse --short HEAD)."
+  echo
+  if ((${#suite_rows[@]})); then
+    echo "| consumer | case (transport, where) | result | why it failed |"
+    echo "|---|---|---|---|"
+    printf '%s\n' "${suite_rows[@]}"
+    echo
+  fi
+  echo "One host, server on CPU 0, client on CPU 1; ratio = softrdma / peer."
+  echo
+  echo "| measure | softrdma | peer 1 | value | ratio | peer 2 | value | ratio |"
+  echo "|---|---:|---|---:|---:|---|---:|---:|"
+  printf '%s\n' "${perf_rows[@]}"
+} >"$out"
+cat "$out"
+if [[ ${BENCH_DOCS:-0} == 1 ]]; then cp "$out" "$root/docs/ecosystem-table.md"; fi
