@@ -3,12 +3,16 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace softrdma::transport {
 
@@ -138,6 +142,33 @@ void make_private(uint64_t lo, size_t len) {
     munmap(tmp, len);
 }
 
+// The parts of [lo, hi) that are still our memfd fd, mapped read-write at their own offsets (the file
+// offset of an address is address - lo). An application may unmap or replace a registered buffer before
+// it deregisters it -- legal, hardware only unpins the pages -- and what it mapped there since is not
+// ours to copy or replace.
+std::vector<std::pair<uint64_t, uint64_t>> still_ours(int fd, uint64_t lo, uint64_t hi) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  struct stat st{};
+  if (fstat(fd, &st) != 0) return out;
+  for (const MapLine& m : maps_covering(lo, hi)) {
+    if (m.inode != st.st_ino || m.dev_major != major(st.st_dev) || m.dev_minor != minor(st.st_dev) ||
+        m.perms[0] != 'r' || m.perms[1] != 'w' || m.perms[3] != 's')
+      continue;
+    uint64_t s = std::max(m.start, lo), e = std::min(m.end, hi);
+    if (m.offset + (s - m.start) != s - lo) continue;
+    if (!out.empty() && out.back().second == s)
+      out.back().second = e;
+    else
+      out.emplace_back(s, e);
+  }
+  return out;
+}
+
+// make_private on what of a moved share is still mapped from its memfd.
+void unmove(int fd, uint64_t lo, uint64_t len) {
+  for (auto [s, e] : still_ours(fd, lo, lo + len)) make_private(s, e - s);
+}
+
 }  // namespace
 
 ShareTable& ShareTable::instance() {
@@ -155,7 +186,7 @@ ShareTable& ShareTable::instance() {
 void ShareTable::after_fork_in_child() {
   // Single-threaded here: nobody else writes these pages while they are copied.
   for (Entry& e : entries_) {
-    if (e.moved) make_private(e.info.base, e.info.length);
+    if (e.moved) unmove(e.fd, e.info.base, e.info.length);
     close(e.fd);
   }
   entries_.clear();
@@ -175,6 +206,13 @@ uint64_t ShareTable::acquire(uint64_t addr, uint64_t len, bool remote_write) {
     // Inside one share: the same backing serves both MRs. Straddling one: the pages cannot get a
     // second backing without cutting the first share's peers off, so no direct access.
     if (lo >= elo && hi <= ehi) {
+      // Unless the application replaced those pages since: then the share no longer backs them.
+      if (e.moved) {
+        auto ours = still_ours(e.fd, e.info.base, ehi);
+        bool covered = false;
+        for (auto [s, t] : ours) covered |= s <= lo && hi <= t;
+        if (!covered) return 0;
+      }
       ++e.refs;
       if (remote_write) ++e.writable_refs;
       return e.info.id;
@@ -228,7 +266,7 @@ void ShareTable::release(uint64_t id, bool remote_write) {
     if (--e.refs == 0) {
       // Moved pages become private anonymous memory again (so nothing of ours outlives the MRs, and a
       // later fork copies them as any other memory); exported ones stay as they were.
-      if (e.moved) make_private(e.info.base, e.info.length);
+      if (e.moved) unmove(e.fd, e.info.base, e.info.length);
       close(e.fd);
       entries_[i] = entries_.back();
       entries_.pop_back();
