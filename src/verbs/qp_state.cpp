@@ -1,10 +1,10 @@
-#include "core/qp_state.h"
+#include "verbs/qp_state.h"
 
 #include <cerrno>
 #include <cstdint>
 #include <optional>
 
-namespace softrdma::core {
+namespace softrdma::verbs {
 namespace {
 
 // Attribute sets for one transition and one QP type.
@@ -221,4 +221,4 @@ const char* qp_state_name(ibv_qp_state state) {
     }
 }
 
-}  // namespace softrdma::core
+}  // namespace softrdma::verbs
