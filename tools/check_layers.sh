@@ -14,10 +14,10 @@ read -r -d '' TABLE <<'EOF'
 src/wire              wire
 src/net               net
 src/core              core
-src/transport         transport core net wire
+src/transport         transport core net wire cm
 src/verbs             verbs transport core net
 src/cm                cm net wire
-src/rdmacm            rdmacm net wire
+src/rdmacm            rdmacm cm
 src/stubs             -
 tools                 core
 tests/unit/wire       wire
