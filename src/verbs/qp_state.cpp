@@ -1,3 +1,4 @@
+// ibv_modify_qp validation (qp_state.h): the IBTA transition table per QP type and the value checks.
 #include "verbs/qp_state.h"
 
 #include <cerrno>
