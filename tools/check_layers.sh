@@ -38,13 +38,15 @@ EOF
 # Folders below the ABI layers: no rdma-core ABI header (<infiniband/...>, <rdma/...>) there.
 NO_ABI="src/wire src/net src/core src/transport src/cm"
 
+INCLUDE_RE='^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^">]*)[">]'
+
 check() {
   local root=$1 bad=0 file rel dir best allowed line inc mod ok
   local -a modules
   mapfile -t modules < <(find "$root/src" -mindepth 1 -maxdepth 1 -type d -printf '%f\n')
   while IFS= read -r -d '' file; do
     rel=${file#"$root"/}
-    dir=$(dirname "$rel")
+    dir=${rel%/*}
     best="" allowed=""
     while read -r prefix mods; do
       [[ -z $prefix ]] && continue
@@ -58,7 +60,8 @@ check() {
       continue
     fi
     while IFS= read -r line; do
-      inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^">]*)[">].*/\1/' <<<"$line")
+      [[ $line =~ $INCLUDE_RE ]] || continue
+      inc=${BASH_REMATCH[1]}
       if [[ $inc == ../* || $inc == */../* ]]; then
         echo "$rel: #include \"$inc\" escapes its folder; include \"module/file.h\" through the build's paths"
         bad=1
