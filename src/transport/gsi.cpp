@@ -1,6 +1,6 @@
 // QP1 (GSI) on the 4791 holder: CM MADs from other hosts are handed to the process they belong to.
-// softrdma keeps no QP1 of its own; librdmacm's connection manager runs inside each application
-// (src/rdmacm, docs/rdmacm.md). Routing on a host where many processes share one IP:
+// softrdma keeps no QP1 of its own; the connection manager (src/cm, under librdmacm) runs inside each
+// application (docs/rdmacm.md). Routing on a host where many processes share one IP:
 //  - REQ and SIDR_REQ name an IP-based service ID (port space, port). The listening rdma_cm id holds a
 //    UDP socket on that port number, so the MAD is forwarded to (this IP, port). When no socket holds
 //    the port, nobody listens: the holder answers itself, as the kernel CM does, with a REJ "invalid
