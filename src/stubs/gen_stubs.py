@@ -143,6 +143,8 @@ def prototypes(text, wanted):
         ret, name, params = pointer_style(m.group(1)), m.group(2), m.group(3).strip()
         if not ret or "(" in ret or re.search(r"\b(typedef|static)\b", ret):
             continue  # a typedef, a function pointer, a static function: not an export
+        if re.search(r"\b__asm(__)?\b", flat):
+            raise StubError(f"{name} is declared with an asm label; the generator cannot stub it")
         # Preprocessed as C; the stubs are C++, where the header's bool is bool.
         ret = re.sub(r"\b_Bool\b", "bool", ret)
         params = re.sub(r"\b_Bool\b", "bool", params)
@@ -159,7 +161,7 @@ def failure(name, ret, overrides):
     """The statements of the stub's body."""
     value = overrides.get(name)
     pointer = ret.endswith("*")
-    if ret == "void" and not pointer:
+    if ret == "void" and not pointer:  # (void * is a pointer)
         if value:
             raise StubError(f"{name} returns void; it cannot have a stub value")
         return []
