@@ -74,7 +74,9 @@ if run_one "import all pyverbs modules" "$log" -- "$PY" "$tests/import_test.py" 
   compat_result "pyverbs imports every module" 1
   grep '^PASS' "$log"
 else
-  compat_result "pyverbs imports every module" 0 "$(grep -c '^FAIL' "$log" || true) modules failed to import"
+  failed=$(sed -n 's/^FAIL: \(pyverbs[^:]*\): \([A-Za-z]*\).*/\1/p' "$log" | tr '\n' ' ')
+  compat_result "pyverbs imports every module" 0 \
+    "$(grep -c '^FAIL' "$log" || true) failed: ${failed:-$(tail -n 3 "$log" | tr '\n' ' ')}(see $log)"
 fi
 
 # 2. Both QPs in one process; SENDs up to 64 KiB take the direct path, larger ones go by packets.
