@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """An RC QP pair through pyverbs' public API: SEND, RDMA WRITE and RDMA READ, each checked byte for
-byte, every completion checked (status, opcode, QP number, byte_len where the verbs define it),
+byte, every completion checked (status, opcode, wr_id, QP number; byte_len of RECV and READ),
 then a WRITE with a wrong rkey, which must complete with a remote access error.
 
 The two QPs are connected by hand (RESET->INIT->RTR->RTS) with the port's GID: on RoCE a GRH with a
@@ -58,7 +58,7 @@ def describe_mismatch(got, want):
 
 
 def pick_gid_index(ctx, port):
-    """A RoCE v2 GID (an IPv4-mapped one first), as rdma-core's tools pick; 0 on InfiniBand."""
+    """The first RoCE v2 GID, IPv4-mapped ones before others; 0 on InfiniBand (LID routed)."""
     attr = ctx.query_port(port)
     if attr.link_layer != e.IBV_LINK_LAYER_ETHERNET:
         return 0
@@ -119,7 +119,6 @@ class Endpoint:
 
     def connect(self, peer):
         """RESET->INIT->RTR->RTS towards the peer's QP, with explicit attribute masks."""
-        self.peer = peer
         attr = QPAttr(qp_state=e.IBV_QPS_INIT, port_num=self.port)
         attr.pkey_index = 0
         attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | \
@@ -288,7 +287,8 @@ def run_client(ep, chan, seeds):
 
     ep.fill(1, pattern(seeds['write'], ep.size))
     ep.post_send(3, e.IBV_WR_RDMA_WRITE, 1, srv['rkey'], srv['addr'] + 1 * srv['size'])
-    ep.expect_wc(ep.scq, 'RDMA WRITE', 3, e.IBV_WC_RDMA_WRITE, ep.size)
+    # byte_len is left undefined for a WRITE's completion (mlx5 does not set it); not checked.
+    ep.expect_wc(ep.scq, 'RDMA WRITE', 3, e.IBV_WC_RDMA_WRITE)
     log(ep, 'RDMA WRITE: completed')
     chan.send({'step': 'write done'})
 
