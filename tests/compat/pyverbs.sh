@@ -108,15 +108,18 @@ done
 for path in "${paths[@]}"; do
   SRV_PREFIX=() CLI_PREFIX=()
   [[ $path == wire ]] && SRV_PREFIX=(env SOFTRDMA_DIRECT=0) CLI_PREFIX=(env SOFTRDMA_DIRECT=0)
-  name="rc two processes $path"
-  port=$(compat_free_port)
-  SRV=("$PY" "$tests/rc_test.py" -d "$dev" --server "$port" --before-exit "$stat_hook")
-  CLI=("$PY" "$tests/rc_test.py" -d "$dev" --client 127.0.0.1 "$port" --before-exit "$stat_hook")
-  if compat_pair "$name" "$port"; then
-    check_rc "$name" "$path" "$PAIR_SRV_LOG" "$PAIR_CLI_LOG"
-  else
-    compat_result "$name" 0
-  fi
+  for size in 60000 300000; do
+    name="rc two processes $path $size B"
+    port=$(compat_free_port)
+    SRV=("$PY" "$tests/rc_test.py" -d "$dev" -s "$size" --server "$port" --before-exit "$stat_hook")
+    CLI=("$PY" "$tests/rc_test.py" -d "$dev" -s "$size" --client 127.0.0.1 "$port"
+      --before-exit "$stat_hook")
+    if compat_pair "$name" "$port"; then
+      check_rc "$name" "$path" "$PAIR_SRV_LOG" "$PAIR_CLI_LOG"
+    else
+      compat_result "$name" 0
+    fi
+  done
 done
 
 # 4. Two "hosts": network namespaces joined by a veth (root only; the wire path, necessarily).
