@@ -209,6 +209,8 @@ for ((i = 0; i < ${#queue[@]}; i++)); do
     fi
   done
   abi_imports "$f" > "$work/imports"
+  n=$(awk '$3 != "-" && ($1 == "libibverbs.so.1" || $1 == "librdmacm.so.1" || $1 == "libmlx5.so.1" || $1 == "libefa.so.1")' "$work/imports" | wc -l)
+  echo "  $name: needs $(echo $needed); imports $n symbols from ours"
   while read -r so ver sym; do
     is_ours "$so" || continue
     imports=$((imports + 1))
@@ -223,7 +225,7 @@ for ((i = 0; i < ${#queue[@]}; i++)); do
 done
 if ((consumers)); then
   checked_parts=$((checked_parts + 1))
-  echo "consumers: $consumers ELF files link RDMA libraries; $imports imports from ours checked"
+  echo "consumers: $consumers ELF files link RDMA libraries; $imports imports (symbols and version nodes) from ours checked"
 fi
 for dep in $(printf '%s\n' "${!other_users[@]}" | sort); do
   path=$(ldconfig -p | awk -v d="$dep" '$1 == d && /x86-64/ {print $NF; exit}')
