@@ -1,5 +1,6 @@
 // The softrdma command: lists the devices our libibverbs offers, and runs unmodified RDMA
-// programs over our libraries. `devices` uses only the public verbs API, so what it prints is
+// programs over our libraries, in a view that shows the devices where the kernel would
+// (device_view.h). `devices` uses only the public verbs API, so what it prints is
 // exactly what any verbs program sees.
 
 #include <CLI/CLI.hpp>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "core/stats.h"
+#include "device_view.h"
 
 namespace softrdma::tools {
 namespace {
@@ -473,7 +475,21 @@ std::string prepend_list(const std::string& head, const char* tail, char sep) {
   return head + sep + tail;
 }
 
-int cmd_run(const std::vector<std::string>& argv_in, bool print_env) {
+// Where the devices are shown as the kernel would (device_view.h), unless the user opted out.
+void show_devices(bool want_view, bool print_env) {
+  const char* env = std::getenv("SOFTRDMA_VIEW");
+  if (!want_view || (env && std::string_view(env) == "0")) return;
+  std::vector<ViewEntry> entries;
+  std::string why;
+  ViewMode mode = ViewMode::None;
+  if (describe_devices(entries, why)) mode = enter_device_view(entries, why);
+  if (mode == ViewMode::None)
+    fmt::print(stderr, "softrdma run: running without the device view ({})\n", why);
+  else if (print_env)
+    fmt::print(stderr, "softrdma run: device view: {}\n", view_mode_name(mode));
+}
+
+int cmd_run(const std::vector<std::string>& argv_in, bool print_env, bool want_view) {
   if (argv_in.empty()) {
     fmt::print(stderr, "softrdma run: no program given\n");
     return 2;
@@ -486,6 +502,7 @@ int cmd_run(const std::vector<std::string>& argv_in, bool print_env) {
                libdir.string());
     return 127;
   }
+  show_devices(want_view, print_env);
   std::string ld_path = prepend_list(libdir.string(), std::getenv("LD_LIBRARY_PATH"), ':');
   setenv("LD_LIBRARY_PATH", ld_path.c_str(), 1);
   auto preloads = sanitizer_preloads(libdir);
@@ -498,8 +515,10 @@ int cmd_run(const std::vector<std::string>& argv_in, bool print_env) {
     setenv("ASAN_OPTIONS", prepend_list("detect_leaks=0", std::getenv("ASAN_OPTIONS"), ':').c_str(),
            1);
   }
+  // Open MPI takes pml ucx only on devices whose driver is mlx*, unless told otherwise.
+  setenv("OMPI_MCA_opal_common_ucx_devices", "any", 0);
   if (print_env) {
-    for (const char* var : {"LD_LIBRARY_PATH", "LD_PRELOAD", "ASAN_OPTIONS"})
+    for (const char* var : {"LD_LIBRARY_PATH", "LD_PRELOAD", "ASAN_OPTIONS", "OMPI_MCA_opal_common_ucx_devices"})
       if (const char* v = std::getenv(var)) fmt::print(stderr, "softrdma run: {}={}\n", var, v);
   }
   std::vector<char*> argv;
@@ -564,8 +583,10 @@ int main(int argc, char** argv) {
                       "Print only the names of the devices bound to this IPv4 address (for scripts)");
 
   auto* run = app.add_subcommand("run", "Run PROGRAM ARGS... with softrdma's libraries loaded");
-  bool print_env = false;
+  bool print_env = false, no_view = false;
   run->add_flag("--print-env", print_env, "Print the loader variables set for PROGRAM to stderr");
+  run->add_flag("--no-view", no_view,
+                "Do not show the devices in /sys/class/infiniband and /dev/infiniband (also SOFTRDMA_VIEW=0)");
   run->footer("PROGRAM ARGS...: the program to run and its arguments (a leading -- is optional)");
 
   auto* version = app.add_subcommand("version", "Print the version and the library in use");
@@ -584,6 +605,8 @@ int main(int argc, char** argv) {
       std::string_view a = argv[i];
       if (a == "--print-env") {
         print_env = true;
+      } else if (a == "--no-view") {
+        no_view = true;
       } else if (a == "-h" || a == "--help") {
         fmt::print("{}", run->help());
         return 0;
@@ -598,7 +621,7 @@ int main(int argc, char** argv) {
       }
     }
     for (; i < argc; ++i) rest.emplace_back(argv[i]);
-    return cmd_run(rest, print_env);
+    return cmd_run(rest, print_env, !no_view);
   }
 
   try {
