@@ -7,7 +7,9 @@
 #   CTEST_ARGS="-R compat" ...  extra ctest arguments for both runs
 #
 # The ASan run leaves out the long perftest and netns suites (label perftest|netns): they cover
-# the same library code paths as rc_pingpong, which it does run, at several times the cost.
+# the same library code paths as rc_pingpong, which it does run, at several times the cost. The
+# consumer suites (label consumers: UCX, libfabric, Open MPI) run once, in the plain build: their
+# two-namespace cases already go by packets, and those programs are not built for ASan.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -73,12 +75,12 @@ SOFTRDMA_DIRECT=0 ctest --test-dir "$root/build" --output-on-failure -j "$jobs" 
 count "$logs/build.direct-off1.log"
 # The loopback perftest groups (label perftest) are left out here: compat.netns runs the same
 # binaries between two namespaces, where every operation goes by packets anyway.
-SOFTRDMA_DIRECT=0 ctest --test-dir "$root/build" --output-on-failure -L compat -LE perftest "${extra[@]}" \
+SOFTRDMA_DIRECT=0 ctest --test-dir "$root/build" --output-on-failure -L compat -LE "perftest|consumers" "${extra[@]}" \
   2>&1 | tee "$logs/build.direct-off2.log" || true
 count "$logs/build.direct-off2.log"
 if [[ ${SOFTRDMA_SKIP_ASAN:-0} != 1 ]]; then
   # The mixed-traffic fault test moves 1 GiB in the plain build; a quarter of it under ASan.
-  FAULT_MIXED_MIB=256 run_build "$root/build-asan" 'perftest|netns' -DSOFTRDMA_SANITIZE=ON
+  FAULT_MIXED_MIB=256 run_build "$root/build-asan" 'perftest|netns|consumers' -DSOFTRDMA_SANITIZE=ON
 fi
 
 echo "logs: $logs"
