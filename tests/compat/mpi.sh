@@ -19,6 +19,7 @@
 #   MPI_MIN_MIB      packet MiB each cross-namespace rank must have moved (default 16)
 #   MPI_OFI_UTIL     the libfabric utility provider over verbs for ompi.ofi (default ofi_rxm)
 #   MPI_LIB_DIR      a softrdma lib directory to run the ranks with (SOFTRDMA_LIB_DIR of softrdma run)
+#   MPI_RANK_WRAP    words put before each rank's program, e.g. "gdb -q -batch -ex run -ex bt --args"
 #
 # The program is built here with each MPI's own mpicc, into the log directory: Open MPI and MPICH
 # have different ABIs, so no one binary serves both, and the build needs no MPI at configure time.
@@ -136,8 +137,10 @@ packet_mib() {
 run_case() {
   local name=$1 np=$2 kind=${1%.*} transport=${1#*.}
   local half=$((np / 2)) log=$COMPAT_LOG_DIR/$1.$2.log stats=$COMPAT_LOG_DIR/$1.$2.stat
-  local -a launch env_args=() prog
-  prog=(--iters "$MPI_ITERS" --max-size "$MPI_MAX_SIZE" --netns 2 --linger-ms 1500)
+  local -a launch env_args=() args wrap
+  # shellcheck disable=SC2206 # MPI_RANK_WRAP is words on purpose
+  wrap=(${MPI_RANK_WRAP:-})
+  args=(--iters "$MPI_ITERS" --max-size "$MPI_MAX_SIZE" --netns 2 --linger-ms 1500)
   # softrdma_lo has the GID ::ffff:127.0.0.1 in every namespace, so UCX would take it for a path
   # between the hosts: UCX_NET_DEVICES names each side's veth device (only one exists on each).
   local -a ucx_env=(UCX_TLS=rc_verbs,ud_verbs "UCX_NET_DEVICES=$devA:1,$devB:1" UCX_LOG_LEVEL=info
@@ -164,7 +167,7 @@ run_case() {
       local e
       for e in "${env_args[@]+"${env_args[@]}"}"; do x+=(-x "$e"); done
       launch=(mpirun.openmpi --hostfile "$hostfile" -np "$np" "${mca[@]}" "${x[@]+"${x[@]}"}"
-        "$SOFTRDMA" run -- "$bindir/mpi_check.openmpi" "${prog[@]}")
+        "$SOFTRDMA" run -- "${wrap[@]+"${wrap[@]}"}" "$bindir/mpi_check.openmpi" "${args[@]}")
       ;;
     mpich)
       if ((!have_mpich)); then
@@ -176,7 +179,7 @@ run_case() {
       local e
       for e in "${env_args[@]}"; do genv+=(-genv "${e%%=*}" "${e#*=}"); done
       launch=(mpiexec.hydra -launcher ssh -launcher-exec "$agent" -hosts "$ipA:$half,$ipB:$half"
-        -iface "" -n "$np" "${genv[@]}" "$SOFTRDMA" run -- "$bindir/mpi_check.mpich" "${prog[@]}")
+        -iface "" -n "$np" "${genv[@]}" "$SOFTRDMA" run -- "${wrap[@]+"${wrap[@]}"}" "$bindir/mpi_check.mpich" "${args[@]}")
       ;;
   esac
   compat_log "$name.$np: ${launch[*]}"
