@@ -4,7 +4,9 @@
 # network namespaces ("hosts"), every rank under `softrdma run`:
 #   ompi.tcp   pml ob1 + btl tcp (the baseline; no RDMA)
 #   ompi.ucx   pml ucx, UCX_TLS=rc_verbs,ud_verbs (no tcp, no shared memory)
-#   ompi.ofi   pml cm + mtl ofi, FI_PROVIDER=verbs (ofi_rxm over verbs, or MPI_OFI_UTIL)
+#   ompi.ofi_rxm  pml cm + mtl ofi, FI_PROVIDER="verbs;ofi_rxm" (RDM over verbs FI_EP_MSG, RC)
+#   ompi.ofi_rxd  pml cm + mtl ofi, FI_PROVIDER="verbs;ofi_rxd" (RDM over verbs FI_EP_DGRAM, UD)
+#   ompi.btlofi_rxm, ompi.btlofi_rxd  pml ob1 + btl ofi over the same (not run by default)
 #   mpich.ucx  MPICH ch4:ucx (Debian builds MPICH 4.0.2 with ucx only), UCX_TLS as ompi.ucx
 # A case passes when the launcher exits 0, rank 0 printed "mpi_check: PASS ranks=N netns=2" and
 # its result rows; the RDMA cases also need softrdma's own counters to show the traffic: ranks 0
@@ -17,7 +19,6 @@
 #   MPI_ITERS        ping-pong iterations per size (default 20)
 #   MPI_MAX_SIZE     largest message (default 1048576)
 #   MPI_MIN_MIB      packet MiB each cross-namespace rank must have moved (default 16)
-#   MPI_OFI_UTIL     the libfabric utility provider over verbs for ompi.ofi (default ofi_rxm)
 #   MPI_LIB_DIR      a softrdma lib directory to run the ranks with (SOFTRDMA_LIB_DIR of softrdma run)
 #   MPI_RANK_WRAP    words put before each rank's program, e.g. "gdb -q -batch -ex run -ex bt --args"
 #
@@ -30,7 +31,6 @@ compat_require_softrdma
 MPI_ITERS=${MPI_ITERS:-20}
 MPI_MAX_SIZE=${MPI_MAX_SIZE:-1048576}
 MPI_MIN_MIB=${MPI_MIN_MIB:-16}
-MPI_OFI_UTIL=${MPI_OFI_UTIL:-ofi_rxm}
 [[ -n ${MPI_LIB_DIR:-} ]] && export SOFTRDMA_LIB_DIR=$MPI_LIB_DIR
 src=$(compat_repo_root)/tests/compat/mpi/mpi_check.c
 
@@ -45,7 +45,7 @@ if (($#)); then
     if [[ $c =~ \.[0-9]+$ ]]; then cases+=("$c"); else cases+=("$c.2" "$c.8"); fi
   done
 else
-  for c in ompi.tcp ompi.ucx ompi.ofi mpich.ucx; do cases+=("$c.2" "$c.8"); done
+  for c in ompi.tcp ompi.ucx ompi.ofi_rxm ompi.ofi_rxd mpich.ucx; do cases+=("$c.2" "$c.8"); done
 fi
 
 bindir=$COMPAT_LOG_DIR/bin
@@ -158,10 +158,16 @@ run_case() {
         ucx)
           mca+=(--mca pml ucx --mca btl self --mca osc ^ucx --mca opal_common_ucx_devices any)
           env_args=("${ucx_env[@]}") ;;
-        ofi)
-          mca+=(--mca pml cm --mca mtl ofi --mca btl self --mca mtl_ofi_provider_include "verbs;$MPI_OFI_UTIL"
+        ofi_rxm | ofi_rxd)
+          # libfabric's verbs provider under a utility provider that gives MPI its FI_EP_RDM:
+          # ofi_rxm over verbs FI_EP_MSG (RC), or ofi_rxd over verbs FI_EP_DGRAM (UD).
+          mca+=(--mca pml cm --mca mtl ofi --mca btl self --mca mtl_ofi_provider_include "verbs;$transport"
             --mca mtl_base_verbose 100)
-          env_args=("FI_PROVIDER=verbs;$MPI_OFI_UTIL" FI_LOG_LEVEL=warn) ;;
+          env_args=("FI_PROVIDER=verbs;$transport" FI_LOG_LEVEL=warn) ;;
+        btlofi_rxd | btlofi_rxm)
+          mca+=(--mca pml ob1 --mca btl ofi,self --mca btl_ofi_provider_include "verbs;ofi_${transport#btlofi_}"
+            --mca btl_base_verbose 100)
+          env_args=("FI_PROVIDER=verbs;ofi_${transport#btlofi_}" FI_LOG_LEVEL=warn) ;;
       esac
       local -a x=()
       local e
@@ -179,7 +185,7 @@ run_case() {
       local e
       for e in "${env_args[@]}"; do genv+=(-genv "${e%%=*}" "${e#*=}"); done
       launch=(mpiexec.hydra -launcher ssh -launcher-exec "$agent" -hosts "$ipA:$half,$ipB:$half"
-        -iface "" -n "$np" "${genv[@]}" "$SOFTRDMA" run -- "${wrap[@]+"${wrap[@]}"}" "$bindir/mpi_check.mpich" "${args[@]}")
+        -localhost "$ipA" -n "$np" "${genv[@]}" "$SOFTRDMA" run -- "${wrap[@]+"${wrap[@]}"}" "$bindir/mpi_check.mpich" "${args[@]}")
       ;;
   esac
   compat_log "$name.$np: ${launch[*]}"
@@ -231,6 +237,13 @@ run_case() {
     local other
     if other=$(grep -oE '\((tcp|posix|sysv|cma|knem|xpmem)/[^)]*\)' "$log" | sort -u | head -5) && [[ -n $other ]]; then
       why="UCX used other transports: $other"
+      return 1
+    fi
+  fi
+  if [[ $transport == *ofi* ]]; then
+    # Open MPI (mtl/btl verbose) names the libfabric domain each rank opened: verbs' are ours.
+    if ! grep -qE 'ofi.*provider: softrdma_' "$log"; then
+      why="Open MPI's log names no libfabric verbs domain on a softrdma device"
       return 1
     fi
   fi
