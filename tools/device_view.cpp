@@ -261,6 +261,31 @@ bool under(const std::string& path, const std::string& root) {
   return path.size() > root.size() && path.compare(0, root.size(), root) == 0 && path[root.size()] == '/';
 }
 
+dev_t rdev_of(int dfd, const std::string& name) {
+  struct stat st{};
+  return fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 ? st.st_rdev : 0;
+}
+
+// The node an original entry is bound onto, of the entry's own type, so that readdir's d_type
+// stays what it was. Without CAP_MKNOD a character device can only be a whiteout (0:0), and a
+// block device only a regular file (docs/device-view.md).
+bool make_mount_point(const std::string& dst, mode_t mode, dev_t rdev, bool root) {
+  const char* p = dst.c_str();
+  const mode_t type = mode & S_IFMT;
+  if (type == S_IFDIR) return mkdir(p, 0755) == 0;
+  if (type == S_IFCHR || type == S_IFBLK || type == S_IFIFO || type == S_IFSOCK) {
+    if (root || type == S_IFIFO || type == S_IFSOCK) {
+      if (mknod(p, type | 0600, rdev) == 0) return true;
+    } else if (type == S_IFCHR && mknod(p, S_IFCHR | 0600, makedev(0, 0)) == 0) {
+      return true;
+    }
+  }
+  int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
 // Creates one view entry. In a user namespace mknod is refused, so the uverbs node is /dev/null
 // bound in its place: a character device everyone may read and write, whose open is harmless.
 bool make_entry(const ViewEntry& e, bool root, std::string& why) {
@@ -288,9 +313,7 @@ bool make_entry(const ViewEntry& e, bool root, std::string& why) {
         chmod(p, 0666);  // the umask applies to mknod
         return true;
       } else {
-        int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0) return why = err("create " + e.path), false;
-        close(fd);
+        if (!make_mount_point(e.path, S_IFCHR, 0, false)) return why = err("create " + e.path), false;
         if (mount("/dev/null", p, nullptr, MS_BIND, nullptr) != 0)
           return why = err("bind /dev/null at " + e.path), false;
         return true;
@@ -356,13 +379,7 @@ bool overlay(const std::string& r, const std::vector<ViewEntry>& entries, bool r
       }
       continue;
     }
-    if (S_ISDIR(mode)) {
-      ok = mkdir(dst.c_str(), 0755) == 0;
-    } else {
-      int fd = open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      ok = fd >= 0;
-      if (fd >= 0) close(fd);
-    }
+    ok = make_mount_point(dst, mode, rdev_of(dfd, name), root);
     // Recursive, so the mounts below (/dev/pts, /dev/shm, /dev/mqueue) stay what they are.
     if (!ok || mount(src.c_str(), dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
       why = err("bind " + r + "/" + name);
@@ -440,14 +457,14 @@ ViewMode enter_device_view(const std::vector<ViewEntry>& entries, std::string& w
   const uid_t uid = geteuid();
   const gid_t gid = getegid();
   if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
-    why = err("no mount namespace (unshare)");
+    why = err("cannot create a user and mount namespace");
     return ViewMode::None;
   }
   // Without setgroups denied the kernel refuses a gid map from an unprivileged writer.
   if (!write_file("/proc/self/setgroups", "deny") ||
       !write_file("/proc/self/uid_map", fmt::format("{} {} 1\n", uid, uid)) ||
       !write_file("/proc/self/gid_map", fmt::format("{} {} 1\n", gid, gid))) {
-    why = err("cannot map the uid/gid in a user namespace");
+    why = err("cannot map the uid and gid in a user namespace");
     return ViewMode::None;
   }
   return build_view(entries, false, why) ? ViewMode::UserNamespace : ViewMode::None;

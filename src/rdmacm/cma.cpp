@@ -1015,7 +1015,11 @@ SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
   std::lock_guard lock(M().mu);
   if (id->sock >= 0) return fail(EINVAL);
   uint32_t ip = sin_of(addr)->sin_addr.s_addr;
-  if (ip != INADDR_ANY) {
+  // A loopback address binds to no device, as the wildcard does (the kernel's cma_any_addr): id->verbs
+  // stays NULL, and ids that connect through this one find the loopback device then. libfabric's verbs
+  // provider relies on it (its default source, "localhost", must not pick one device).
+  const bool loopback = (ntohl(ip) >> 24) == 127;
+  if (ip != INADDR_ANY && !loopback) {
     id->dev = M().device_for_ip(ip);
     if (!id->dev) return fail(EADDRNOTAVAIL);
     id->pub.verbs = id->dev->ctx;
@@ -1581,49 +1585,75 @@ SOFTRDMA_EXPORT void rdma_destroy_srq(rdma_cm_id* pid) {
   pid->srq = nullptr;
 }
 
+namespace {
+// A copy of an IPv4 address given in hints (NULL when absent; false when it is not IPv4).
+bool hint_addr(const sockaddr* a, socklen_t len, sockaddr_in** out) {
+  *out = nullptr;
+  if (!a || !len) return true;
+  if (a->sa_family != AF_INET || len < sizeof(sockaddr_in)) return false;
+  *out = static_cast<sockaddr_in*>(malloc(sizeof(sockaddr_in)));
+  if (*out) std::memcpy(*out, a, sizeof(sockaddr_in));
+  return true;
+}
+}  // namespace
+
+// Without node and service the addresses come from hints.ai_src_addr / ai_dst_addr (rdma_getaddrinfo(3)),
+// as libfabric's verbs provider asks for a connecting endpoint.
 SOFTRDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
                                      rdma_addrinfo** res) {
-  if (!res || (!node && !service)) return fail(EINVAL);
+  const bool hinted = hints && ((hints->ai_src_addr && hints->ai_src_len) || (hints->ai_dst_addr && hints->ai_dst_len));
+  if (!res || (!node && !service && !hinted)) return fail(EINVAL);
   if (hints && hints->ai_family && hints->ai_family != AF_INET) return EAI_FAMILY;
-  addrinfo h{};
-  h.ai_family = AF_INET;
-  h.ai_socktype = SOCK_STREAM;
-  bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
-  if (passive) h.ai_flags |= AI_PASSIVE;
-  if (hints && (hints->ai_flags & RAI_NUMERICHOST)) h.ai_flags |= AI_NUMERICHOST;
-  addrinfo* ai = nullptr;
-  int rc = getaddrinfo(node, service, &h, &ai);
-  if (rc) return rc;
-  auto* r = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
-  auto* a = static_cast<sockaddr_in*>(calloc(1, sizeof(sockaddr_in)));
-  if (!r || !a) {
+  const bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
+  sockaddr_in* named = nullptr;  // what node/service resolve to
+  if (node || service) {
+    addrinfo h{};
+    h.ai_family = AF_INET;
+    h.ai_socktype = SOCK_STREAM;
+    if (passive) h.ai_flags |= AI_PASSIVE;
+    if (hints && (hints->ai_flags & RAI_NUMERICHOST)) h.ai_flags |= AI_NUMERICHOST;
+    addrinfo* ai = nullptr;
+    int rc = getaddrinfo(node, service, &h, &ai);
+    if (rc) return rc;
+    named = static_cast<sockaddr_in*>(malloc(sizeof(sockaddr_in)));
+    if (named) std::memcpy(named, ai->ai_addr, sizeof *named);
     freeaddrinfo(ai);
-    free(r);
-    free(a);
+    if (!named) return EAI_MEMORY;
+  }
+  sockaddr_in *src = nullptr, *dst = nullptr;
+  if (!hint_addr(hints ? hints->ai_src_addr : nullptr, hints ? hints->ai_src_len : 0, &src) ||
+      !hint_addr(hints ? hints->ai_dst_addr : nullptr, hints ? hints->ai_dst_len : 0, &dst)) {
+    free(named);
+    free(src);
+    free(dst);
+    return EAI_FAMILY;
+  }
+  if (named) {
+    // The named address replaces the hinted one on its side: the source when passive, else the destination.
+    sockaddr_in*& side = passive ? src : dst;
+    free(side);
+    side = named;
+  }
+  if (passive) {
+    free(dst);
+    dst = nullptr;
+  }
+  auto* r = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
+  if (!r) {
+    free(src);
+    free(dst);
     return EAI_MEMORY;
   }
-  std::memcpy(a, ai->ai_addr, sizeof *a);
-  freeaddrinfo(ai);
   r->ai_flags = hints ? hints->ai_flags : 0;
   r->ai_family = AF_INET;
   r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
   r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type
                   : r->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD
                                                     : IBV_QPT_RC;
-  if (passive) {
-    r->ai_src_addr = reinterpret_cast<sockaddr*>(a);
-    r->ai_src_len = sizeof *a;
-  } else {
-    r->ai_dst_addr = reinterpret_cast<sockaddr*>(a);
-    r->ai_dst_len = sizeof *a;
-    if (hints && hints->ai_src_addr && hints->ai_src_len) {
-      r->ai_src_addr = static_cast<sockaddr*>(calloc(1, hints->ai_src_len));
-      if (r->ai_src_addr) {
-        std::memcpy(r->ai_src_addr, hints->ai_src_addr, hints->ai_src_len);
-        r->ai_src_len = hints->ai_src_len;
-      }
-    }
-  }
+  r->ai_src_addr = reinterpret_cast<sockaddr*>(src);
+  r->ai_src_len = src ? sizeof *src : 0;
+  r->ai_dst_addr = reinterpret_cast<sockaddr*>(dst);
+  r->ai_dst_len = dst ? sizeof *dst : 0;
   *res = r;
   return 0;
 }

@@ -33,6 +33,10 @@ expect "run preloads sanitizer runtimes before the caller's" \
   "detect_leaks=0:abort_on_error=1"$'\n'"/rt/libasan.so.8:/rt/libubsan.so.1:/mine.so" "$got"
 rm "$scratch/lib/SANITIZED"
 
+# Open MPI's pml ucx needs to be told that a device whose driver is not mlx* will do.
+got=$(SOFTRDMA_LIB_DIR=$scratch/lib "$SOFTRDMA" run printenv OMPI_MCA_opal_common_ucx_devices)
+expect "run sets OMPI_MCA_opal_common_ucx_devices=any" any "$got"
+
 # Arguments, dashes included, reach the program unchanged; so does its exit status.
 got=$(SOFTRDMA_LIB_DIR=$scratch/lib "$SOFTRDMA" run -- printf '%s|' -a --b 'c d' -- -v)
 expect "run passes arguments through" "-a|--b|c d|--|-v|" "$got"

@@ -623,8 +623,13 @@ TEST(RdmaCm, MulticastJoinAttachesTheQp) {
   int ctx_rx = 1, ctx_tx = 2;
   for (Member* m : {&rx, &tx}) {
     ASSERT_EQ(rdma_create_id(m->ch, &m->id, nullptr, RDMA_PS_UDP), 0);
+    // As mckey: resolving the group from a source address attaches the id to that address's device
+    // (binding a loopback address alone attaches none, as in the kernel).
     sockaddr_in a = addr(kIp, 0);
-    ASSERT_EQ(rdma_bind_addr(m->id, reinterpret_cast<sockaddr*>(&a)), 0);
+    ASSERT_EQ(rdma_resolve_addr(m->id, reinterpret_cast<sockaddr*>(&a), reinterpret_cast<sockaddr*>(&group), 2000), 0);
+    rdma_cm_event* rev = next_event(m->ch);
+    ASSERT_TRUE(rev && rev->event == RDMA_CM_EVENT_ADDR_RESOLVED) << name(rev);
+    rdma_ack_cm_event(rev);
     ASSERT_TRUE(m->side.setup(m->id, 4096, IBV_QPT_UD));
     ASSERT_EQ(rdma_join_multicast(m->id, reinterpret_cast<sockaddr*>(&group), m == &rx ? &ctx_rx : &ctx_tx), 0);
     rdma_cm_event* ev = next_event(m->ch);
