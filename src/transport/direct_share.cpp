@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cinttypes>
@@ -138,6 +139,23 @@ void make_private(uint64_t lo, size_t len) {
     munmap(tmp, len);
 }
 
+// make_private for the parts of [lo, lo+len) that still are our memfd (fd) mapped at its own offset.
+// The application may have unmapped or remapped registered memory before deregistering it (MR
+// caches deregister from their munmap hooks); touching or replacing what lives there now would fault
+// or clobber someone else's mapping.
+void make_private_if_ours(uint64_t lo, size_t len, int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return;
+  const uint64_t hi = lo + len;
+  for (const MapLine& m : maps_covering(lo, hi)) {
+    uint64_t a = m.start > lo ? m.start : lo, b = m.end < hi ? m.end : hi;
+    // Ours: the memfd's inode, shared, and at the offset it was mapped with (0 at lo).
+    if (a < b && m.inode == static_cast<uint64_t>(st.st_ino) && m.perms[3] == 's' && m.start >= lo &&
+        m.offset == m.start - lo)
+      make_private(a, b - a);
+  }
+}
+
 }  // namespace
 
 ShareTable& ShareTable::instance() {
@@ -155,7 +173,7 @@ ShareTable& ShareTable::instance() {
 void ShareTable::after_fork_in_child() {
   // Single-threaded here: nobody else writes these pages while they are copied.
   for (Entry& e : entries_) {
-    if (e.moved) make_private(e.info.base, e.info.length);
+    if (e.moved) make_private_if_ours(e.info.base, e.info.length, e.fd);
     close(e.fd);
   }
   entries_.clear();
@@ -228,7 +246,7 @@ void ShareTable::release(uint64_t id, bool remote_write) {
     if (--e.refs == 0) {
       // Moved pages become private anonymous memory again (so nothing of ours outlives the MRs, and a
       // later fork copies them as any other memory); exported ones stay as they were.
-      if (e.moved) make_private(e.info.base, e.info.length);
+      if (e.moved) make_private_if_ours(e.info.base, e.info.length, e.fd);
       close(e.fd);
       entries_[i] = entries_.back();
       entries_.pop_back();
