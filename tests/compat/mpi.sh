@@ -151,7 +151,8 @@ run_case() {
       local hostfile=$COMPAT_LOG_DIR/hostfile.$np
       printf '%s slots=%d\n%s slots=%d\n' "$ipA" "$half" "$ipB" "$half" >"$hostfile"
       # Debian's openmpi-mca-params.conf disables pml ucx, mtl ofi and btl ofi; these name them.
-      local -a mca=(--mca plm_rsh_agent "$agent" --mca oob_tcp_if_include 10.77.0.0/24
+      # --bind-to none: each "host's" daemon would bind its first rank to core 0, the same core.
+      local -a mca=(--bind-to none --mca plm_rsh_agent "$agent" --mca oob_tcp_if_include 10.77.0.0/24
         --mca btl_tcp_if_include 10.77.0.0/24 --mca orte_base_help_aggregate 0)
       case $transport in
         tcp) mca+=(--mca pml ob1 --mca btl tcp,self,vader) ;;
