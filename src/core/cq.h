@@ -23,6 +23,9 @@ enum class WcOpcode : uint32_t {
   Recv = 128, RecvRdmaWithImm = 129,
 };
 enum WcFlags : uint32_t { kWcGrh = 1, kWcWithImm = 2, kWcIpCsumOk = 4, kWcWithInv = 8 };
+// What a UD receive over RoCE reports as its SL: the L3 header type of the packet, as ConnectX NICs do
+// (bits 2:0; UCX reads it to find the destination address in the GRH area). RoCE v2 over IPv4: 2.
+constexpr uint8_t kRoceSlIpv4 = 2;
 
 struct Cqe {
   uint64_t wr_id;
@@ -40,6 +43,7 @@ struct Cqe {
   // low 32 bits of the WQE's SQ index.
   uint32_t sq_ref;
   uint32_t sq_index;
+  uint8_t sl;  // receive CQEs of UD QPs: kRoceSlIpv4; 0 otherwise
 };
 
 class CompletionQueue {

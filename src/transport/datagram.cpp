@@ -207,6 +207,7 @@ void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_b
     c.byte_len = static_cast<uint32_t>(need);
     c.src_qp = pkt.deth.src_qp;
     c.wc_flags = core::kWcGrh;
+    c.sl = core::kRoceSlIpv4;
     if (info.headers & wire::kHdrImm) {
       c.wc_flags |= core::kWcWithImm;
       c.imm_or_inv = pkt.imm_data_be;

@@ -179,8 +179,14 @@ Engine::Verdict Engine::check_receive(Qp& qp, const wire::OpcodeInfo& info) {
 
 Engine::Verdict Engine::check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access,
                                    uint8_t** host) {
-  if (!(qp.access_flags & access) ||
-      mrs_.check_remote(rkey, qp.cfg.pd, va, len, access, host, qp.qpn) != core::AccessResult::Ok)
+  if (!(qp.access_flags & access)) return {Verdict::RemoteAccess, WcStatus::RemAccessErr};
+  // A zero-length RDMA WRITE or READ touches no memory, so its R_Key and VA are not checked, as on
+  // hardware and rxe (UCX's rc_verbs flushes with a zero-length WRITE carrying R_Key 0).
+  if (len == 0) {
+    *host = nullptr;
+    return {};
+  }
+  if (mrs_.check_remote(rkey, qp.cfg.pd, va, len, access, host, qp.qpn) != core::AccessResult::Ok)
     return {Verdict::RemoteAccess, WcStatus::RemAccessErr};
   return {};
 }
@@ -314,8 +320,8 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           uint8_t* host = nullptr;
           uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
           if (static_cast<uint32_t>(off) + n > r.npkts ||
-              mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead,
-                                &host, qp.qpn) != core::AccessResult::Ok)
+              (pkt.reth.dma_len && mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len,
+                                                     core::kRemoteRead, &host, qp.qpn) != core::AccessResult::Ok))
             break;
           // A request re-issued from its start supersedes the one being streamed out.
           qp.resp.read_jobs.erase(std::remove_if(qp.resp.read_jobs.begin(), qp.resp.read_jobs.end(),

@@ -68,9 +68,9 @@ void install(ibv_cq_ex& c) {
   c.read_qp_num = [](ibv_cq_ex* x) { return cur(x).qp_num; };
   c.read_src_qp = [](ibv_cq_ex* x) { return cur(x).src_qp; };
   c.read_wc_flags = [](ibv_cq_ex* x) -> unsigned int { return cur(x).wc_flags; };
-  // RoCE has no LIDs or SLs: what ibv_poll_cq reports in those fields is 0.
+  // RoCE has no LIDs: what ibv_poll_cq reports there is 0; the SL field carries the L3 header type.
   c.read_slid = [](ibv_cq_ex*) -> uint32_t { return 0; };
-  c.read_sl = [](ibv_cq_ex*) -> uint8_t { return 0; };
+  c.read_sl = [](ibv_cq_ex* x) { return cur(x).sl; };
   c.read_dlid_path_bits = [](ibv_cq_ex*) -> uint8_t { return 0; };
   // Device clock ticks: hca_core_clock is 1 GHz, so a tick is a nanosecond of CLOCK_MONOTONIC.
   c.read_completion_ts = [](ibv_cq_ex* x) { return cur(x).timestamp_ns; };

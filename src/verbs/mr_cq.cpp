@@ -267,6 +267,7 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
       w.qp_num = c.qp_num;
       w.src_qp = c.src_qp;
       w.wc_flags = c.wc_flags;
+      w.sl = c.sl;
     }
     total += got;
     if (got < 32) break;

@@ -281,6 +281,41 @@ TEST_F(Opcodes, ZeroLengthSendWriteRead) {
   }
 }
 
+// A zero-length WRITE or READ touches no memory, so its R_Key and VA are not checked (hardware and rxe
+// accept R_Key 0 there; UCX's rc_verbs flushes an endpoint with such a WRITE). The QP stays usable.
+TEST_F(Opcodes, ZeroLengthWriteAndReadIgnoreTheKey) {
+  ASSERT_TRUE(connect());
+  VT_BUF(buf, b, 64);
+  fill_pattern(buf->data, 64, 7);
+  SendWr w(1, IBV_WR_RDMA_WRITE, {});
+  w.rdma(0, 0);
+  ASSERT_EQ(post_send(a.qp, w), 0);
+  SendWr r(2, IBV_WR_RDMA_READ, {});
+  r.rdma(0, 0x12345678);
+  ASSERT_EQ(post_send(a.qp, r), 0);
+  ASSERT_EQ(post_recv(b.qp, 3, {}), 0);
+  SendWr wi(4, IBV_WR_RDMA_WRITE_WITH_IMM, {});
+  wi.rdma(0, 0).imm(9);
+  ASSERT_EQ(post_send(a.qp, wi), 0);
+  auto wcs = poll_wcs(a.scq, 3);
+  ASSERT_EQ(wcs.size(), 3u);
+  expect_wc(wcs[0], {.wr_id = 1, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+  expect_wc(wcs[1], {.wr_id = 2, .opcode = IBV_WC_RDMA_READ, .byte_len = 0, .qp_num = a.qpn()});
+  expect_wc(wcs[2], {.wr_id = 4, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 3, .opcode = IBV_WC_RECV_RDMA_WITH_IMM, .byte_len = 0, .imm = 9, .qp_num = b.qpn()});
+  // A WRITE with data is still checked, and the QP still carries it.
+  VT_BUF(src, a, 64);
+  fill_pattern(src->data, 64, 8);
+  SendWr d(5, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  d.rdma(buf->addr(), buf->rkey());
+  ASSERT_EQ(post_send(a.qp, d), 0);
+  ASSERT_TRUE(poll_wc(a.scq, &wc));
+  expect_wc(wc, {.wr_id = 5, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qpn()});
+  EXPECT_EQ(check_pattern(buf->data, 64, 8), 64u);
+}
+
 // 65 MiB WRITE, READ and SEND: more than 2^24 bytes, every byte checked.
 TEST_F(Opcodes, LargeMessages65MiB) {
   constexpr size_t kLen = 65u << 20;

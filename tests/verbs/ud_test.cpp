@@ -24,10 +24,12 @@ struct UdQp {
     if (scq) ibv_destroy_cq(scq);
     if (rcq) ibv_destroy_cq(rcq);
   }
-  bool create(ibv_context* ctx, ibv_pd* p, uint32_t qkey = kQkey, uint32_t max_recv_sge = 2) {
+  // recv_cq: a CQ to receive into instead of a new one (the QP takes it over).
+  bool create(ibv_context* ctx, ibv_pd* p, uint32_t qkey = kQkey, uint32_t max_recv_sge = 2,
+              ibv_cq* recv_cq = nullptr) {
     pd = p;
     scq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
-    rcq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    rcq = recv_cq ? recv_cq : ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
     if (!scq || !rcq) return false;
     ibv_qp_init_attr ia{};
     ia.send_cq = scq;
@@ -171,6 +173,47 @@ TEST_F(Ud, SendRecvWithGrh) {
   EXPECT_EQ(sum, 0xFFFFu) << "IPv4 header checksum";
   EXPECT_EQ(std::memcmp(ip + 12, dev.gid.raw + 12, 4), 0) << "source address";
   EXPECT_EQ(std::memcmp(ip + 16, dev.gid.raw + 12, 4), 0) << "destination address";
+}
+
+// A RoCE NIC reports the L3 header type of a UD receive in the SL field (ConnectX: bits 2:0, 2 = IPv4),
+// and consumers rely on it: UCX's UD transport reads it to know that the destination address is the
+// last 4 bytes of the GRH area, compares that with its GIDs and drops the packet otherwise.
+TEST_F(Ud, ReceiveReportsIpv4HeaderTypeInSl) {
+  ASSERT_EQ(recv(b, 5, 8192, kGrh + 64), 0);
+  send_ok(a, ah, b.qpn(), kQkey, 64, 5, 105);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(wc.wc_flags & IBV_WC_GRH);
+  EXPECT_EQ(wc.sl & 7, 2) << "sl " << int{wc.sl};
+  ibv_gid_entry ge{};
+  ASSERT_EQ(ibv_query_gid_ex(dev.ctx, kPort, 0, &ge, 0), 0);
+  EXPECT_EQ(ge.gid_type, IBV_GID_TYPE_ROCE_V2);
+  // What the destination check compares: the IPv4 destination, as the tail of a v4-mapped GID.
+  EXPECT_EQ(std::memcmp(mem->data + 8192 + kGrh - 4, dev.gid.raw + 12, 4), 0);
+
+  // An extended CQ reads the same SL.
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 16;
+  ca.wc_flags = IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_SRC_QP;
+  ibv_cq_ex* cqx = ibv_create_cq_ex(dev.ctx, &ca);
+  ASSERT_NE(cqx, nullptr) << strerror(errno);
+  UdQp c;
+  ASSERT_TRUE(c.create(dev.ctx, pd, kQkey, 2, ibv_cq_ex_to_cq(cqx)));
+  ASSERT_EQ(recv(c, 6, 16384, kGrh + 64), 0);
+  send_ok(a, ah, c.qpn(), kQkey, 64, 6, 106);
+  ibv_poll_cq_attr pa{};
+  int rc = ENOENT;
+  for (int i = 0; i < 2000 && rc == ENOENT; ++i) {
+    rc = ibv_start_poll(cqx, &pa);
+    if (rc == ENOENT) usleep(1000);
+  }
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(cqx->status, IBV_WC_SUCCESS);
+  EXPECT_EQ(cqx->wr_id, 6u);
+  EXPECT_EQ(ibv_wc_read_src_qp(cqx), a.qpn());
+  EXPECT_EQ(ibv_wc_read_sl(cqx) & 7, 2);
+  ibv_end_poll(cqx);
 }
 
 TEST_F(Ud, SendWithImmAndScatteredGrh) {
