@@ -6,7 +6,8 @@
 #   ompi.ucx   pml ucx, UCX_TLS=rc_verbs,ud_verbs (no tcp, no shared memory)
 #   ompi.ofi_rxm  pml cm + mtl ofi, FI_PROVIDER="verbs;ofi_rxm" (RDM over verbs FI_EP_MSG, RC)
 #   ompi.ofi_rxd  pml cm + mtl ofi, FI_PROVIDER="verbs;ofi_rxd" (RDM over verbs FI_EP_DGRAM, UD)
-#   ompi.btlofi_rxm, ompi.btlofi_rxd  pml ob1 + btl ofi over the same (not run by default)
+#   ompi.btlofi_rxm, ompi.btlofi_rxd  pml ob1 + btl ofi over the same (not run by default: btl ofi
+#              opens no module over verbs, so the ranks cannot reach each other)
 #   mpich.ucx  MPICH ch4:ucx (Debian builds MPICH 4.0.2 with ucx only), UCX_TLS as ompi.ucx
 # A case passes when the launcher exits 0, rank 0 printed "mpi_check: PASS ranks=N netns=2" and
 # its result rows; the RDMA cases also need softrdma's own counters to show the traffic: ranks 0
@@ -146,6 +147,18 @@ run_case() {
   local -a ucx_env=(UCX_TLS=rc_verbs,ud_verbs "UCX_NET_DEVICES=$devA:1,$devB:1" UCX_LOG_LEVEL=info
     UCX_WARN_UNUSED_ENV_VARS=n)
   why=""
+  PAIR_CLI_LOG=/dev/null PAIR_SRV_LOG=/dev/null
+  # Say so when the consumer cannot even see softrdma, rather than after a launch's timeout.
+  if [[ $transport == *ucx* ]] && ! grep -q 'Transport: rc_verbs' "$COMPAT_LOG_DIR/ucx_info.log"; then
+    why="ucx_info -d under softrdma run lists no rc_verbs (does libuct_ib load over our lib dir?)"
+    PAIR_CLI_LOG=$COMPAT_LOG_DIR/ucx_info.log
+    return 1
+  fi
+  if [[ $transport == *ofi* ]] && ! grep -q 'provider: verbs' "$COMPAT_LOG_DIR/fi_info.log"; then
+    why="fi_info -p verbs under softrdma run lists nothing (does libfabric load over our lib dir?)"
+    PAIR_CLI_LOG=$COMPAT_LOG_DIR/fi_info.log
+    return 1
+  fi
   case $kind in
     ompi)
       local hostfile=$COMPAT_LOG_DIR/hostfile.$np
@@ -251,6 +264,8 @@ run_case() {
   return 0
 }
 
+"${inB[@]}" timeout 60 "$SOFTRDMA" run -- ucx_info -d >"$COMPAT_LOG_DIR/ucx_info.log" 2>&1 || true
+"${inB[@]}" timeout 60 "$SOFTRDMA" run -- fi_info -p verbs >"$COMPAT_LOG_DIR/fi_info.log" 2>&1 || true
 for c in "${cases[@]}"; do
   name=${c%.*} np=${c##*.}
   if run_case "$name" "$np"; then
