@@ -221,7 +221,7 @@ run_case() {
     return 1
   fi
   local rows
-  rows=$(grep -cE '^(pingpong|bandwidth) +[0-9]+ +[0-9.]+$' "$log" || true)
+  rows=$(grep -cE '^(pingpong|bandwidth) +[0-9]+ +[0-9.]+ +[0-9.]+$' "$log" || true)
   if ((rows < 5)) || ! grep -qE "^pingpong +$MPI_MAX_SIZE " "$log" ||
     (($(grep -c '^allreduce .* checked$' "$log") != 3)); then
     why="result rows missing (ping-pong up to $MPI_MAX_SIZE, bandwidth, 3 allreduce lines)"
