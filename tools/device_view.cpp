@@ -261,24 +261,16 @@ bool under(const std::string& path, const std::string& root) {
   return path.size() > root.size() && path.compare(0, root.size(), root) == 0 && path[root.size()] == '/';
 }
 
-dev_t rdev_of(int dfd, const std::string& name) {
-  struct stat st{};
-  return fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 ? st.st_rdev : 0;
-}
-
 // The node an original entry is bound onto, of the entry's own type, so that readdir's d_type
-// stays what it was. Without CAP_MKNOD a character device can only be a whiteout (0:0), and a
-// block device only a regular file (docs/device-view.md).
-bool make_mount_point(const std::string& dst, mode_t mode, dev_t rdev, bool root) {
+// stays what it was. Without CAP_MKNOD (a user namespace) a character device can only be a
+// whiteout (0:0), and a block device only a regular file (docs/device-view.md).
+bool make_mount_point(const std::string& dst, mode_t mode, dev_t rdev) {
   const char* p = dst.c_str();
   const mode_t type = mode & S_IFMT;
   if (type == S_IFDIR) return mkdir(p, 0755) == 0;
   if (type == S_IFCHR || type == S_IFBLK || type == S_IFIFO || type == S_IFSOCK) {
-    if (root || type == S_IFIFO || type == S_IFSOCK) {
-      if (mknod(p, type | 0600, rdev) == 0) return true;
-    } else if (type == S_IFCHR && mknod(p, S_IFCHR | 0600, makedev(0, 0)) == 0) {
-      return true;
-    }
+    if (mknod(p, type | 0600, rdev) == 0) return true;
+    if (type == S_IFCHR && mknod(p, S_IFCHR | 0600, makedev(0, 0)) == 0) return true;
   }
   int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return false;
@@ -286,9 +278,10 @@ bool make_mount_point(const std::string& dst, mode_t mode, dev_t rdev, bool root
   return true;
 }
 
-// Creates one view entry. In a user namespace mknod is refused, so the uverbs node is /dev/null
-// bound in its place: a character device everyone may read and write, whose open is harmless.
-bool make_entry(const ViewEntry& e, bool root, std::string& why) {
+// Creates one view entry. The uverbs node is the kernel's where mknod is allowed; in a user
+// namespace it is refused, so /dev/null is bound in its place: a character device everyone may
+// read and write, whose open is harmless.
+bool make_entry(const ViewEntry& e, std::string& why) {
   const char* p = e.path.c_str();
   switch (e.kind) {
     case Kind::Dir:
@@ -305,19 +298,15 @@ bool make_entry(const ViewEntry& e, bool root, std::string& why) {
       if (!ok) why = err("write " + e.path);
       return ok;
     }
-    case Kind::Uverbs:
-      if (root) {
-        unsigned minor = static_cast<unsigned>(std::stoul(e.data));
-        if (mknod(p, S_IFCHR | 0666, makedev(kUverbsMajor, minor)) != 0)
-          return why = err("mknod " + e.path), false;
-        chmod(p, 0666);  // the umask applies to mknod
-        return true;
-      } else {
-        if (!make_mount_point(e.path, S_IFCHR, 0, false)) return why = err("create " + e.path), false;
-        if (mount("/dev/null", p, nullptr, MS_BIND, nullptr) != 0)
-          return why = err("bind /dev/null at " + e.path), false;
-        return true;
-      }
+    case Kind::Uverbs: {
+      unsigned minor = static_cast<unsigned>(std::stoul(e.data));
+      if (mknod(p, S_IFCHR | 0666, makedev(kUverbsMajor, minor)) == 0) return true;
+      if (errno != EPERM) return why = err("mknod " + e.path), false;
+      if (!make_mount_point(e.path, S_IFCHR, 0)) return why = err("create " + e.path), false;
+      if (mount("/dev/null", p, nullptr, MS_BIND, nullptr) != 0)
+        return why = err("bind /dev/null at " + e.path), false;
+      return true;
+    }
   }
   return false;
 }
@@ -332,7 +321,7 @@ unsigned long mount_flags_of(const struct statvfs& sv) {
 
 // Replaces directory R by a tmpfs holding R's entries (the originals, reached through an fd
 // opened before the tmpfs hid them) and the view's entries under R, which win on a name clash.
-bool overlay(const std::string& r, const std::vector<ViewEntry>& entries, bool root, std::string& why) {
+bool overlay(const std::string& r, const std::vector<ViewEntry>& entries, std::string& why) {
   std::set<std::string> ours;  // top-level names the view supplies
   for (const auto& e : entries)
     if (under(e.path, r)) ours.insert(e.path.substr(r.size() + 1, e.path.find('/', r.size() + 1) - r.size() - 1));
@@ -346,30 +335,32 @@ bool overlay(const std::string& r, const std::vector<ViewEntry>& entries, bool r
     close(dfd);
     return false;
   }
-  std::vector<std::pair<std::string, mode_t>> originals;
+  std::vector<std::pair<std::string, struct stat>> originals;
   if (DIR* d = fdopendir(dup(dfd))) {
     while (dirent* de = readdir(d)) {
       std::string name = de->d_name;
       if (name == "." || name == ".." || ours.count(name)) continue;
       struct stat es{};
       if (fstatat(dfd, name.c_str(), &es, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone meanwhile
-      originals.emplace_back(name, es.st_mode);
+      originals.emplace_back(name, es);
     }
     closedir(d);
   }
 
   const unsigned long flags = mount_flags_of(sv);
-  std::string opts = fmt::format("mode={:o}", st.st_mode & 07777);
-  if (root) opts += fmt::format(",uid={},gid={}", st.st_uid, st.st_gid);
-  if (mount("tmpfs", r.c_str(), "tmpfs", flags, opts.c_str()) != 0) {
+  // The original's owner, where this namespace maps it (not in a user namespace).
+  const std::string mode = fmt::format("mode={:o}", st.st_mode & 07777);
+  const std::string owned = fmt::format("{},uid={},gid={}", mode, st.st_uid, st.st_gid);
+  if (mount("tmpfs", r.c_str(), "tmpfs", flags, owned.c_str()) != 0 &&
+      mount("tmpfs", r.c_str(), "tmpfs", flags, mode.c_str()) != 0) {
     why = err("mount a tmpfs on " + r);
     close(dfd);
     return false;
   }
   bool ok = true;
-  for (const auto& [name, mode] : originals) {
+  for (const auto& [name, es] : originals) {
     const std::string src = fmt::format("/proc/self/fd/{}/{}", dfd, name), dst = r + "/" + name;
-    if (S_ISLNK(mode)) {
+    if (S_ISLNK(es.st_mode)) {
       char target[4096];
       ssize_t n = readlinkat(dfd, name.c_str(), target, sizeof target - 1);
       if (n < 0 || symlink(std::string(target, static_cast<size_t>(n)).c_str(), dst.c_str()) != 0) {
@@ -379,7 +370,7 @@ bool overlay(const std::string& r, const std::vector<ViewEntry>& entries, bool r
       }
       continue;
     }
-    ok = make_mount_point(dst, mode, rdev_of(dfd, name), root);
+    ok = make_mount_point(dst, es.st_mode, es.st_rdev);
     // Recursive, so the mounts below (/dev/pts, /dev/shm, /dev/mqueue) stay what they are.
     if (!ok || mount(src.c_str(), dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
       why = err("bind " + r + "/" + name);
@@ -389,7 +380,7 @@ bool overlay(const std::string& r, const std::vector<ViewEntry>& entries, bool r
   }
   close(dfd);
   for (size_t i = 0; ok && i < entries.size(); ++i)
-    if (under(entries[i].path, r)) ok = make_entry(entries[i], root, why);
+    if (under(entries[i].path, r)) ok = make_entry(entries[i], why);
   // Read-only as sysfs is, and so that a user cannot add files to what looks like the host's /dev.
   if (ok && mount(nullptr, r.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, nullptr) != 0) {
     why = err("remount " + r + " read-only");
@@ -399,18 +390,23 @@ bool overlay(const std::string& r, const std::vector<ViewEntry>& entries, bool r
   return ok;
 }
 
-bool build_view(const std::vector<ViewEntry>& entries, bool root, std::string& why) {
+bool build_view(const std::vector<ViewEntry>& entries, std::string& why) {
   // Nothing mounted here may reach the host's namespace; its mounts still reach us.
   if (mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) return why = err("make / a slave"), false;
+  // The view's modes are the kernel's, whatever the caller's umask.
+  const mode_t mask = umask(0);
   std::vector<std::string> done;
+  bool ok = true;
   for (const char* r : kRoots) {
-    if (!overlay(r, entries, root, why)) {
+    if (!overlay(r, entries, why)) {
       for (auto it = done.rbegin(); it != done.rend(); ++it) umount2(it->c_str(), MNT_DETACH);
-      return false;
+      ok = false;
+      break;
     }
     done.push_back(r);
   }
-  return true;
+  umask(mask);
+  return ok;
 }
 
 }  // namespace
@@ -451,7 +447,7 @@ bool describe_devices(std::vector<ViewEntry>& out, std::string& why) {
 
 ViewMode enter_device_view(const std::vector<ViewEntry>& entries, std::string& why) {
   if (geteuid() == 0) {
-    if (unshare(CLONE_NEWNS) == 0) return build_view(entries, true, why) ? ViewMode::Root : ViewMode::None;
+    if (unshare(CLONE_NEWNS) == 0) return build_view(entries, why) ? ViewMode::Root : ViewMode::None;
     // A root without CAP_SYS_ADMIN (a container) may still create a user namespace.
   }
   const uid_t uid = geteuid();
@@ -467,7 +463,7 @@ ViewMode enter_device_view(const std::vector<ViewEntry>& entries, std::string& w
     why = err("cannot map the uid and gid in a user namespace");
     return ViewMode::None;
   }
-  return build_view(entries, false, why) ? ViewMode::UserNamespace : ViewMode::None;
+  return build_view(entries, why) ? ViewMode::UserNamespace : ViewMode::None;
 }
 
 const char* view_mode_name(ViewMode m) {

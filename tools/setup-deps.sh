@@ -6,13 +6,13 @@
 set -euo pipefail
 
 BUILD_PKGS=(cmake ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libisal-dev libgtest-dev
-  libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev dpkg-dev)
+  libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev dpkg-dev python3)
 # ucx-utils and libfabric-bin: the consumers tests/compat runs over softrdma and the shared-memory
 # peers bench/direct.sh measures against; openmpi/mpich and python3-pyverbs: the MPI and pyverbs
 # consumers; ibverbs-providers: rdma-core's real libmlx5/libefa, which the stub check compares
 # ours with; iperf3 and gnuplot-nox: bench/netns.sh's TCP peer and its plot.
 RUN_PKGS=(ibverbs-utils rdmacm-utils perftest qperf sockperf iproute2 procps util-linux ucx-utils libfabric-bin
-  ibverbs-providers binutils python3 python3-pyverbs openmpi-bin libopenmpi-dev mpich libmpich-dev
+  ibverbs-providers binutils python3-pyverbs openmpi-bin libopenmpi-dev mpich libmpich-dev
   iperf3 gnuplot-nox)
 
 update=0

@@ -1,5 +1,6 @@
 // The softrdma command: lists the devices our libibverbs offers, and runs unmodified RDMA
-// programs over our libraries. `devices` uses only the public verbs API, so what it prints is
+// programs over our libraries, in a view that shows the devices where the kernel would
+// (device_view.h). `devices` uses only the public verbs API, so what it prints is
 // exactly what any verbs program sees.
 
 #include <CLI/CLI.hpp>

@@ -1,61 +1,29 @@
-// The rdma_cm API over softrdma's libibverbs, and the IBTA CM protocol that connects ids (docs/rdmacm.md).
-// One connection manager per process: a thread that receives CM MADs on the process's CM socket and on
-// listening ids' sockets, resends unanswered requests, and queues events on the ids' channels. All state
-// sits under one lock; verbs calls made under it never call back into us.
+// The rdma_cm API (librdmacm.so.1's exported rdma_* calls) over softrdma's libibverbs: translation
+// between rdma_cm ids/events and the CM protocol module (src/cm), plus what the API does with verbs
+// objects (devices, PDs, CQs, QP state changes with the negotiated parameters). docs/rdmacm.md.
 #include <arpa/inet.h>
 #include <endian.h>
 #include <fcntl.h>
 #include <netdb.h>
-#include <poll.h>
-#include <pthread.h>
 #include <rdma/rdma_verbs.h>
-#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstdio>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
-#include <random>
 
-#include "net/interfaces.h"
-#include "net/registry.h"
-#include "net/udp_port.h"
-#include "rdmacm/cm.h"
-#include "wire/headers.h"
+#include "cm/cm.h"
+#include "rdmacm/ids.h"
 
 namespace softrdma::rdmacm {
 namespace {
 
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
-
-uint64_t env_u64(const char* name, uint64_t dflt) {
-  const char* s = getenv(name);
-  return s && *s ? strtoull(s, nullptr, 10) : dflt;
-}
-
-// How long a CM request waits for its answer before it is sent again, and how often. The kernel waits
-// 4.096 us * 2^20 (~4.3 s) 15 times; SOFTRDMA_CM_TIMEOUT_MS / SOFTRDMA_CM_RETRIES shorten that for tests.
-uint64_t cm_timeout_ns() { return env_u64("SOFTRDMA_CM_TIMEOUT_MS", 1000) * 1000000ull; }
-constexpr uint64_t kProbeIntervalNs = 50000000;  // 50 ms
-int cm_retries() { return static_cast<int>(env_u64("SOFTRDMA_CM_RETRIES", 15)); }
-// How often a connection to another host checks that its peer process still exists (docs/rdmacm.md).
-uint64_t cm_probe_ns() { return env_u64("SOFTRDMA_CM_PROBE_MS", 2000) * 1000000ull; }
-
-uint32_t random_u32() {
-  thread_local std::mt19937 gen{std::random_device{}() ^ static_cast<uint32_t>(getpid())};
-  return gen();
-}
+using cm::St;
 
 void set_gid(ibv_gid& g, uint32_t ip_be) {
   std::memset(&g, 0, sizeof g);
@@ -71,7 +39,7 @@ uint32_t gid_ip(const uint8_t* raw) {
 sockaddr_in* sin_of(sockaddr* a) { return reinterpret_cast<sockaddr_in*>(a); }
 
 // UD port spaces connect with SIDR (IBTA 12.11) instead of REQ/REP/RTU.
-bool is_ud(const Id* id) { return id->pub.ps == RDMA_PS_UDP || id->pub.ps == RDMA_PS_IPOIB; }
+bool is_ud(const Id* id) { return id->conn.ud; }
 
 // The address vector to reach a peer GID from port 1, GID index 0 (what a UD event hands out).
 void fill_ah_attr(ibv_ah_attr& ah, const ibv_gid& dgid) {
@@ -83,79 +51,46 @@ void fill_ah_attr(ibv_ah_attr& ah, const ibv_gid& dgid) {
   ah.grh.hop_limit = 64;
 }
 
-class Manager {
- public:
-  static Manager& get() {
-    static Manager* m = new Manager;  // leaked: ids may be used from exit-time code
-    return *m;
-  }
-  std::mutex mu;
-  std::condition_variable acked;
+Id* id_of(cm::Connection& c) { return static_cast<Id*>(c.owner); }
+
+// The id's route after the protocol bound or resolved its addresses.
+void set_src(Id* id) {
+  auto* src = sin_of(&id->pub.route.addr.src_addr);
+  src->sin_family = AF_INET;
+  src->sin_addr.s_addr = id->conn.local_ip_be;
+  src->sin_port = htons(id->conn.local_port);
+}
+
+// What the ABI layer keeps beside the protocol (under cm::Manager::mu).
+struct Abi final : cm::Consumer {
   std::vector<Device*> devices;
-  std::vector<Id*> ids;
-  std::unordered_map<uint32_t, Id*> by_comm;
-  int sock = -1;
-  uint16_t sock_port = 0;
-  int wake_fd = -1;
-  // Passes of the CM thread out of poll(): a socket it polls stays bound until poll returns (the kernel
-  // holds the file while polling), so rdma_destroy_id waits for one pass before its port is free.
-  uint64_t loop_gen = 0;
-  std::condition_variable loop_cv;
+  std::condition_variable acked;  // an event was acked (rdma_destroy_id, rdma_migrate_id wait)
 
-  void wake() {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof one);
-  }
-  Device* device_for_ip(uint32_t ip_be);
-  void post(Id* id, rdma_cm_event_type type, int status, const uint8_t* pdata = nullptr, uint8_t plen = 0,
-            Id* listen = nullptr, Channel* chan = nullptr, Event** out = nullptr);
-  uint32_t alloc_comm_id(Id* id);
-  void release_comm_id(Id* id);
-  void send_mad(Id* id, const uint8_t* mad, bool request);
-  void send_to(uint32_t dst_ip, uint16_t dst_port, uint32_t src_ip, const uint8_t* mad);
-  void receive(int fd, Id* listener);
-  void on_mad(const uint8_t* mad, Id* listener);
-  void on_req(const wire::MadHeader& h, const uint8_t* mad, Id* listener);
-  void on_sidr_req(const wire::MadHeader& h, const uint8_t* mad, Id* listener);
-  void on_sidr_rep(Id* id, const uint8_t* mad);
-  void send_sidr_rep(Id* id, uint8_t status, uint32_t qpn, const void* pdata, uint8_t len);
-  void timers();
-  // DREQ, DREP and RTU: the connection's comm IDs and nothing else (remote_qpn: DREQ only).
-  void send_simple(Id* id, wire::CmAttr attr, uint64_t tid, uint32_t remote_qpn, bool request);
-  void send_dreq(Id* id);
-  void send_rtu(Id* id);  // answers the REP of id's connection (tid of its REQ)
-  void send_rej(Id* id, uint16_t reason, uint8_t msg, const void* pdata, uint8_t len);
-  void to_error(Id* id);
-  int modify_rtr_rts(Id* id);
-
- private:
-  Manager() {
-    sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    // DF with IP identification 0, as softrdma's data sockets send: the ICRC covers both
-    // (wire/icrc.h), and kernel rxe drops MADs whose ICRC does not match.
-    int pmtu = IP_PMTUDISC_DO;
-    setsockopt(sock, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    bind(sock, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t l = sizeof a;
-    getsockname(sock, reinterpret_cast<sockaddr*>(&a), &l);
-    sock_port = ntohs(a.sin_port);
-    wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    // The thread takes none of the application's signals.
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    std::thread([this] { loop(); }).detach();
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    atexit([] { Manager::get().at_exit(); });
-  }
-  void loop();
-  void at_exit();
-  uint64_t last_liveness_ns_ = 0;
+  Device* device_for(uint32_t ip_be);
+  const cm::Device* device_for_ip(uint32_t ip_be) override { return device_for(ip_be); }
+  cm::Connection* make_passive(cm::Connection& listener) override;
+  void discard(cm::Connection& c) override { delete id_of(c); }
+  void event(cm::Connection& c, const cm::Event& e) override;
+  bool has_qp(const cm::Connection& c) override { return static_cast<const Id*>(c.owner)->pub.qp != nullptr; }
+  int ready_qp(cm::Connection& c) override;
 };
 
-Device* Manager::device_for_ip(uint32_t ip_be) {
+Abi& abi() {
+  static Abi* a = new Abi;  // leaked, as the manager: ids may be used from exit-time code
+  return *a;
+}
+
+cm::Manager& M() {
+  static cm::Manager& m = []() -> cm::Manager& {
+    cm::Manager& mgr = cm::Manager::get();
+    std::lock_guard lock(mgr.mu);
+    mgr.set_consumer(&abi());
+    return mgr;
+  }();
+  return m;
+}
+
+Device* Abi::device_for(uint32_t ip_be) {
   if (devices.empty()) {
     int n = 0;
     ibv_device** list = ibv_get_device_list(&n);
@@ -172,7 +107,7 @@ Device* Manager::device_for_ip(uint32_t ip_be) {
         d->max_rd_atom = static_cast<uint8_t>(std::min(da.max_qp_rd_atom, 255));
       }
       ibv_port_attr pa;
-      if (ibv_query_port(ctx, 1, &pa) == 0) d->mtu = pa.active_mtu;
+      if (ibv_query_port(ctx, 1, &pa) == 0) d->mtu = static_cast<uint8_t>(pa.active_mtu);
       devices.push_back(d);
     }
     if (list) ibv_free_device_list(list);
@@ -186,9 +121,9 @@ Device* Manager::device_for_ip(uint32_t ip_be) {
   return nullptr;
 }
 
-void Manager::post(Id* id, rdma_cm_event_type type, int status, const uint8_t* pdata, uint8_t plen, Id* listen,
-                   Channel* chan, Event** out) {
-  if (!chan) chan = reinterpret_cast<Channel*>(id->pub.channel);
+void post(Id* id, rdma_cm_event_type type, int status, const uint8_t* pdata = nullptr, uint8_t plen = 0,
+          Id* listen = nullptr, Event** out = nullptr) {
+  auto* chan = reinterpret_cast<Channel*>(id->pub.channel);
   if (!chan) return;
   auto* e = new Event;
   e->ev.id = &id->pub;
@@ -206,103 +141,81 @@ void Manager::post(Id* id, rdma_cm_event_type type, int status, const uint8_t* p
   [[maybe_unused]] ssize_t n = write(chan->write_fd, &one, sizeof one);
 }
 
-uint32_t Manager::alloc_comm_id(Id* id) {
-  // The registry number maps the comm ID to this process's CM socket for the 4791 holder (gsi.cpp).
-  uint32_t n = net::Registry::instance().allocate_qpn(htonl(INADDR_LOOPBACK), sock_port);
-  if (!n) return 0;
-  id->local_comm_id = (random_u32() & 0xFF000000u) | n;
-  by_comm[id->local_comm_id] = id;
-  return id->local_comm_id;
+cm::Connection* Abi::make_passive(cm::Connection& listener) {
+  Id* L = id_of(listener);
+  auto* c = new Id;
+  c->conn.owner = c;
+  c->pub.channel = L->pub.channel;
+  c->pub.context = L->pub.context;
+  c->pub.ps = L->pub.ps;
+  c->pub.qp_type = listener.ud ? IBV_QPT_UD : L->pub.qp_type;
+  c->pub.port_num = 1;
+  c->sync = L->sync;
+  return &c->conn;
 }
 
-void Manager::release_comm_id(Id* id) {
-  if (!id->local_comm_id) return;
-  by_comm.erase(id->local_comm_id);
-  net::Registry::instance().release_qpn(id->local_comm_id & 0xFFFFFF);
-  id->local_comm_id = 0;
-}
-
-void Manager::send_to(uint32_t dst_ip, uint16_t dst_port, uint32_t src_ip, const uint8_t* mad) {
-  uint8_t pkt[wire::kGsiPacketLen];
-  size_t n = wire::build_gsi_packet(src_ip, dst_ip, sock_port, dst_port, random_u32(), mad, pkt);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = dst_ip;
-  a.sin_port = htons(dst_port);
-  [[maybe_unused]] ssize_t r = sendto(sock, pkt, n, 0, reinterpret_cast<sockaddr*>(&a), sizeof a);
-}
-
-void Manager::send_mad(Id* id, const uint8_t* mad, bool request) {
-  if (request) {
-    std::memcpy(id->last_mad, mad, wire::kMadLen);
-    id->awaiting = true;
-    id->retries_left = cm_retries();
-    id->deadline_ns = now_ns() + cm_timeout_ns();
+void Abi::event(cm::Connection& c, const cm::Event& ce) {
+  Id* id = id_of(c);
+  Event* e = nullptr;
+  rdma_cm_event_type type = RDMA_CM_EVENT_ESTABLISHED;
+  switch (ce.kind) {
+    case cm::EventKind::ConnectRequest: {
+      // The new id's addresses: ours as the REQ named them, the peer's from its rdma_cm IP header.
+      if (id->dev()) id->pub.verbs = id->dev()->ctx;
+      auto& r = id->pub.route;
+      set_src(id);
+      auto* dst = sin_of(&r.addr.dst_addr);
+      dst->sin_family = AF_INET;
+      dst->sin_addr.s_addr = c.peer_ip_be;
+      dst->sin_port = htons(c.peer_port);
+      set_gid(r.addr.addr.ibaddr.sgid, c.local_ip_be);
+      set_gid(r.addr.addr.ibaddr.dgid, c.peer_ip_be);
+      r.addr.addr.ibaddr.pkey = 0xFFFF;
+      type = RDMA_CM_EVENT_CONNECT_REQUEST;
+      break;
+    }
+    case cm::EventKind::ConnectResponse: type = RDMA_CM_EVENT_CONNECT_RESPONSE; break;
+    case cm::EventKind::ConnectError: type = RDMA_CM_EVENT_CONNECT_ERROR; break;
+    case cm::EventKind::Unreachable: type = RDMA_CM_EVENT_UNREACHABLE; break;
+    case cm::EventKind::Rejected: type = RDMA_CM_EVENT_REJECTED; break;
+    case cm::EventKind::Established: type = RDMA_CM_EVENT_ESTABLISHED; break;
+    case cm::EventKind::Disconnected: type = RDMA_CM_EVENT_DISCONNECTED; break;
   }
-  wire::MadHeader h;
-  wire::decode_mad_header(mad, wire::kMadLen, h);
-  uint32_t src_ip = id->dev ? id->dev->ip_be : 0;
-  if (id->listener_probes) return;
-  if (!id->peer_local) {
-    send_to(id->peer_ip_be, wire::kRoceUdpPort, src_ip, mad);
-    return;
+  post(id, type, ce.status, ce.private_data, ce.private_data_len, ce.listener ? id_of(*ce.listener) : nullptr, &e);
+  if (!e) return;
+  const ibv_gid& dgid = id->pub.route.addr.addr.ibaddr.dgid;
+  if (type == RDMA_CM_EVENT_CONNECT_REQUEST && c.ud) {
+    fill_ah_attr(e->ev.param.ud.ah_attr, dgid);  // the way back to the requester
+  } else if (type == RDMA_CM_EVENT_ESTABLISHED && c.ud) {
+    auto& u = e->ev.param.ud;
+    fill_ah_attr(u.ah_attr, dgid);
+    u.qp_num = ce.qp_num;
+    u.qkey = ce.qkey;
+  } else if (!c.ud) {  // the peer's parameters (all zero where the MAD carries none)
+    auto& p = e->ev.param.conn;
+    p.responder_resources = ce.responder_resources;
+    p.initiator_depth = ce.initiator_depth;
+    p.flow_control = ce.flow_control;
+    p.retry_count = ce.retry_count;
+    p.rnr_retry_count = ce.rnr_retry_count;
+    p.srq = ce.srq;
+    p.qp_num = ce.qp_num;
   }
-  // A peer on this host: straight to its socket (DESIGN §4), by service port or by its comm ID.
-  if (h.attr_id == static_cast<uint16_t>(wire::CmAttr::Req) || h.attr_id == static_cast<uint16_t>(wire::CmAttr::SidrReq)) {
-    send_to(id->peer_ip_be, id->service_port, src_ip, mad);
-    return;
-  }
-  auto ep = net::Registry::instance().lookup(wire::cm_destination_comm_id(mad, h.attr_id) & 0xFFFFFF);
-  if (ep) send_to(id->peer_ip_be, ep->port, src_ip, mad);
-}
-
-void Manager::send_rej(Id* id, uint16_t reason, uint8_t msg, const void* pdata, uint8_t len) {
-  wire::MadHeader h;
-  h.tid = id->tid;
-  h.attr_id = static_cast<uint16_t>(wire::CmAttr::Rej);
-  wire::CmRej rej;
-  rej.local_comm_id = id->local_comm_id;
-  rej.remote_comm_id = id->remote_comm_id;
-  rej.message_rejected = msg;
-  rej.reason = reason;
-  if (pdata && len) std::memcpy(rej.private_data, pdata, std::min<size_t>(len, wire::kRejPrivateLen));
-  uint8_t mad[wire::kMadLen];
-  wire::encode_rej(h, rej, mad);
-  send_mad(id, mad, false);
 }
 
 // Called in the application's threads only (rdma_disconnect, rdma_get_cm_event): the application may
 // have destroyed the QP by now without telling us, as it may with rdma-core's librdmacm, which also
 // moves the QP to ERR when it hands out the event rather than when the MAD arrives.
-void Manager::to_error(Id* id) {
+void to_error(Id* id) {
   if (!id->pub.qp) return;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
   ibv_modify_qp(id->pub.qp, &a, IBV_QP_STATE);
 }
 
-void Manager::send_simple(Id* id, wire::CmAttr attr, uint64_t tid, uint32_t remote_qpn, bool request) {
-  wire::MadHeader h;
-  h.tid = tid;
-  h.attr_id = static_cast<uint16_t>(attr);
-  wire::CmSimple m;
-  m.local_comm_id = id->local_comm_id;
-  m.remote_comm_id = id->remote_comm_id;
-  m.remote_qpn = remote_qpn;
-  uint8_t mad[wire::kMadLen];
-  wire::encode_simple(h, m, mad);
-  send_mad(id, mad, request);
-}
-
-void Manager::send_dreq(Id* id) {
-  send_simple(id, wire::CmAttr::Dreq, (uint64_t(random_u32()) << 32) | random_u32(), id->remote_qpn, true);
-  id->retries_left = std::min(id->retries_left, 3);
-}
-
-void Manager::send_rtu(Id* id) { send_simple(id, wire::CmAttr::Rtu, id->tid, 0, false); }
-
 // RTR then RTS with the negotiated parameters (what rdma_init_qp_attr reports).
 void fill_qp_attr(Id* id, ibv_qp_state state, ibv_qp_attr& a, int& mask) {
+  const cm::Connection& c = id->conn;
   std::memset(&a, 0, sizeof a);
   a.qp_state = state;
   mask = IBV_QP_STATE;
@@ -320,10 +233,10 @@ void fill_qp_attr(Id* id, ibv_qp_state state, ibv_qp_attr& a, int& mask) {
       mask |= IBV_QP_ACCESS_FLAGS;
     }
   } else if (state == IBV_QPS_RTR && !ud) {
-    a.path_mtu = static_cast<ibv_mtu>(id->mtu);
-    a.dest_qp_num = id->remote_qpn;
-    a.rq_psn = id->remote_psn;
-    a.max_dest_rd_atomic = std::max<uint8_t>(id->resp_res, 1);
+    a.path_mtu = static_cast<ibv_mtu>(c.mtu);
+    a.dest_qp_num = c.remote_qpn;
+    a.rq_psn = c.remote_psn;
+    a.max_dest_rd_atomic = std::max<uint8_t>(c.resp_res, 1);
     a.min_rnr_timer = 12;
     a.ah_attr.is_global = 1;
     a.ah_attr.port_num = 1;
@@ -333,433 +246,29 @@ void fill_qp_attr(Id* id, ibv_qp_state state, ibv_qp_attr& a, int& mask) {
     mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
             IBV_QP_MIN_RNR_TIMER;
   } else if (state == IBV_QPS_RTS) {
-    a.sq_psn = id->my_psn;
+    a.sq_psn = c.my_psn;
     mask |= IBV_QP_SQ_PSN;
     if (!ud) {
-      a.timeout = id->ack_timeout_opt != 0xFF ? id->ack_timeout_opt : id->ack_timeout;
-      a.retry_cnt = id->retry_count;
-      a.rnr_retry = id->rnr_retry;
-      a.max_rd_atomic = std::max<uint8_t>(id->init_depth, 1);
+      a.timeout = c.ack_timeout_opt != 0xFF ? c.ack_timeout_opt : c.ack_timeout;
+      a.retry_cnt = c.retry_count;
+      a.rnr_retry = c.rnr_retry;
+      a.max_rd_atomic = std::max<uint8_t>(c.init_depth, 1);
       mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
     }
   }
 }
 
-int Manager::modify_rtr_rts(Id* id) {
+int Abi::ready_qp(cm::Connection& c) {
+  Id* id = id_of(c);
   if (!id->pub.qp) return 0;
   ibv_qp_attr a;
   int mask;
-  // Re-INIT first: a QP made before the connection may carry defaults (as rdma-core's librdmacm does).
   for (ibv_qp_state s : {IBV_QPS_RTR, IBV_QPS_RTS}) {
     fill_qp_attr(id, s, a, mask);
     if (int rc = ibv_modify_qp(id->pub.qp, &a, mask)) return rc;
   }
   return 0;
 }
-
-void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Id* L) {
-  wire::CmReq req;
-  wire::decode_req(mad, req);
-  wire::CmaIpHeader cma;
-  bool have_cma = wire::decode_cma_header(req.private_data, cma);
-  uint32_t peer_ip = have_cma ? cma.src_ip_be : gid_ip(req.primary.local_gid);
-  uint32_t local_ip = have_cma ? cma.dst_ip_be : gid_ip(req.primary.remote_gid);
-  if (!L) return;
-  // A resent REQ: answer again with what we answered (REP), or keep waiting for the application.
-  for (Id* c : ids) {
-    if (c->listener == L && c->remote_comm_id == req.local_comm_id && c->peer_ip_be == peer_ip) {
-      if (c->st == St::RepSent && c->awaiting) send_mad(c, c->last_mad, false);
-      return;
-    }
-  }
-  auto* c = new Id;
-  c->pub.channel = L->pub.channel;
-  c->pub.context = L->pub.context;
-  c->pub.ps = L->pub.ps;
-  c->pub.qp_type = L->pub.qp_type;
-  c->pub.port_num = 1;
-  c->listener = L;
-  c->passive = true;
-  c->sync = L->sync;
-  c->dev = device_for_ip(local_ip);
-  if (!c->dev && L->dev) c->dev = L->dev;
-  if (c->dev) c->pub.verbs = c->dev->ctx;
-  c->peer_ip_be = peer_ip;
-  c->peer_local = net::is_local_ip(peer_ip);
-  c->tid = h.tid;
-  c->remote_comm_id = req.local_comm_id;
-  c->remote_qpn = req.local_qpn;
-  // A message's starting PSN is the PSN its sender expects to receive, i.e. the one the other side
-  // sends from (Linux ib_cm: the passive sq_psn is the REQ's, the REP's is its own rq_psn).
-  c->my_psn = req.starting_psn;
-  c->remote_psn = random_u32() & 0xFFFFFF;
-  c->mtu = std::min<uint8_t>(req.path_mtu ? req.path_mtu : uint8_t{IBV_MTU_1024}, c->dev ? uint8_t(c->dev->mtu) : uint8_t{IBV_MTU_1024});
-  c->retry_count = req.retry_count;
-  c->rnr_retry = req.rnr_retry_count;
-  c->ack_timeout = req.primary.local_ack_timeout ? req.primary.local_ack_timeout : 17;
-  c->resp_res = req.initiator_depth;   // what the peer will issue
-  c->init_depth = req.responder_resources;
-  auto& r = c->pub.route;
-  auto* src = sin_of(&r.addr.src_addr);
-  src->sin_family = AF_INET;
-  src->sin_addr.s_addr = local_ip;
-  src->sin_port = htons(L->service_port);
-  auto* dst = sin_of(&r.addr.dst_addr);
-  dst->sin_family = AF_INET;
-  dst->sin_addr.s_addr = peer_ip;
-  dst->sin_port = htons(have_cma ? cma.src_port : 0);
-  set_gid(r.addr.addr.ibaddr.sgid, local_ip);
-  set_gid(r.addr.addr.ibaddr.dgid, peer_ip);
-  r.addr.addr.ibaddr.pkey = 0xFFFF;
-  c->st = St::ReqRcvd;
-  if (!alloc_comm_id(c)) {
-    delete c;
-    return;
-  }
-  ids.push_back(c);
-  Event* e = nullptr;
-  const size_t off = have_cma ? wire::kCmaHeaderLen : 0;
-  post(c, RDMA_CM_EVENT_CONNECT_REQUEST, 0, req.private_data + off,
-       static_cast<uint8_t>(wire::kReqPrivateLen - off), L, reinterpret_cast<Channel*>(L->pub.channel), &e);
-  if (e) {
-    auto& p = e->ev.param.conn;
-    p.responder_resources = req.initiator_depth;
-    p.initiator_depth = req.responder_resources;
-    p.flow_control = req.e2e_flow_control;
-    p.retry_count = req.retry_count;
-    p.rnr_retry_count = req.rnr_retry_count;
-    p.srq = req.srq;
-    p.qp_num = req.local_qpn;
-  }
-}
-
-void Manager::send_sidr_rep(Id* id, uint8_t status, uint32_t qpn, const void* pdata, uint8_t len) {
-  wire::MadHeader h;
-  h.tid = id->tid;
-  h.attr_id = static_cast<uint16_t>(wire::CmAttr::SidrRep);
-  wire::CmSidrRep rep;
-  rep.request_id = id->remote_comm_id;
-  rep.status = status;
-  rep.qpn = status == 0 ? qpn : 0;
-  rep.qkey = status == 0 ? RDMA_UDP_QKEY : 0;
-  rep.service_id = wire::ip_service_id(static_cast<uint16_t>(id->pub.ps), id->service_port);
-  if (pdata && len) std::memcpy(rep.private_data, pdata, std::min<size_t>(len, wire::kSidrRepPrivateLen));
-  wire::encode_sidr_rep(h, rep, id->last_mad);  // kept: a resent SIDR_REQ gets the same answer
-  send_mad(id, id->last_mad, false);
-}
-
-void Manager::on_sidr_req(const wire::MadHeader& h, const uint8_t* mad, Id* L) {
-  wire::CmSidrReq req;
-  wire::decode_sidr_req(mad, req);
-  wire::CmaIpHeader cma;
-  if (!L || !wire::decode_cma_header(req.private_data, cma)) return;
-  for (Id* c : ids) {
-    if (c->listener == L && c->remote_comm_id == req.request_id && c->peer_ip_be == cma.src_ip_be) {
-      if (c->st == St::Connected || c->st == St::Rejected) send_mad(c, c->last_mad, false);
-      return;
-    }
-  }
-  auto* c = new Id;
-  c->pub.channel = L->pub.channel;
-  c->pub.context = L->pub.context;
-  c->pub.ps = L->pub.ps;
-  c->pub.qp_type = IBV_QPT_UD;
-  c->pub.port_num = 1;
-  c->listener = L;
-  c->sync = L->sync;
-  c->dev = device_for_ip(cma.dst_ip_be);
-  if (!c->dev && L->dev) c->dev = L->dev;
-  if (c->dev) c->pub.verbs = c->dev->ctx;
-  c->peer_ip_be = cma.src_ip_be;
-  c->peer_local = net::is_local_ip(cma.src_ip_be);
-  c->tid = h.tid;
-  c->remote_comm_id = req.request_id;
-  c->service_port = L->service_port;
-  auto& r = c->pub.route;
-  auto* src = sin_of(&r.addr.src_addr);
-  src->sin_family = AF_INET;
-  src->sin_addr.s_addr = cma.dst_ip_be;
-  src->sin_port = htons(L->service_port);
-  auto* dst = sin_of(&r.addr.dst_addr);
-  dst->sin_family = AF_INET;
-  dst->sin_addr.s_addr = cma.src_ip_be;
-  dst->sin_port = htons(cma.src_port);
-  set_gid(r.addr.addr.ibaddr.sgid, cma.dst_ip_be);
-  set_gid(r.addr.addr.ibaddr.dgid, cma.src_ip_be);
-  r.addr.addr.ibaddr.pkey = 0xFFFF;
-  c->st = St::ReqRcvd;
-  ids.push_back(c);
-  Event* e = nullptr;
-  post(c, RDMA_CM_EVENT_CONNECT_REQUEST, 0, req.private_data + wire::kCmaHeaderLen,
-       static_cast<uint8_t>(wire::kSidrReqPrivateLen - wire::kCmaHeaderLen), L,
-       reinterpret_cast<Channel*>(L->pub.channel), &e);
-  if (e) fill_ah_attr(e->ev.param.ud.ah_attr, r.addr.addr.ibaddr.dgid);  // the way back to the requester
-}
-
-void Manager::on_sidr_rep(Id* id, const uint8_t* mad) {
-  if (id->st != St::ReqSent || id->listener_probes) return;
-  wire::CmSidrRep rep;
-  wire::decode_sidr_rep(mad, rep);
-  id->awaiting = false;
-  if (rep.status != 0) {
-    // Kernel rdma_cm: a SIDR_REP other than "valid QP" is UNREACHABLE with the SIDR status.
-    id->st = St::Failed;
-    post(id, RDMA_CM_EVENT_UNREACHABLE, rep.status);
-    return;
-  }
-  id->st = St::Connected;
-  id->remote_qpn = rep.qpn;
-  Event* e = nullptr;
-  post(id, RDMA_CM_EVENT_ESTABLISHED, 0, rep.private_data, wire::kSidrRepPrivateLen, nullptr, nullptr, &e);
-  if (e) {
-    auto& u = e->ev.param.ud;
-    fill_ah_attr(u.ah_attr, id->pub.route.addr.addr.ibaddr.dgid);
-    u.qp_num = rep.qpn;
-    u.qkey = rep.qkey;
-  }
-}
-
-void Manager::on_mad(const uint8_t* mad, Id* listener) {
-  wire::MadHeader h;
-  if (!wire::decode_mad_header(mad, wire::kMadLen, h)) return;
-  auto attr = static_cast<wire::CmAttr>(h.attr_id);
-  if (attr == wire::CmAttr::Req || attr == wire::CmAttr::SidrReq) {
-    if (!listener) {
-      uint16_t port = wire::cm_service_id(mad, h.attr_id) & 0xFFFF;
-      for (Id* i : ids)
-        if (i->st == St::Listen && i->service_port == port) listener = i;
-    }
-    // A REQ names a connected port space, a SIDR_REQ a datagram one: the other kind finds no listener.
-    if (listener && is_ud(listener) != (attr == wire::CmAttr::SidrReq)) listener = nullptr;
-    if (attr == wire::CmAttr::Req)
-      on_req(h, mad, listener);
-    else
-      on_sidr_req(h, mad, listener);
-    return;
-  }
-  auto it = by_comm.find(wire::cm_destination_comm_id(mad, h.attr_id));
-  if (it == by_comm.end()) return;
-  Id* id = it->second;
-  switch (attr) {
-    case wire::CmAttr::SidrRep:
-      on_sidr_rep(id, mad);
-      return;
-    case wire::CmAttr::Rep: {
-      wire::CmRep rep;
-      wire::decode_rep(mad, rep);
-      if (id->st == St::Connected) {  // our RTU was lost
-        send_rtu(id);
-        return;
-      }
-      if (id->st != St::ReqSent) return;
-      id->awaiting = false;
-      id->remote_comm_id = rep.local_comm_id;
-      id->remote_qpn = rep.local_qpn;
-      id->my_psn = rep.starting_psn;  // we send from the PSN the passive side expects
-      id->init_depth = std::min(id->init_depth, rep.responder_resources);
-      id->rnr_retry = rep.rnr_retry_count;
-      Event* e = nullptr;
-      if (!id->pub.qp) {
-        id->st = St::RepRcvd;
-        post(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, rep.private_data, wire::kRepPrivateLen, nullptr, nullptr, &e);
-      } else if (modify_rtr_rts(id) != 0) {
-        send_rej(id, wire::kRejNoQp, wire::kMsgRep, nullptr, 0);
-        id->st = St::Failed;
-        post(id, RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL);
-        return;
-      } else {
-        send_rtu(id);
-        id->st = St::Connected;
-        post(id, RDMA_CM_EVENT_ESTABLISHED, 0, rep.private_data, wire::kRepPrivateLen, nullptr, nullptr, &e);
-      }
-      if (e) {
-        auto& p = e->ev.param.conn;
-        p.responder_resources = rep.initiator_depth;
-        p.initiator_depth = rep.responder_resources;
-        p.flow_control = rep.e2e_flow_control;
-        p.rnr_retry_count = rep.rnr_retry_count;
-        p.srq = rep.srq;
-        p.qp_num = rep.local_qpn;
-      }
-      return;
-    }
-    case wire::CmAttr::Rtu: {
-      if (id->st != St::RepSent) return;
-      wire::CmSimple rtu;
-      wire::decode_simple(mad, h.attr_id, rtu);
-      id->awaiting = false;
-      id->st = St::Connected;
-      post(id, RDMA_CM_EVENT_ESTABLISHED, 0, rtu.private_data, wire::kRtuPrivateLen);
-      return;
-    }
-    case wire::CmAttr::Rej: {
-      wire::CmRej rej;
-      wire::decode_rej(mad, rej);
-      if ((id->st == St::Connected || id->st == St::DreqSent) && rej.reason == wire::kRejInvalidCommId) {
-        // Our peer's host no longer knows the connection: its process is gone (gsi.cpp).
-        id->awaiting = false;
-        id->st = St::Disconnected;
-        post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
-        return;
-      }
-      if (id->st != St::ReqSent && id->st != St::RepSent && id->st != St::RepRcvd) return;
-      id->awaiting = false;
-      id->st = St::Rejected;
-      post(id, RDMA_CM_EVENT_REJECTED, rej.reason, rej.private_data, wire::kRejPrivateLen);
-      return;
-    }
-    case wire::CmAttr::Mra: {
-      wire::CmMra mra;
-      wire::decode_mra(mad, mra);
-      // The peer needs more time: wait its service timeout on top of ours before resending.
-      if (id->awaiting)
-        id->deadline_ns = now_ns() + cm_timeout_ns() + (4096ull << std::min<uint8_t>(mra.service_timeout, 31));
-      return;
-    }
-    case wire::CmAttr::Dreq: {
-      send_simple(id, wire::CmAttr::Drep, h.tid, 0, false);
-      if (id->st == St::Connected || id->st == St::DreqSent || id->st == St::RepSent) {
-        id->awaiting = false;
-        id->st = St::Disconnected;
-        post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
-      }
-      return;
-    }
-    case wire::CmAttr::Drep:
-      if (id->st != St::DreqSent) return;
-      id->awaiting = false;
-      id->st = St::Disconnected;
-      post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
-      return;
-    default:
-      return;
-  }
-}
-
-void Manager::receive(int fd, Id* listener) {
-  uint8_t buf[2048];
-  for (;;) {
-    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n <= 0) return;
-    // Senders are local peers or this host's 4791 holder, which checked the ICRC (gsi.cpp).
-    if (const uint8_t* mad = wire::gsi_mad(buf, static_cast<size_t>(n))) on_mad(mad, listener);
-  }
-}
-
-void Manager::timers() {
-  uint64_t now = now_ns();
-  for (Id* id : ids) {
-    if (!id->awaiting || now < id->deadline_ns) continue;
-    if (id->listener_probes) {
-      if (net::udp_port_bound(id->service_port)) {
-        id->listener_probes = 0;
-        send_mad(id, id->last_mad, true);
-      } else if (--id->listener_probes == 0) {
-        id->awaiting = false;
-        id->st = St::Rejected;
-        if (is_ud(id))
-          post(id, RDMA_CM_EVENT_UNREACHABLE, 1);  // SIDR_REP status 1: service ID not supported
-        else
-          post(id, RDMA_CM_EVENT_REJECTED, wire::kRejInvalidServiceId);
-      } else {
-        id->deadline_ns = now + kProbeIntervalNs;
-      }
-      continue;
-    }
-    if (id->retries_left-- > 0) {
-      send_mad(id, id->last_mad, false);
-      id->deadline_ns = now + cm_timeout_ns();
-      continue;
-    }
-    id->awaiting = false;
-    switch (id->st) {
-      case St::ReqSent:
-      case St::RepSent:
-        id->st = St::Failed;
-        post(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
-        break;
-      case St::DreqSent:
-        id->st = St::Disconnected;
-        post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
-        break;
-      default:
-        break;
-    }
-  }
-  // A peer process on this host that died without a DREQ: its comm ID's owner is gone. (A real fabric
-  // learns this from the peer's kernel, which sends the DREQ for a dying process.)
-  if (now - last_liveness_ns_ < 200000000ull) return;
-  last_liveness_ns_ = now;
-  // A peer process on another host that died: its host answers for it (gsi.cpp) when we resend what
-  // a live peer ignores or answers harmlessly (IBTA 12.9.x duplicates): the active side its RTU, the
-  // passive side its REP (the peer answers with its RTU). A kernel rdma_cm peer needs none of this
-  // (its kernel sends the DREQ for a dying process) and ignores the duplicates.
-  for (Id* id : ids) {
-    if (id->st != St::Connected || id->peer_local || is_ud(id) || id->awaiting) continue;
-    if (!id->next_probe_ns) id->next_probe_ns = now + cm_probe_ns();
-    if (now < id->next_probe_ns) continue;
-    id->next_probe_ns = now + cm_probe_ns();
-    if (id->passive) {
-      send_mad(id, id->last_mad, false);
-    } else {
-      send_rtu(id);
-    }
-  }
-  for (Id* id : ids) {
-    if (id->st != St::Connected || !id->peer_local || is_ud(id)) continue;
-    auto ep = net::Registry::instance().lookup(id->remote_comm_id & 0xFFFFFF);
-    if (ep && !(kill(ep->pid, 0) != 0 && errno == ESRCH)) continue;
-    id->st = St::Disconnected;
-    post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
-  }
-}
-
-void Manager::loop() {
-  std::vector<pollfd> fds;
-  std::vector<Id*> owners;
-  for (;;) {
-    int timeout_ms = 200;
-    {
-      std::lock_guard lock(mu);
-      fds.assign({pollfd{sock, POLLIN, 0}, pollfd{wake_fd, POLLIN, 0}});
-      owners.assign(2, nullptr);
-      uint64_t now = now_ns();
-      for (Id* id : ids) {
-        if (id->st == St::Listen && id->sock >= 0) {
-          fds.push_back(pollfd{id->sock, POLLIN, 0});
-          owners.push_back(id);
-        }
-        if (id->awaiting) {
-          int64_t ms = id->deadline_ns > now ? int64_t((id->deadline_ns - now) / 1000000) + 1 : 0;
-          timeout_ms = static_cast<int>(std::min<int64_t>(timeout_ms, ms));
-        }
-      }
-    }
-    poll(fds.data(), fds.size(), timeout_ms);
-    std::lock_guard lock(mu);
-    ++loop_gen;
-    loop_cv.notify_all();
-    uint64_t v;
-    [[maybe_unused]] ssize_t n = read(wake_fd, &v, sizeof v);
-    receive(sock, nullptr);
-    for (size_t i = 2; i < fds.size(); ++i) {
-      if (!(fds[i].revents & POLLIN)) continue;
-      // The id may have been destroyed while we polled.
-      if (std::find(ids.begin(), ids.end(), owners[i]) != ids.end() && owners[i]->sock == fds[i].fd)
-        receive(fds[i].fd, owners[i]);
-    }
-    timers();
-  }
-}
-
-void Manager::at_exit() {
-  // A process that exits with connections up disconnects them, as the kernel does for a dying process.
-  std::lock_guard lock(mu);
-  for (Id* id : ids)
-    if (id->st == St::Connected && !is_ud(id)) send_dreq(id);
-}
-
-Manager& M() { return Manager::get(); }
 
 // Sync ids (created without a channel): an operation waits for its own event.
 int wait_for(Id* id, rdma_cm_event_type want) {
@@ -781,31 +290,6 @@ int fail(int e) {
 }
 
 Id* to_id(rdma_cm_id* p) { return reinterpret_cast<Id*>(p); }
-
-// Binds the id's UDP socket: its port is the rdma_cm port (docs/rdmacm.md, "port space").
-int bind_port(Id* id, uint32_t ip_be, uint16_t port_be) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return errno;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = ip_be;
-  a.sin_port = port_be;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    int e = errno;
-    close(fd);
-    return e;
-  }
-  socklen_t l = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
-  id->sock = fd;
-  id->service_port = ntohs(a.sin_port);
-  auto* src = sin_of(&id->pub.route.addr.src_addr);
-  src->sin_family = AF_INET;
-  src->sin_addr.s_addr = ip_be;
-  src->sin_port = a.sin_port;
-  if (id->st == St::Idle) id->st = St::Bound;
-  return 0;
-}
 
 Channel* new_channel() {
   // A semaphore eventfd: one count per queued event, pollable, and O_NONBLOCK set by the application is
@@ -877,6 +361,7 @@ SOFTRDMA_EXPORT int rdma_create_id(rdma_event_channel* ch, rdma_cm_id** out, voi
   if (!out) return fail(EINVAL);
   if (ps != RDMA_PS_TCP && ps != RDMA_PS_UDP && ps != RDMA_PS_IB && ps != RDMA_PS_IPOIB) return fail(EINVAL);
   auto* id = new Id;
+  id->conn.owner = id;
   if (!ch) {
     Channel* c = new_channel();
     if (!c) {
@@ -891,8 +376,10 @@ SOFTRDMA_EXPORT int rdma_create_id(rdma_event_channel* ch, rdma_cm_id** out, voi
   id->pub.ps = ps;
   id->pub.qp_type = ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB ? IBV_QPT_UD : IBV_QPT_RC;
   id->pub.port_num = 1;
+  id->conn.ud = ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB;
+  id->conn.port_space = static_cast<uint16_t>(ps);
   std::lock_guard lock(M().mu);
-  M().ids.push_back(id);
+  M().add(&id->conn);
   *out = &id->pub;
   return 0;
 }
@@ -916,32 +403,10 @@ SOFTRDMA_EXPORT int rdma_destroy_id(rdma_cm_id* pid) {
   // blocked in rdma_get_cm_event and nothing unacked in the application) must not hang the process.
   // The id then stays allocated, so that a late rdma_ack_cm_event touches live memory.
   const auto ack_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (id->events_out > 0 && m.acked.wait_until(lock, ack_deadline) != std::cv_status::timeout) {
+  while (id->events_out > 0 && abi().acked.wait_until(lock, ack_deadline) != std::cv_status::timeout) {
   }
   const bool unacked = id->events_out > 0;
-  if (id->st == St::Connected && !is_ud(id)) {
-    m.send_dreq(id);
-  } else if (id->st == St::ReqRcvd) {
-    if (is_ud(id))
-      m.send_sidr_rep(id, 2, 0, nullptr, 0);
-    else
-      m.send_rej(id, wire::kRejConsumerDefined, wire::kMsgReq, nullptr, 0);
-  }
-  m.release_comm_id(id);
-  // Children of a destroyed listener keep working, as in the kernel.
-  for (Id* o : m.ids)
-    if (o->listener == id) o->listener = nullptr;
-  bool polled = id->st == St::Listen;
-  std::erase(m.ids, id);
-  if (id->sock >= 0) {
-    if (polled) {
-      // The application may bind this port again at once (perftest -R re-listens).
-      const uint64_t gen = m.loop_gen;
-      m.wake();
-      m.loop_cv.wait(lock, [&] { return m.loop_gen != gen; });
-    }
-    close(id->sock);
-  }
+  m.destroy(id->conn, lock);
   lock.unlock();
   if (id->sync) release_channel(reinterpret_cast<Channel*>(id->pub.channel), false);
   free(id->pub.route.path_rec);
@@ -979,7 +444,7 @@ SOFTRDMA_EXPORT int rdma_get_cm_event(rdma_event_channel* ch, rdma_cm_event** ev
       case RDMA_CM_EVENT_REJECTED:
       case RDMA_CM_EVENT_UNREACHABLE:
       case RDMA_CM_EVENT_CONNECT_ERROR:
-        M().to_error(id);
+        to_error(id);
         break;
       case RDMA_CM_EVENT_MULTICAST_JOIN:
         // As rdma-core: the id's QP joins the group when the application learns of the join.
@@ -1003,7 +468,7 @@ SOFTRDMA_EXPORT int rdma_ack_cm_event(rdma_cm_event* ev) {
     std::lock_guard lock(M().mu);
     to_id(ev->id)->events_out--;
   }
-  M().acked.notify_all();
+  abi().acked.notify_all();
   delete e;
   return 0;
 }
@@ -1013,19 +478,20 @@ SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
   if (addr->sa_family != AF_INET) return fail(EAFNOSUPPORT);
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
-  if (id->sock >= 0) return fail(EINVAL);
+  if (id->conn.sock >= 0) return fail(EINVAL);
   uint32_t ip = sin_of(addr)->sin_addr.s_addr;
   // A loopback address binds to no device, as the wildcard does (the kernel's cma_any_addr): id->verbs
   // stays NULL, and ids that connect through this one find the loopback device then. libfabric's verbs
   // provider relies on it (its default source, "localhost", must not pick one device).
   const bool loopback = (ntohl(ip) >> 24) == 127;
   if (ip != INADDR_ANY && !loopback) {
-    id->dev = M().device_for_ip(ip);
-    if (!id->dev) return fail(EADDRNOTAVAIL);
-    id->pub.verbs = id->dev->ctx;
+    id->conn.dev = abi().device_for(ip);
+    if (!id->conn.dev) return fail(EADDRNOTAVAIL);
+    id->pub.verbs = id->dev()->ctx;
     set_gid(id->pub.route.addr.addr.ibaddr.sgid, ip);
   }
-  if (int e = bind_port(id, ip, sin_of(addr)->sin_port)) return fail(e);
+  if (int e = M().bind_port(id->conn, ip, sin_of(addr)->sin_port)) return fail(e);
+  set_src(id);
   return 0;
 }
 
@@ -1038,42 +504,18 @@ SOFTRDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* pid, sockaddr* src, sockaddr* 
     std::lock_guard lock(m.mu);
     uint32_t dst_ip = sin_of(dst)->sin_addr.s_addr;
     uint32_t src_ip = src ? sin_of(src)->sin_addr.s_addr : 0;
-    if (!src_ip && id->sock >= 0) src_ip = sin_of(&id->pub.route.addr.src_addr)->sin_addr.s_addr;
-    int err = 0;
-    if (!src_ip) {
-      // The route's source address: what the kernel would pick for a datagram to dst.
-      int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-      sockaddr_in probe = *sin_of(dst);
-      if (!probe.sin_port) probe.sin_port = htons(9);
-      if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&probe), sizeof probe) != 0) {
-        err = errno;
-      } else {
-        sockaddr_in a{};
-        socklen_t l = sizeof a;
-        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
-        src_ip = a.sin_addr.s_addr;
-      }
-      if (fd >= 0) close(fd);
-    }
-    Device* d = err ? nullptr : m.device_for_ip(src_ip);
-    if (!d) {
-      m.post(id, RDMA_CM_EVENT_ADDR_ERROR, -(err ? err : ENODEV));
+    int rc = m.resolve_addr(id->conn, src_ip, src ? sin_of(src)->sin_port : 0, dst_ip);
+    if (rc < 0) return fail(-rc);
+    if (rc > 0) {
+      post(id, RDMA_CM_EVENT_ADDR_ERROR, -rc);
     } else {
-      if (id->sock < 0) {
-        uint16_t port = src ? sin_of(src)->sin_port : 0;
-        if (int e = bind_port(id, src_ip, port)) return fail(e);
-      }
-      id->dev = d;
-      id->pub.verbs = d->ctx;
-      id->peer_ip_be = dst_ip;
-      id->peer_local = net::is_local_ip(dst_ip);
-      sin_of(&id->pub.route.addr.src_addr)->sin_addr.s_addr = src_ip;
+      id->pub.verbs = id->dev()->ctx;
+      set_src(id);
       std::memcpy(&id->pub.route.addr.dst_addr, dst, sizeof(sockaddr_in));
-      set_gid(id->pub.route.addr.addr.ibaddr.sgid, src_ip);
+      set_gid(id->pub.route.addr.addr.ibaddr.sgid, id->conn.local_ip_be);
       set_gid(id->pub.route.addr.addr.ibaddr.dgid, dst_ip);
       id->pub.route.addr.addr.ibaddr.pkey = 0xFFFF;
-      id->st = St::AddrResolved;
-      m.post(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+      post(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
     }
   }
   return id->sync ? wait_for(id, RDMA_CM_EVENT_ADDR_RESOLVED) : 0;
@@ -1084,7 +526,7 @@ SOFTRDMA_EXPORT int rdma_resolve_route(rdma_cm_id* pid, int /*timeout_ms*/) {
   Id* id = to_id(pid);
   {
     std::lock_guard lock(M().mu);
-    if (id->st != St::AddrResolved && id->st != St::RouteResolved) return fail(EINVAL);
+    if (int e = M().resolve_route(id->conn)) return fail(e);
     // RoCE has no subnet administrator: the path record is the two GIDs and the port's MTU.
     auto& r = id->pub.route;
     if (!r.path_rec) r.path_rec = static_cast<ibv_sa_path_rec*>(calloc(1, sizeof(ibv_sa_path_rec)));
@@ -1093,7 +535,7 @@ SOFTRDMA_EXPORT int rdma_resolve_route(rdma_cm_id* pid, int /*timeout_ms*/) {
     p.sgid = r.addr.addr.ibaddr.sgid;
     p.pkey = htobe16(0xFFFF);
     p.mtu_selector = 2;
-    p.mtu = id->dev ? id->dev->mtu : IBV_MTU_1024;
+    p.mtu = id->conn.mtu;
     p.rate_selector = 2;
     p.rate = 16;  // 40 Gb/s, nominal
     p.packet_life_time_selector = 2;
@@ -1102,9 +544,7 @@ SOFTRDMA_EXPORT int rdma_resolve_route(rdma_cm_id* pid, int /*timeout_ms*/) {
     p.reversible = 1;
     p.numb_path = 1;
     r.num_paths = 1;
-    id->mtu = p.mtu;
-    id->st = St::RouteResolved;
-    M().post(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    post(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
   }
   return id->sync ? wait_for(id, RDMA_CM_EVENT_ROUTE_RESOLVED) : 0;
 }
@@ -1116,8 +556,8 @@ SOFTRDMA_EXPORT int rdma_create_qp_ex(rdma_cm_id* pid, ibv_qp_init_attr_ex* attr
   if (id->pub.qp) return fail(EINVAL);
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {
     std::lock_guard lock(M().mu);
-    if (!id->pub.pd && id->dev && !id->dev->pd) id->dev->pd = ibv_alloc_pd(id->pub.verbs);
-    attr->pd = id->pub.pd ? id->pub.pd : (id->dev ? id->dev->pd : nullptr);
+    if (!id->pub.pd && id->dev() && !id->dev()->pd) id->dev()->pd = ibv_alloc_pd(id->pub.verbs);
+    attr->pd = id->pub.pd ? id->pub.pd : (id->dev() ? id->dev()->pd : nullptr);
     attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
   }
   if (!attr->pd) return fail(ENOMEM);
@@ -1190,99 +630,23 @@ SOFTRDMA_EXPORT void rdma_destroy_qp(rdma_cm_id* pid) {
 SOFTRDMA_EXPORT int rdma_connect(rdma_cm_id* pid, rdma_conn_param* param) {
   if (!pid) return fail(EINVAL);
   Id* id = to_id(pid);
-  auto& m = M();
   {
-    std::lock_guard lock(m.mu);
-    if (id->st != St::RouteResolved) return fail(EINVAL);
+    std::lock_guard lock(M().mu);
     rdma_conn_param dflt{};
     const rdma_conn_param& p = param ? *param : dflt;
-    if (is_ud(id)) {
-      // SIDR_REQ: asks the service for its QPN and Q_Key (IBTA 12.11.1).
-      if (p.private_data_len > wire::kSidrReqPrivateLen - wire::kCmaHeaderLen) return fail(EINVAL);
-      id->tid = (uint64_t(random_u32()) << 32) | random_u32();
-      id->service_port = ntohs(sin_of(&id->pub.route.addr.dst_addr)->sin_port);
-      if (!m.alloc_comm_id(id)) return fail(ENOMEM);
-      wire::CmSidrReq req;
-      req.request_id = id->local_comm_id;
-      req.service_id = wire::ip_service_id(static_cast<uint16_t>(id->pub.ps), id->service_port);
-      wire::CmaIpHeader cma;
-      cma.src_port = ntohs(sin_of(&id->pub.route.addr.src_addr)->sin_port);
-      cma.src_ip_be = sin_of(&id->pub.route.addr.src_addr)->sin_addr.s_addr;
-      cma.dst_ip_be = id->peer_ip_be;
-      wire::encode_cma_header(cma, req.private_data);
-      if (p.private_data_len)
-        std::memcpy(req.private_data + wire::kCmaHeaderLen, p.private_data, p.private_data_len);
-      wire::MadHeader h;
-      h.tid = id->tid;
-      h.attr_id = static_cast<uint16_t>(wire::CmAttr::SidrReq);
-      uint8_t mad[wire::kMadLen];
-      wire::encode_sidr_req(h, req, mad);
-      id->st = St::ReqSent;
-      m.send_mad(id, mad, true);
-      if (id->peer_local && !net::udp_port_bound(id->service_port)) {
-        id->listener_probes = 20;  // as for a REQ (below)
-        id->deadline_ns = now_ns() + kProbeIntervalNs;
-      }
-      m.wake();
-    } else {
-    if (p.private_data_len > wire::kReqPrivateLen - wire::kCmaHeaderLen) return fail(EINVAL);
-    uint8_t max_rd = id->dev->max_rd_atom;
-    if (p.responder_resources != RDMA_MAX_RESP_RES && p.responder_resources > max_rd) return fail(EINVAL);
-    if (p.initiator_depth != RDMA_MAX_INIT_DEPTH && p.initiator_depth > max_rd) return fail(EINVAL);
-    id->resp_res = std::min(p.responder_resources, max_rd);
-    id->init_depth = std::min(p.initiator_depth, max_rd);
-    id->retry_count = std::min<uint8_t>(p.retry_count, 7);
-    id->remote_psn = random_u32() & 0xFFFFFF;  // what we expect to receive; the REP says what we send
-    id->tid = (uint64_t(random_u32()) << 32) | random_u32();
-    id->service_port = ntohs(sin_of(&id->pub.route.addr.dst_addr)->sin_port);
-    if (!m.alloc_comm_id(id)) return fail(ENOMEM);
-    wire::CmReq req;
-    req.local_comm_id = id->local_comm_id;
-    req.service_id = wire::ip_service_id(static_cast<uint16_t>(id->pub.ps), id->service_port);
-    req.local_ca_guid = id->dev->guid_be;
-    req.local_qpn = id->pub.qp ? id->pub.qp->qp_num : p.qp_num;
-    req.responder_resources = id->resp_res;
-    req.initiator_depth = id->init_depth;
-    req.remote_cm_response_timeout = 20;
-    req.local_cm_response_timeout = 20;
-    req.transport_service_type = id->pub.qp && id->pub.qp->qp_type == IBV_QPT_UC ? 1 : 0;
-    req.e2e_flow_control = p.flow_control;
-    req.starting_psn = id->remote_psn;
-    req.retry_count = id->retry_count;
-    req.pkey = 0xFFFF;
-    req.path_mtu = id->mtu;
-    req.rnr_retry_count = std::min<uint8_t>(p.rnr_retry_count, 7);
-    req.max_cm_retries = 15;
-    req.srq = p.srq || (id->pub.qp && id->pub.qp->srq);
-    uint32_t src_ip = sin_of(&id->pub.route.addr.src_addr)->sin_addr.s_addr;
-    std::memcpy(req.primary.local_gid, id->pub.route.addr.addr.ibaddr.sgid.raw, 16);
-    std::memcpy(req.primary.remote_gid, id->pub.route.addr.addr.ibaddr.dgid.raw, 16);
-    req.primary.hop_limit = 64;
-    req.primary.packet_rate = 16;
-    req.primary.local_ack_timeout = id->ack_timeout_opt != 0xFF ? id->ack_timeout_opt : 17;
-    id->ack_timeout = req.primary.local_ack_timeout;
-    wire::CmaIpHeader cma;
-    cma.src_port = ntohs(sin_of(&id->pub.route.addr.src_addr)->sin_port);
-    cma.src_ip_be = src_ip;
-    cma.dst_ip_be = id->peer_ip_be;
-    wire::encode_cma_header(cma, req.private_data);
-    if (p.private_data_len) std::memcpy(req.private_data + wire::kCmaHeaderLen, p.private_data, p.private_data_len);
-    wire::MadHeader h;
-    h.tid = id->tid;
-    h.attr_id = static_cast<uint16_t>(wire::CmAttr::Req);
-    uint8_t mad[wire::kMadLen];
-    wire::encode_req(h, req, mad);
-    id->st = St::ReqSent;
-    m.send_mad(id, mad, true);
-    if (id->peer_local && !net::udp_port_bound(id->service_port)) {
-      // Nobody on this host listens on that port yet. A server that re-listens on its port (perftest
-      // does between its two connections) gets a moment, as a REQ crossing a real fabric gives it; then
-      // the answer is what the 4791 holder gives a remote peer: REJ "invalid service ID".
-      id->listener_probes = 20;
-      id->deadline_ns = now_ns() + kProbeIntervalNs;
-    }
-    m.wake();
-    }
+    cm::ConnectParams cp;
+    cp.private_data = p.private_data;
+    cp.private_data_len = p.private_data_len;
+    cp.responder_resources = p.responder_resources;
+    cp.initiator_depth = p.initiator_depth;
+    cp.retry_count = p.retry_count;
+    cp.rnr_retry_count = p.rnr_retry_count;
+    cp.flow_control = p.flow_control;
+    cp.srq = p.srq || (id->pub.qp && id->pub.qp->srq);
+    cp.qpn = id->pub.qp ? id->pub.qp->qp_num : p.qp_num;
+    cp.uc = id->pub.qp && id->pub.qp->qp_type == IBV_QPT_UC;
+    static_assert(RDMA_MAX_RESP_RES == cm::kMaxRdAtomic && RDMA_MAX_INIT_DEPTH == cm::kMaxRdAtomic);
+    if (int e = M().connect(id->conn, ntohs(sin_of(&id->pub.route.addr.dst_addr)->sin_port), cp)) return fail(e);
   }
   return id->sync ? wait_for(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
@@ -1291,14 +655,9 @@ SOFTRDMA_EXPORT int rdma_listen(rdma_cm_id* pid, int /*backlog*/) {
   if (!pid) return fail(EINVAL);
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
-  if (id->sock < 0)
-    if (int e = bind_port(id, INADDR_ANY, 0)) return fail(e);
-  if (id->st != St::Bound && id->st != St::Listen) return fail(EINVAL);
-  // A wildcard listener hears every device, as the kernel's: open them all, so that this host has a
-  // 4791 holder to forward REQs from other hosts even when no other softrdma process runs here.
-  if (!id->dev) M().device_for_ip(0);
-  id->st = St::Listen;
-  M().wake();
+  const bool bound = id->conn.sock >= 0;
+  if (int e = M().listen(id->conn)) return fail(e);
+  if (!bound) set_src(id);
   return 0;
 }
 
@@ -1332,52 +691,24 @@ SOFTRDMA_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** out) {
 SOFTRDMA_EXPORT int rdma_accept(rdma_cm_id* pid, rdma_conn_param* param) {
   if (!pid) return fail(EINVAL);
   Id* id = to_id(pid);
-  auto& m = M();
   {
-    std::lock_guard lock(m.mu);
-    if (id->st == St::Listen) return fail(EINVAL);
-    if (id->st != St::ReqRcvd) return fail(EINVAL);
+    std::lock_guard lock(M().mu);
     rdma_conn_param dflt{};
     dflt.responder_resources = RDMA_MAX_RESP_RES;
     dflt.initiator_depth = RDMA_MAX_INIT_DEPTH;
     const rdma_conn_param& p = param ? *param : dflt;
-    if (is_ud(id)) {
-      // SIDR_REP "valid QP" with our QPN and Q_Key. No ESTABLISHED here, as with the kernel's CM.
-      if (p.private_data_len > wire::kSidrRepPrivateLen) return fail(EINVAL);
-      m.send_sidr_rep(id, 0, id->pub.qp ? id->pub.qp->qp_num : p.qp_num, p.private_data, p.private_data_len);
-      id->st = St::Connected;
-      return 0;
-    }
-    if (p.private_data_len > wire::kRepPrivateLen) return fail(EINVAL);
-    uint8_t max_rd = id->dev ? id->dev->max_rd_atom : 16;
-    id->resp_res = std::min(p.responder_resources, max_rd);
-    id->init_depth = std::min<uint8_t>(std::min(p.initiator_depth, max_rd), id->init_depth);
-    if (m.modify_rtr_rts(id) != 0) {
-      m.send_rej(id, wire::kRejNoQp, wire::kMsgReq, nullptr, 0);
-      id->st = St::Failed;
-      return fail(EINVAL);
-    }
-    wire::CmRep rep;
-    rep.local_comm_id = id->local_comm_id;
-    rep.remote_comm_id = id->remote_comm_id;
-    rep.local_qpn = id->pub.qp ? id->pub.qp->qp_num : p.qp_num;
-    rep.starting_psn = id->remote_psn;
-    rep.responder_resources = id->resp_res;
-    rep.initiator_depth = id->init_depth;
-    rep.target_ack_delay = 15;
-    rep.e2e_flow_control = p.flow_control;
-    rep.rnr_retry_count = std::min<uint8_t>(p.rnr_retry_count, 7);
-    rep.srq = p.srq || (id->pub.qp && id->pub.qp->srq);
-    rep.local_ca_guid = id->dev ? id->dev->guid_be : 0;
-    if (p.private_data_len) std::memcpy(rep.private_data, p.private_data, p.private_data_len);
-    wire::MadHeader h;
-    h.tid = id->tid;
-    h.attr_id = static_cast<uint16_t>(wire::CmAttr::Rep);
-    uint8_t mad[wire::kMadLen];
-    wire::encode_rep(h, rep, mad);
-    id->st = St::RepSent;
-    m.send_mad(id, mad, true);
-    m.wake();
+    cm::AcceptParams ap;
+    ap.private_data = p.private_data;
+    ap.private_data_len = p.private_data_len;
+    ap.responder_resources = p.responder_resources;
+    ap.initiator_depth = p.initiator_depth;
+    ap.qpn = id->pub.qp ? id->pub.qp->qp_num : p.qp_num;
+    ap.flow_control = p.flow_control;
+    ap.srq = p.srq || (id->pub.qp && id->pub.qp->srq);
+    ap.rnr_retry_count = p.rnr_retry_count;
+    if (int e = M().accept(id->conn, ap)) return fail(e);
+    // SIDR: no ESTABLISHED, as with the kernel's CM.
+    if (is_ud(id)) return 0;
   }
   return id->sync ? wait_for(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
@@ -1386,16 +717,7 @@ SOFTRDMA_EXPORT int rdma_reject(rdma_cm_id* pid, const void* private_data, uint8
   if (!pid) return fail(EINVAL);
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
-  if (id->st != St::ReqRcvd) return fail(EINVAL);
-  if (is_ud(id)) {
-    if (len > wire::kSidrRepPrivateLen) return fail(EINVAL);
-    M().send_sidr_rep(id, 2, 0, private_data, len);  // status 2: rejected by the service
-    id->st = St::Rejected;
-    return 0;
-  }
-  if (len > wire::kRejPrivateLen) return fail(EINVAL);
-  M().send_rej(id, wire::kRejConsumerDefined, wire::kMsgReq, private_data, len);
-  id->st = St::Rejected;
+  if (int e = M().reject(id->conn, private_data, len)) return fail(e);
   return 0;
 }
 
@@ -1407,9 +729,7 @@ SOFTRDMA_EXPORT int rdma_establish(rdma_cm_id* pid) {
   if (!pid) return fail(EINVAL);
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
-  if (id->st != St::RepRcvd) return fail(EINVAL);
-  M().send_rtu(id);
-  id->st = St::Connected;
+  if (int e = M().establish(id->conn)) return fail(e);
   return 0;
 }
 
@@ -1417,16 +737,8 @@ SOFTRDMA_EXPORT int rdma_disconnect(rdma_cm_id* pid) {
   if (!pid) return fail(EINVAL);
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
-  M().to_error(id);
-  if (is_ud(id)) {
-    if (id->st == St::Connected) id->st = St::Disconnected;  // SIDR leaves no connection to tear down
-    return 0;
-  }
-  if (id->st == St::Connected || id->st == St::RepSent || id->st == St::RepRcvd) {
-    id->st = St::DreqSent;
-    M().send_dreq(id);
-    M().wake();
-  }
+  to_error(id);
+  M().disconnect(id->conn);
   return 0;
 }
 
@@ -1436,7 +748,7 @@ SOFTRDMA_EXPORT int rdma_init_qp_attr(rdma_cm_id* pid, ibv_qp_attr* qp_attr, int
   std::lock_guard lock(M().mu);
   ibv_qp_state s = qp_attr->qp_state;
   if (s != IBV_QPS_INIT && s != IBV_QPS_RTR && s != IBV_QPS_RTS) return fail(EINVAL);
-  if (s != IBV_QPS_INIT && !id->remote_qpn && id->pub.qp_type != IBV_QPT_UD) return fail(EINVAL);
+  if (s != IBV_QPS_INIT && !id->conn.remote_qpn && id->pub.qp_type != IBV_QPT_UD) return fail(EINVAL);
   fill_qp_attr(id, s, *qp_attr, *qp_attr_mask);
   return 0;
 }
@@ -1454,7 +766,7 @@ SOFTRDMA_EXPORT int rdma_migrate_id(rdma_cm_id* pid, rdma_event_channel* ch) {
     sync = true;
   }
   std::unique_lock lock(M().mu);
-  M().acked.wait(lock, [&] { return id->events_out <= 0; });
+  abi().acked.wait(lock, [&] { return id->events_out <= 0; });
   auto* old = reinterpret_cast<Channel*>(id->pub.channel);
   auto* nc = reinterpret_cast<Channel*>(ch);
   // Queued events follow the id.
@@ -1482,7 +794,8 @@ SOFTRDMA_EXPORT int rdma_set_option(rdma_cm_id* pid, int level, int optname, voi
   if (!pid || !optval) return fail(EINVAL);
   Id* id = to_id(pid);
   if (level == RDMA_OPTION_ID && optname == RDMA_OPTION_ID_ACK_TIMEOUT && optlen == sizeof(uint8_t)) {
-    id->ack_timeout_opt = std::min<uint8_t>(*static_cast<uint8_t*>(optval), 31);
+    std::lock_guard lock(M().mu);
+    id->conn.ack_timeout_opt = std::min<uint8_t>(*static_cast<uint8_t*>(optval), 31);
     return 0;
   }
   if (level == RDMA_OPTION_ID || level == RDMA_OPTION_IB) return 0;  // TOS, REUSEADDR, AFONLY, path: accepted
@@ -1498,8 +811,8 @@ SOFTRDMA_EXPORT __be16 rdma_get_dst_port(rdma_cm_id* pid) {
 
 SOFTRDMA_EXPORT ibv_context** rdma_get_devices(int* num) {
   std::lock_guard lock(M().mu);
-  M().device_for_ip(0);  // opens them all
-  auto& d = M().devices;
+  abi().device_for(0);  // opens them all
+  auto& d = abi().devices;
   auto** list = static_cast<ibv_context**>(calloc(d.size() + 1, sizeof(ibv_context*)));
   if (!list) return nullptr;
   for (size_t i = 0; i < d.size(); ++i) list[i] = d[i]->ctx;
@@ -1517,12 +830,12 @@ SOFTRDMA_EXPORT int rdma_join_multicast(rdma_cm_id* pid, sockaddr* addr, void* c
   const uint32_t group = sin_of(addr)->sin_addr.s_addr;
   if (!IN_MULTICAST(ntohl(group))) return fail(EINVAL);
   std::lock_guard lock(M().mu);
-  if (!id->dev || !is_ud(id)) return fail(EINVAL);
+  if (!id->dev() || !is_ud(id)) return fail(EINVAL);
   if (std::find(id->mcast_groups.begin(), id->mcast_groups.end(), group) != id->mcast_groups.end())
     return fail(EADDRINUSE);
   id->mcast_groups.push_back(group);
   Event* e = nullptr;
-  M().post(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0, nullptr, 0, nullptr, nullptr, &e);
+  post(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0, nullptr, 0, nullptr, &e);
   if (e) {
     set_gid(e->mgid, group);
     auto& u = e->ev.param.ud;
@@ -1570,8 +883,8 @@ SOFTRDMA_EXPORT int rdma_create_srq(rdma_cm_id* pid, ibv_pd* pd, ibv_srq_init_at
   Id* id = to_id(pid);
   if (!pd) {
     std::lock_guard lock(M().mu);
-    if (id->dev && !id->dev->pd) id->dev->pd = ibv_alloc_pd(pid->verbs);
-    pd = pid->pd ? pid->pd : id->dev ? id->dev->pd : nullptr;
+    if (id->dev() && !id->dev()->pd) id->dev()->pd = ibv_alloc_pd(pid->verbs);
+    pd = pid->pd ? pid->pd : id->dev() ? id->dev()->pd : nullptr;
   }
   if (!pd) return fail(ENOMEM);
   ibv_srq* srq = ibv_create_srq(pd, attr);

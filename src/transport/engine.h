@@ -45,7 +45,7 @@ struct AsyncEvent {
 };
 
 
-// Everything modify_qp may change, already validated by core::validate_modify_qp.
+// Everything modify_qp may change, already validated by the verbs layer (verbs/qp_state.h).
 struct QpModify {
   int mask = 0;                 // enum ibv_qp_attr_mask bits
   QpState state = QpState::Reset;

@@ -1,10 +1,11 @@
 // QP1 (GSI) on the 4791 holder: CM MADs from other hosts are handed to the process they belong to.
-// softrdma keeps no QP1 of its own; librdmacm's connection manager runs inside each application
-// (src/rdmacm, docs/rdmacm.md). Routing on a host where many processes share one IP:
+// softrdma keeps no QP1 of its own; the connection manager (src/cm, under librdmacm) runs inside each
+// application (docs/rdmacm.md). Routing on a host where many processes share one IP:
 //  - REQ and SIDR_REQ name an IP-based service ID (port space, port). The listening rdma_cm id holds a
 //    UDP socket on that port number, so the MAD is forwarded to (this IP, port). When no socket holds
 //    the port, nobody listens: the holder answers itself, as the kernel CM does, with a REJ "invalid
-//    service ID" (SIDR_REP "service ID not supported").
+//    service ID" (SIDR_REP "service ID not supported"); the CM module builds every such answer
+//    (cm::answer_unowned).
 //  - Every other MAD names the receiver's comm ID (SIDR_REP its request ID). CM processes take their comm
 //    IDs from the host registry (the low 24 bits are a registry number that maps to the process's CM
 //    socket), so a registry lookup finds the owner.
@@ -22,6 +23,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "cm/cm.h"
 #include "net/registry.h"
 #include "transport/engine.h"
 #include "wire/cm_mad.h"
@@ -65,28 +67,7 @@ void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uin
       }
     }
     uint8_t out[wire::kMadLen];
-    wire::MadHeader rh;
-    rh.tid = h.tid;
-    if (attr == wire::CmAttr::Req) {
-      wire::CmReq req;
-      wire::decode_req(mad, req);
-      wire::CmRej rej;
-      rej.remote_comm_id = req.local_comm_id;
-      rej.message_rejected = wire::kMsgReq;
-      rej.reason = wire::kRejInvalidServiceId;
-      rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Rej);
-      wire::encode_rej(rh, rej, out);
-    } else {
-      wire::CmSidrReq req;
-      wire::decode_sidr_req(mad, req);
-      wire::CmSidrRep rep;
-      rep.request_id = req.request_id;
-      rep.status = 1;  // service ID not supported
-      rep.service_id = req.service_id;
-      rh.attr_id = static_cast<uint16_t>(wire::CmAttr::SidrRep);
-      wire::encode_sidr_rep(rh, rep, out);
-    }
-    reply(out);
+    if (cm::answer_unowned(mad, out)) reply(out);
     return;
   }
   uint32_t comm_id = wire::cm_destination_comm_id(mad, h.attr_id);
@@ -96,41 +77,9 @@ void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uin
     count(nullptr, &core::Counters::forwarded);
     return;
   }
-  if (attr == wire::CmAttr::Dreq) {
-    // A DREQ for a connection nobody here knows (its owner died): IBTA 12.6.10 answers with a DREP.
-    wire::CmSimple dreq;
-    wire::decode_simple(mad, h.attr_id, dreq);
-    wire::CmSimple drep;
-    drep.local_comm_id = dreq.remote_comm_id;
-    drep.remote_comm_id = dreq.local_comm_id;
-    wire::MadHeader rh;
-    rh.tid = h.tid;
-    rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Drep);
-    uint8_t out[wire::kMadLen];
-    wire::encode_simple(rh, drep, out);
-    reply(out);
-    return;
-  }
-  if (attr == wire::CmAttr::Rep || attr == wire::CmAttr::Rtu) {
-    wire::CmRej rej;
-    if (attr == wire::CmAttr::Rep) {
-      wire::CmRep rep;
-      wire::decode_rep(mad, rep);
-      rej.remote_comm_id = rep.local_comm_id;
-      rej.message_rejected = wire::kMsgRep;
-    } else {
-      wire::CmSimple rtu;
-      wire::decode_simple(mad, h.attr_id, rtu);
-      rej.remote_comm_id = rtu.local_comm_id;
-      rej.message_rejected = wire::kMsgOther;
-    }
-    rej.local_comm_id = comm_id;
-    rej.reason = wire::kRejInvalidCommId;
-    wire::MadHeader rh;
-    rh.tid = h.tid;
-    rh.attr_id = static_cast<uint16_t>(wire::CmAttr::Rej);
-    uint8_t out[wire::kMadLen];
-    wire::encode_rej(rh, rej, out);
+  // Its owner is gone: the CM answers as that process's kernel would have.
+  uint8_t out[wire::kMadLen];
+  if (cm::answer_unowned(mad, out)) {
     reply(out);
     return;
   }

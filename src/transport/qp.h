@@ -13,6 +13,7 @@
 
 #include "core/cq.h"
 #include "core/limits.h"
+#include "core/qp_state.h"
 #include "core/spin_lock.h"
 #include "core/stats.h"
 
@@ -20,7 +21,7 @@ namespace softrdma::transport {
 
 using core::WcStatus;
 
-enum class QpState : uint8_t { Reset = 0, Init, Rtr, Rts, Sqd, Sqe, Err };  // == enum ibv_qp_state
+using core::QpState;
 
 enum class WrOp : uint8_t { Send, SendImm, SendInv, Write, WriteImm, Read, CompareSwap, FetchAdd,
                             BindMw, LocalInv };  // the last two are local: executed in order, no packets

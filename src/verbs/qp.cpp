@@ -6,9 +6,9 @@
 #include <cstring>
 
 #include "core/limits.h"
-#include "core/qp_state.h"
 #include "transport/work_request.h"
 #include "verbs/ah.h"
+#include "verbs/qp_state.h"
 #include "verbs/soft_objects.h"
 
 using namespace softrdma;
@@ -18,7 +18,6 @@ using transport::WrOp;
 
 static_assert(+transport::kModDestQpn == +IBV_QP_DEST_QPN && +transport::kModMaxDestRdAtomic == +IBV_QP_MAX_DEST_RD_ATOMIC &&
               +transport::kModAv == +IBV_QP_AV && +transport::kModSqPsn == +IBV_QP_SQ_PSN);
-static_assert(static_cast<int>(transport::QpState::Err) == IBV_QPS_ERR);
 
 namespace {
 
@@ -281,15 +280,15 @@ SOFTRDMA_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) { return &to_qp(qp)->qpx;
 
 SOFTRDMA_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   SoftQp* q = to_qp(qp);
-  auto cur = static_cast<ibv_qp_state>(q->tqp->state.load());
+  ibv_qp_state cur = to_ibv(q->tqp->state.load());
   ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
-  if (core::validate_modify_qp(qp->qp_type, cur, mask, next, attr->cur_qp_state)) return EINVAL;
-  core::RdAtomicLimits lim{static_cast<int>(core::DeviceLimits::kMaxQpRdAtom),
+  if (validate_modify_qp(qp->qp_type, cur, mask, next, attr->cur_qp_state)) return EINVAL;
+  RdAtomicLimits lim{static_cast<int>(core::DeviceLimits::kMaxQpRdAtom),
                            static_cast<int>(core::DeviceLimits::kMaxQpRdAtom)};
-  if (core::validate_modify_qp_values(qp->qp_type, cur, *attr, mask, lim)) return EINVAL;
+  if (validate_modify_qp_values(qp->qp_type, cur, *attr, mask, lim)) return EINVAL;
   transport::QpModify m;
   m.mask = mask;
-  m.state = static_cast<transport::QpState>(next);
+  m.state = to_core(next);
   if (mask & IBV_QP_PATH_MTU) {
     ibv_port_attr pa{};
     query_port_ex(qp->context, 1, &pa, sizeof pa);
@@ -343,7 +342,7 @@ SOFTRDMA_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp
   (void)mask;  // everything is returned, as rdma-core providers do
   SoftQp* q = to_qp(qp);
   *attr = q->attr;
-  attr->qp_state = attr->cur_qp_state = static_cast<ibv_qp_state>(q->tqp->state.load());
+  attr->qp_state = attr->cur_qp_state = to_ibv(q->tqp->state.load());
   attr->cap = q->init.cap;
   attr->path_mig_state = IBV_MIG_MIGRATED;
   if (init) *init = q->init;

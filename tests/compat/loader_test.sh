@@ -12,6 +12,8 @@
 # Exit: 0 pass, 1 fail (each problem is printed with the binary and the reason), 77 skip.
 
 set -u
+# shellcheck source=abi_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/abi_lib.sh"
 
 lib_dir=${SOFTRDMA_LIB:?SOFTRDMA_LIB must name the directory holding our libibverbs.so.1}
 lib_dir=$(realpath "$lib_dir")
@@ -38,19 +40,15 @@ trap 'rm -rf "$work"' EXIT
 
 # A sanitizer build of our libraries needs its runtime first in the process (the Debian
 # binaries are not instrumented), and leak reports from `-h` runs are noise.
-preload=""
-while read -r rt; do
-  preload+="${preload:+:}$rt"
-done < <(ldd "$lib_dir/libibverbs.so.1" | awk '/lib(asan|ubsan)\.so/ {print $3}')
+preload=$(abi_sanitizer_preload "$lib_dir/libibverbs.so.1")
 run_env=(env LD_LIBRARY_PATH="$lib_dir")
 if [[ -n $preload ]]; then
   run_env+=(LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0)
 fi
 
 # ---- 1. export table: every default symbol@version of the system libibverbs, nothing more ----
-exports() {  # "VERSION symbol" for each defined dynamic symbol (default versions only)
-  objdump -T "$1" | awk '/^[0-9a-f]+ / && $0 !~ /\*UND\*/ && $(NF-1) !~ /^\(/ {print $(NF-1), $NF}' |
-    sort -u
+exports() {  # default versions only
+  abi_exports "$1" | grep -v '^('
 }
 if [[ -e $sys_verbs ]]; then
   exports "$sys_verbs" > "$work/sys.exports"

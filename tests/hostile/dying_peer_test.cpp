@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "hostile.h"
-#include "../verbs/two_process.h"
+#include "two_process.h"
 
 namespace softrdma::hostile_test {
 namespace {

@@ -4,7 +4,7 @@
 // from the shared-memory stats page (what `softrdma stat` shows).
 #pragma once
 
-#include "../verbs/helpers.h"
+#include "helpers.h"
 
 #include <cstdint>
 #include <map>

@@ -35,7 +35,7 @@
 #include <initializer_list>
 #include <string>
 #include <vector>
-#include "../splitmix.h"
+#include "splitmix.h"
 
 namespace {
 

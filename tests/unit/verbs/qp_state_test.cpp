@@ -1,4 +1,4 @@
-#include "core/qp_state.h"
+#include "verbs/qp_state.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace softrdma::core {
+namespace softrdma::verbs {
 namespace {
 
 constexpr ibv_qp_state kAllStates[] = {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS,
@@ -375,4 +375,4 @@ TEST_F(QpValuesTest, EnumFieldsOutOfRange) {
 }
 
 }  // namespace
-}  // namespace softrdma::core
+}  // namespace softrdma::verbs

@@ -1,10 +1,11 @@
-#include "core/qp_state.h"
+// ibv_modify_qp validation (qp_state.h): the IBTA transition table per QP type and the value checks.
+#include "verbs/qp_state.h"
 
 #include <cerrno>
 #include <cstdint>
 #include <optional>
 
-namespace softrdma::core {
+namespace softrdma::verbs {
 namespace {
 
 // Attribute sets for one transition and one QP type.
@@ -221,4 +222,4 @@ const char* qp_state_name(ibv_qp_state state) {
     }
 }
 
-}  // namespace softrdma::core
+}  // namespace softrdma::verbs

@@ -1,0 +1,841 @@
+// The per-process connection manager (cm.h): a thread that receives CM MADs on the process's CM socket
+// and on listening endpoints' sockets, resends unanswered requests, and tells the consumer what
+// happened. All state sits under one lock; the consumer's calls made under it never call back into us.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <thread>
+
+#include "cm/cm.h"
+#include "net/interfaces.h"
+#include "net/registry.h"
+#include "net/udp_port.h"
+#include "wire/headers.h"
+
+namespace softrdma::cm {
+namespace {
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+uint64_t env_u64(const char* name, uint64_t dflt) {
+  const char* s = getenv(name);
+  return s && *s ? strtoull(s, nullptr, 10) : dflt;
+}
+
+// How long a CM request waits for its answer before it is sent again, and how often. The kernel waits
+// 4.096 us * 2^20 (~4.3 s) 15 times; SOFTRDMA_CM_TIMEOUT_MS / SOFTRDMA_CM_RETRIES shorten that for tests.
+uint64_t cm_timeout_ns() { return env_u64("SOFTRDMA_CM_TIMEOUT_MS", 1000) * 1000000ull; }
+constexpr uint64_t kProbeIntervalNs = 50000000;  // 50 ms
+int cm_retries() { return static_cast<int>(env_u64("SOFTRDMA_CM_RETRIES", 15)); }
+// How often a connection to another host checks that its peer process still exists (docs/rdmacm.md).
+uint64_t cm_probe_ns() { return env_u64("SOFTRDMA_CM_PROBE_MS", 2000) * 1000000ull; }
+
+uint32_t random_u32() {
+  thread_local std::mt19937 gen{std::random_device{}() ^ static_cast<uint32_t>(getpid())};
+  return gen();
+}
+uint64_t random_tid() { return (uint64_t(random_u32()) << 32) | random_u32(); }
+
+// RoCE GIDs are IPv4-mapped: ::ffff:a.b.c.d.
+void set_gid(uint8_t* g, uint32_t ip_be) {
+  std::memset(g, 0, 16);
+  g[10] = g[11] = 0xFF;
+  std::memcpy(g + 12, &ip_be, 4);
+}
+uint32_t gid_ip(const uint8_t* raw) {
+  uint32_t ip;
+  std::memcpy(&ip, raw + 12, 4);
+  return ip;
+}
+
+bool owner_alive(uint32_t comm_id) {
+  auto ep = net::Registry::instance().lookup(comm_id & 0xFFFFFF);
+  return ep && !(kill(ep->pid, 0) != 0 && errno == ESRCH);
+}
+
+}  // namespace
+
+bool is_local(uint32_t ip_be) { return net::is_local_ip(ip_be); }
+
+int route_source(uint32_t dst_ip_be, uint16_t dst_port_be, uint32_t& src_ip_be) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in probe{};
+  probe.sin_family = AF_INET;
+  probe.sin_addr.s_addr = dst_ip_be;
+  probe.sin_port = dst_port_be ? dst_port_be : htons(9);
+  int err = 0;
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&probe), sizeof probe) != 0) {
+    err = errno;
+  } else {
+    sockaddr_in a{};
+    socklen_t l = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
+    src_ip_be = a.sin_addr.s_addr;
+  }
+  if (fd >= 0) close(fd);
+  return err;
+}
+
+Manager& Manager::get() {
+  static Manager* m = new Manager;  // leaked: endpoints may be used from exit-time code
+  return *m;
+}
+
+Manager::Manager() {
+  sock_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  // DF with IP identification 0, as softrdma's data sockets send: the ICRC covers both
+  // (wire/icrc.h), and kernel rxe drops MADs whose ICRC does not match.
+  int pmtu = IP_PMTUDISC_DO;
+  setsockopt(sock_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  bind(sock_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t l = sizeof a;
+  getsockname(sock_, reinterpret_cast<sockaddr*>(&a), &l);
+  sock_port_ = ntohs(a.sin_port);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  // The thread takes none of the application's signals.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  std::thread([this] { loop(); }).detach();
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  atexit([] { Manager::get().at_exit(); });
+}
+
+void Manager::wake() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof one);
+}
+
+void Manager::post(Connection& c, Event e) {
+  if (consumer_) consumer_->event(c, e);
+}
+
+uint32_t Manager::alloc_comm_id(Connection& c) {
+  // The registry number maps the comm ID to this process's CM socket for the 4791 holder (gsi.cpp).
+  uint32_t n = net::Registry::instance().allocate_qpn(htonl(INADDR_LOOPBACK), sock_port_);
+  if (!n) return 0;
+  c.local_comm_id = (random_u32() & 0xFF000000u) | n;
+  by_comm_[c.local_comm_id] = &c;
+  return c.local_comm_id;
+}
+
+void Manager::release_comm_id(Connection& c) {
+  if (!c.local_comm_id) return;
+  by_comm_.erase(c.local_comm_id);
+  net::Registry::instance().release_qpn(c.local_comm_id & 0xFFFFFF);
+  c.local_comm_id = 0;
+}
+
+void Manager::send_to(uint32_t dst_ip, uint16_t dst_port, uint32_t src_ip, const uint8_t* mad) {
+  uint8_t pkt[wire::kGsiPacketLen];
+  size_t n = wire::build_gsi_packet(src_ip, dst_ip, sock_port_, dst_port, random_u32(), mad, pkt);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = dst_ip;
+  a.sin_port = htons(dst_port);
+  [[maybe_unused]] ssize_t r = sendto(sock_, pkt, n, 0, reinterpret_cast<sockaddr*>(&a), sizeof a);
+}
+
+void Manager::send_mad(Connection& c, const uint8_t* mad, bool request) {
+  if (request) {
+    std::memcpy(c.last_mad, mad, wire::kMadLen);
+    c.awaiting = true;
+    c.retries_left = cm_retries();
+    c.deadline_ns = now_ns() + cm_timeout_ns();
+  }
+  wire::MadHeader h;
+  wire::decode_mad_header(mad, wire::kMadLen, h);
+  uint32_t src_ip = c.dev ? c.dev->ip_be : 0;
+  if (c.listener_probes) return;
+  if (!c.peer_local) {
+    send_to(c.peer_ip_be, wire::kRoceUdpPort, src_ip, mad);
+    return;
+  }
+  // A peer on this host: straight to its socket (DESIGN §4), by service port or by its comm ID.
+  if (h.attr_id == static_cast<uint16_t>(wire::CmAttr::Req) || h.attr_id == static_cast<uint16_t>(wire::CmAttr::SidrReq)) {
+    send_to(c.peer_ip_be, c.service_port, src_ip, mad);
+    return;
+  }
+  auto ep = net::Registry::instance().lookup(wire::cm_destination_comm_id(mad, h.attr_id) & 0xFFFFFF);
+  if (ep) send_to(c.peer_ip_be, ep->port, src_ip, mad);
+}
+
+void Manager::send_rej(Connection& c, uint16_t reason, uint8_t msg, const void* pdata, uint8_t len) {
+  wire::MadHeader h;
+  h.tid = c.tid;
+  h.attr_id = static_cast<uint16_t>(wire::CmAttr::Rej);
+  wire::CmRej rej;
+  rej.local_comm_id = c.local_comm_id;
+  rej.remote_comm_id = c.remote_comm_id;
+  rej.message_rejected = msg;
+  rej.reason = reason;
+  if (pdata && len) std::memcpy(rej.private_data, pdata, std::min<size_t>(len, wire::kRejPrivateLen));
+  uint8_t mad[wire::kMadLen];
+  wire::encode_rej(h, rej, mad);
+  send_mad(c, mad, false);
+}
+
+void Manager::send_simple(Connection& c, wire::CmAttr attr, uint64_t tid, uint32_t remote_qpn, bool request) {
+  wire::MadHeader h;
+  h.tid = tid;
+  h.attr_id = static_cast<uint16_t>(attr);
+  wire::CmSimple m;
+  m.local_comm_id = c.local_comm_id;
+  m.remote_comm_id = c.remote_comm_id;
+  m.remote_qpn = remote_qpn;
+  uint8_t mad[wire::kMadLen];
+  wire::encode_simple(h, m, mad);
+  send_mad(c, mad, request);
+}
+
+void Manager::send_dreq(Connection& c) {
+  send_simple(c, wire::CmAttr::Dreq, random_tid(), c.remote_qpn, true);
+  c.retries_left = std::min(c.retries_left, 3);
+}
+
+void Manager::send_rtu(Connection& c) { send_simple(c, wire::CmAttr::Rtu, c.tid, 0, false); }
+
+void Manager::send_sidr_rep(Connection& c, uint8_t status, uint32_t qpn, const void* pdata, uint8_t len) {
+  wire::MadHeader h;
+  h.tid = c.tid;
+  h.attr_id = static_cast<uint16_t>(wire::CmAttr::SidrRep);
+  wire::CmSidrRep rep;
+  rep.request_id = c.remote_comm_id;
+  rep.status = status;
+  rep.qpn = status == 0 ? qpn : 0;
+  rep.qkey = status == 0 ? kUdpQkey : 0;
+  rep.service_id = wire::ip_service_id(c.port_space, c.service_port);
+  if (pdata && len) std::memcpy(rep.private_data, pdata, std::min<size_t>(len, wire::kSidrRepPrivateLen));
+  wire::encode_sidr_rep(h, rep, c.last_mad);  // kept: a resent SIDR_REQ gets the same answer
+  send_mad(c, c.last_mad, false);
+}
+
+int Manager::bind_port(Connection& c, uint32_t ip_be, uint16_t port_be) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return errno;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = ip_be;
+  a.sin_port = port_be;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    int e = errno;
+    close(fd);
+    return e;
+  }
+  socklen_t l = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
+  c.sock = fd;
+  c.service_port = c.local_port = ntohs(a.sin_port);
+  c.local_ip_be = ip_be;
+  if (c.st == St::Idle) c.st = St::Bound;
+  return 0;
+}
+
+int Manager::listen(Connection& c) {
+  if (c.sock < 0)
+    if (int e = bind_port(c, INADDR_ANY, 0)) return e;
+  if (c.st != St::Bound && c.st != St::Listen) return EINVAL;
+  // A wildcard listener hears every device, as the kernel's: open them all, so that this host has a
+  // 4791 holder to forward REQs from other hosts even when no other softrdma process runs here.
+  if (!c.dev && consumer_) consumer_->device_for_ip(0);
+  c.st = St::Listen;
+  wake();
+  return 0;
+}
+
+int Manager::resolve_addr(Connection& c, uint32_t src_ip, uint16_t src_port_be, uint32_t dst_ip) {
+  if (!src_ip && c.sock >= 0) src_ip = c.local_ip_be;
+  int err = 0;
+  if (!src_ip) err = route_source(dst_ip, 0, src_ip);  // what the kernel would pick for a datagram to dst
+  const Device* d = err || !consumer_ ? nullptr : consumer_->device_for_ip(src_ip);
+  if (!d) return err ? err : ENODEV;
+  if (c.sock < 0)
+    if (int e = bind_port(c, src_ip, src_port_be)) return -e;
+  c.dev = d;
+  c.peer_ip_be = dst_ip;
+  c.peer_local = net::is_local_ip(dst_ip);
+  c.local_ip_be = src_ip;
+  c.st = St::AddrResolved;
+  return 0;
+}
+
+int Manager::resolve_route(Connection& c) {
+  if (c.st != St::AddrResolved && c.st != St::RouteResolved) return EINVAL;
+  c.mtu = c.dev ? c.dev->mtu : kDefaultMtu;
+  c.st = St::RouteResolved;
+  return 0;
+}
+
+int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
+  if (c.st != St::RouteResolved) return EINVAL;
+  wire::CmaIpHeader cma;
+  cma.src_port = c.local_port;
+  cma.src_ip_be = c.local_ip_be;
+  cma.dst_ip_be = c.peer_ip_be;
+  wire::MadHeader h;
+  uint8_t mad[wire::kMadLen];
+  if (c.ud) {
+    // SIDR_REQ: asks the service for its QPN and Q_Key (IBTA 12.11.1).
+    if (p.private_data_len > wire::kSidrReqPrivateLen - wire::kCmaHeaderLen) return EINVAL;
+    c.tid = random_tid();
+    c.service_port = dst_port;
+    if (!alloc_comm_id(c)) return ENOMEM;
+    wire::CmSidrReq req;
+    req.request_id = c.local_comm_id;
+    req.service_id = wire::ip_service_id(c.port_space, c.service_port);
+    wire::encode_cma_header(cma, req.private_data);
+    if (p.private_data_len)
+      std::memcpy(req.private_data + wire::kCmaHeaderLen, p.private_data, p.private_data_len);
+    h.tid = c.tid;
+    h.attr_id = static_cast<uint16_t>(wire::CmAttr::SidrReq);
+    wire::encode_sidr_req(h, req, mad);
+  } else {
+    if (p.private_data_len > wire::kReqPrivateLen - wire::kCmaHeaderLen) return EINVAL;
+    uint8_t max_rd = c.dev->max_rd_atom;
+    if (p.responder_resources != kMaxRdAtomic && p.responder_resources > max_rd) return EINVAL;
+    if (p.initiator_depth != kMaxRdAtomic && p.initiator_depth > max_rd) return EINVAL;
+    c.resp_res = std::min(p.responder_resources, max_rd);
+    c.init_depth = std::min(p.initiator_depth, max_rd);
+    c.retry_count = std::min<uint8_t>(p.retry_count, 7);
+    c.remote_psn = random_u32() & 0xFFFFFF;  // what we expect to receive; the REP says what we send
+    c.tid = random_tid();
+    c.service_port = dst_port;
+    if (!alloc_comm_id(c)) return ENOMEM;
+    wire::CmReq req;
+    req.local_comm_id = c.local_comm_id;
+    req.service_id = wire::ip_service_id(c.port_space, c.service_port);
+    req.local_ca_guid = c.dev->guid_be;
+    req.local_qpn = p.qpn;
+    req.responder_resources = c.resp_res;
+    req.initiator_depth = c.init_depth;
+    req.remote_cm_response_timeout = 20;
+    req.local_cm_response_timeout = 20;
+    req.transport_service_type = p.uc ? 1 : 0;
+    req.e2e_flow_control = p.flow_control;
+    req.starting_psn = c.remote_psn;
+    req.retry_count = c.retry_count;
+    req.pkey = 0xFFFF;
+    req.path_mtu = c.mtu;
+    req.rnr_retry_count = std::min<uint8_t>(p.rnr_retry_count, 7);
+    req.max_cm_retries = 15;
+    req.srq = p.srq;
+    set_gid(req.primary.local_gid, c.local_ip_be);
+    set_gid(req.primary.remote_gid, c.peer_ip_be);
+    req.primary.hop_limit = 64;
+    req.primary.packet_rate = 16;
+    req.primary.local_ack_timeout = c.ack_timeout_opt != 0xFF ? c.ack_timeout_opt : 17;
+    c.ack_timeout = req.primary.local_ack_timeout;
+    wire::encode_cma_header(cma, req.private_data);
+    if (p.private_data_len) std::memcpy(req.private_data + wire::kCmaHeaderLen, p.private_data, p.private_data_len);
+    h.tid = c.tid;
+    h.attr_id = static_cast<uint16_t>(wire::CmAttr::Req);
+    wire::encode_req(h, req, mad);
+  }
+  c.st = St::ReqSent;
+  send_mad(c, mad, true);
+  if (c.peer_local && !net::udp_port_bound(c.service_port)) {
+    // Nobody on this host listens on that port yet. A server that re-listens on its port (perftest
+    // does between its two connections) gets a moment, as a REQ crossing a real fabric gives it; then
+    // the answer is what the 4791 holder gives a remote peer: REJ "invalid service ID".
+    c.listener_probes = 20;
+    c.deadline_ns = now_ns() + kProbeIntervalNs;
+  }
+  wake();
+  return 0;
+}
+
+int Manager::accept(Connection& c, const AcceptParams& p) {
+  if (c.st != St::ReqRcvd) return EINVAL;
+  if (c.ud) {
+    // SIDR_REP "valid QP" with our QPN and Q_Key. No ESTABLISHED here, as with the kernel's CM.
+    if (p.private_data_len > wire::kSidrRepPrivateLen) return EINVAL;
+    send_sidr_rep(c, 0, p.qpn, p.private_data, p.private_data_len);
+    c.st = St::Connected;
+    return 0;
+  }
+  if (p.private_data_len > wire::kRepPrivateLen) return EINVAL;
+  uint8_t max_rd = c.dev ? c.dev->max_rd_atom : 16;
+  c.resp_res = std::min(p.responder_resources, max_rd);
+  c.init_depth = std::min<uint8_t>(std::min(p.initiator_depth, max_rd), c.init_depth);
+  if (consumer_ && consumer_->has_qp(c) && consumer_->ready_qp(c) != 0) {
+    send_rej(c, wire::kRejNoQp, wire::kMsgReq, nullptr, 0);
+    c.st = St::Failed;
+    return EINVAL;
+  }
+  wire::CmRep rep;
+  rep.local_comm_id = c.local_comm_id;
+  rep.remote_comm_id = c.remote_comm_id;
+  rep.local_qpn = p.qpn;
+  rep.starting_psn = c.remote_psn;
+  rep.responder_resources = c.resp_res;
+  rep.initiator_depth = c.init_depth;
+  rep.target_ack_delay = 15;
+  rep.e2e_flow_control = p.flow_control;
+  rep.rnr_retry_count = std::min<uint8_t>(p.rnr_retry_count, 7);
+  rep.srq = p.srq;
+  rep.local_ca_guid = c.dev ? c.dev->guid_be : 0;
+  if (p.private_data_len) std::memcpy(rep.private_data, p.private_data, p.private_data_len);
+  wire::MadHeader h;
+  h.tid = c.tid;
+  h.attr_id = static_cast<uint16_t>(wire::CmAttr::Rep);
+  uint8_t mad[wire::kMadLen];
+  wire::encode_rep(h, rep, mad);
+  c.st = St::RepSent;
+  send_mad(c, mad, true);
+  wake();
+  return 0;
+}
+
+int Manager::reject(Connection& c, const void* pdata, uint8_t len) {
+  if (c.st != St::ReqRcvd) return EINVAL;
+  if (c.ud) {
+    if (len > wire::kSidrRepPrivateLen) return EINVAL;
+    send_sidr_rep(c, 2, 0, pdata, len);  // status 2: rejected by the service
+  } else {
+    if (len > wire::kRejPrivateLen) return EINVAL;
+    send_rej(c, wire::kRejConsumerDefined, wire::kMsgReq, pdata, len);
+  }
+  c.st = St::Rejected;
+  return 0;
+}
+
+int Manager::establish(Connection& c) {
+  if (c.st != St::RepRcvd) return EINVAL;
+  send_rtu(c);
+  c.st = St::Connected;
+  return 0;
+}
+
+void Manager::disconnect(Connection& c) {
+  if (c.ud) {
+    if (c.st == St::Connected) c.st = St::Disconnected;  // SIDR leaves no connection to tear down
+    return;
+  }
+  if (c.st == St::Connected || c.st == St::RepSent || c.st == St::RepRcvd) {
+    c.st = St::DreqSent;
+    send_dreq(c);
+    wake();
+  }
+}
+
+void Manager::destroy(Connection& c, std::unique_lock<std::mutex>& lock) {
+  if (c.st == St::Connected && !c.ud) {
+    send_dreq(c);
+  } else if (c.st == St::ReqRcvd) {
+    if (c.ud)
+      send_sidr_rep(c, 2, 0, nullptr, 0);
+    else
+      send_rej(c, wire::kRejConsumerDefined, wire::kMsgReq, nullptr, 0);
+  }
+  release_comm_id(c);
+  // Children of a destroyed listener keep working, as in the kernel.
+  for (Connection* o : conns_)
+    if (o->listener == &c) o->listener = nullptr;
+  bool polled = c.st == St::Listen;
+  std::erase(conns_, &c);
+  if (c.sock >= 0) {
+    if (polled) {
+      // The application may bind this port again at once (perftest -R re-listens).
+      const uint64_t gen = loop_gen_;
+      wake();
+      loop_cv_.wait(lock, [&] { return loop_gen_ != gen; });
+    }
+    close(c.sock);
+    c.sock = -1;
+  }
+}
+
+void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Connection* L) {
+  wire::CmReq req;
+  wire::decode_req(mad, req);
+  wire::CmaIpHeader cma;
+  bool have_cma = wire::decode_cma_header(req.private_data, cma);
+  uint32_t peer_ip = have_cma ? cma.src_ip_be : gid_ip(req.primary.local_gid);
+  uint32_t local_ip = have_cma ? cma.dst_ip_be : gid_ip(req.primary.remote_gid);
+  if (!L || !consumer_) return;
+  // A resent REQ: answer again with what we answered (REP), or keep waiting for the application.
+  for (Connection* c : conns_) {
+    if (c->listener == L && c->remote_comm_id == req.local_comm_id && c->peer_ip_be == peer_ip) {
+      if (c->st == St::RepSent && c->awaiting) send_mad(*c, c->last_mad, false);
+      return;
+    }
+  }
+  Connection* c = consumer_->make_passive(*L);
+  if (!c) return;
+  c->ud = L->ud;
+  c->port_space = L->port_space;
+  c->listener = L;
+  c->passive = true;
+  c->dev = consumer_->device_for_ip(local_ip);
+  if (!c->dev && L->dev) c->dev = L->dev;
+  c->local_ip_be = local_ip;
+  c->local_port = c->service_port = L->service_port;
+  c->peer_ip_be = peer_ip;
+  c->peer_port = have_cma ? cma.src_port : 0;
+  c->peer_local = net::is_local_ip(peer_ip);
+  c->tid = h.tid;
+  c->remote_comm_id = req.local_comm_id;
+  c->remote_qpn = req.local_qpn;
+  // A message's starting PSN is the PSN its sender expects to receive, i.e. the one the other side
+  // sends from (Linux ib_cm: the passive sq_psn is the REQ's, the REP's is its own rq_psn).
+  c->my_psn = req.starting_psn;
+  c->remote_psn = random_u32() & 0xFFFFFF;
+  c->mtu = std::min<uint8_t>(req.path_mtu ? req.path_mtu : kDefaultMtu, c->dev ? c->dev->mtu : kDefaultMtu);
+  c->retry_count = req.retry_count;
+  c->rnr_retry = req.rnr_retry_count;
+  c->ack_timeout = req.primary.local_ack_timeout ? req.primary.local_ack_timeout : 17;
+  c->resp_res = req.initiator_depth;   // what the peer will issue
+  c->init_depth = req.responder_resources;
+  c->st = St::ReqRcvd;
+  if (!alloc_comm_id(*c)) {
+    consumer_->discard(*c);
+    return;
+  }
+  conns_.push_back(c);
+  const size_t off = have_cma ? wire::kCmaHeaderLen : 0;
+  Event e{EventKind::ConnectRequest};
+  e.private_data = req.private_data + off;
+  e.private_data_len = static_cast<uint8_t>(wire::kReqPrivateLen - off);
+  e.listener = L;
+  e.responder_resources = req.initiator_depth;
+  e.initiator_depth = req.responder_resources;
+  e.flow_control = req.e2e_flow_control;
+  e.retry_count = req.retry_count;
+  e.rnr_retry_count = req.rnr_retry_count;
+  e.srq = req.srq;
+  e.qp_num = req.local_qpn;
+  post(*c, e);
+}
+
+void Manager::on_sidr_req(const wire::MadHeader& h, const uint8_t* mad, Connection* L) {
+  wire::CmSidrReq req;
+  wire::decode_sidr_req(mad, req);
+  wire::CmaIpHeader cma;
+  if (!L || !consumer_ || !wire::decode_cma_header(req.private_data, cma)) return;
+  for (Connection* c : conns_) {
+    if (c->listener == L && c->remote_comm_id == req.request_id && c->peer_ip_be == cma.src_ip_be) {
+      if (c->st == St::Connected || c->st == St::Rejected) send_mad(*c, c->last_mad, false);
+      return;
+    }
+  }
+  Connection* c = consumer_->make_passive(*L);
+  if (!c) return;
+  c->ud = true;
+  c->port_space = L->port_space;
+  c->listener = L;
+  c->dev = consumer_->device_for_ip(cma.dst_ip_be);
+  if (!c->dev && L->dev) c->dev = L->dev;
+  c->local_ip_be = cma.dst_ip_be;
+  c->local_port = L->service_port;
+  c->peer_ip_be = cma.src_ip_be;
+  c->peer_port = cma.src_port;
+  c->peer_local = net::is_local_ip(cma.src_ip_be);
+  c->tid = h.tid;
+  c->remote_comm_id = req.request_id;
+  c->service_port = L->service_port;
+  c->st = St::ReqRcvd;
+  conns_.push_back(c);
+  Event e{EventKind::ConnectRequest};
+  e.private_data = req.private_data + wire::kCmaHeaderLen;
+  e.private_data_len = static_cast<uint8_t>(wire::kSidrReqPrivateLen - wire::kCmaHeaderLen);
+  e.listener = L;
+  post(*c, e);
+}
+
+void Manager::on_sidr_rep(Connection& c, const uint8_t* mad) {
+  if (c.st != St::ReqSent || c.listener_probes) return;
+  wire::CmSidrRep rep;
+  wire::decode_sidr_rep(mad, rep);
+  c.awaiting = false;
+  if (rep.status != 0) {
+    // Kernel rdma_cm: a SIDR_REP other than "valid QP" is UNREACHABLE with the SIDR status.
+    c.st = St::Failed;
+    Event e{EventKind::Unreachable};
+    e.status = rep.status;
+    post(c, e);
+    return;
+  }
+  c.st = St::Connected;
+  c.remote_qpn = rep.qpn;
+  Event e{EventKind::Established};
+  e.private_data = rep.private_data;
+  e.private_data_len = wire::kSidrRepPrivateLen;
+  e.qp_num = rep.qpn;
+  e.qkey = rep.qkey;
+  post(c, e);
+}
+
+void Manager::on_mad(const uint8_t* mad, Connection* listener) {
+  wire::MadHeader h;
+  if (!wire::decode_mad_header(mad, wire::kMadLen, h)) return;
+  auto attr = static_cast<wire::CmAttr>(h.attr_id);
+  if (attr == wire::CmAttr::Req || attr == wire::CmAttr::SidrReq) {
+    if (!listener) {
+      uint16_t port = wire::cm_service_id(mad, h.attr_id) & 0xFFFF;
+      for (Connection* i : conns_)
+        if (i->st == St::Listen && i->service_port == port) listener = i;
+    }
+    // A REQ names a connected port space, a SIDR_REQ a datagram one: the other kind finds no listener.
+    if (listener && listener->ud != (attr == wire::CmAttr::SidrReq)) listener = nullptr;
+    if (attr == wire::CmAttr::Req)
+      on_req(h, mad, listener);
+    else
+      on_sidr_req(h, mad, listener);
+    return;
+  }
+  auto it = by_comm_.find(wire::cm_destination_comm_id(mad, h.attr_id));
+  if (it == by_comm_.end()) return;
+  Connection& c = *it->second;
+  switch (attr) {
+    case wire::CmAttr::SidrRep:
+      on_sidr_rep(c, mad);
+      return;
+    case wire::CmAttr::Rep: {
+      wire::CmRep rep;
+      wire::decode_rep(mad, rep);
+      if (c.st == St::Connected) {  // our RTU was lost
+        send_rtu(c);
+        return;
+      }
+      if (c.st != St::ReqSent) return;
+      c.awaiting = false;
+      c.remote_comm_id = rep.local_comm_id;
+      c.remote_qpn = rep.local_qpn;
+      c.my_psn = rep.starting_psn;  // we send from the PSN the passive side expects
+      c.init_depth = std::min(c.init_depth, rep.responder_resources);
+      c.rnr_retry = rep.rnr_retry_count;
+      Event e{EventKind::Established};
+      if (!consumer_ || !consumer_->has_qp(c)) {
+        c.st = St::RepRcvd;
+        e.kind = EventKind::ConnectResponse;
+      } else if (consumer_->ready_qp(c) != 0) {
+        send_rej(c, wire::kRejNoQp, wire::kMsgRep, nullptr, 0);
+        c.st = St::Failed;
+        Event err{EventKind::ConnectError};
+        err.status = -EINVAL;
+        post(c, err);
+        return;
+      } else {
+        send_rtu(c);
+        c.st = St::Connected;
+      }
+      e.private_data = rep.private_data;
+      e.private_data_len = wire::kRepPrivateLen;
+      e.responder_resources = rep.initiator_depth;
+      e.initiator_depth = rep.responder_resources;
+      e.flow_control = rep.e2e_flow_control;
+      e.rnr_retry_count = rep.rnr_retry_count;
+      e.srq = rep.srq;
+      e.qp_num = rep.local_qpn;
+      post(c, e);
+      return;
+    }
+    case wire::CmAttr::Rtu: {
+      if (c.st != St::RepSent) return;
+      wire::CmSimple rtu;
+      wire::decode_simple(mad, h.attr_id, rtu);
+      c.awaiting = false;
+      c.st = St::Connected;
+      Event e{EventKind::Established};
+      e.private_data = rtu.private_data;
+      e.private_data_len = wire::kRtuPrivateLen;
+      post(c, e);
+      return;
+    }
+    case wire::CmAttr::Rej: {
+      wire::CmRej rej;
+      wire::decode_rej(mad, rej);
+      if ((c.st == St::Connected || c.st == St::DreqSent) && rej.reason == wire::kRejInvalidCommId) {
+        // Our peer's host no longer knows the connection: its process is gone (gsi.cpp).
+        c.awaiting = false;
+        c.st = St::Disconnected;
+        post(c, Event{EventKind::Disconnected});
+        return;
+      }
+      if (c.st != St::ReqSent && c.st != St::RepSent && c.st != St::RepRcvd) return;
+      c.awaiting = false;
+      c.st = St::Rejected;
+      Event e{EventKind::Rejected};
+      e.status = rej.reason;
+      e.private_data = rej.private_data;
+      e.private_data_len = wire::kRejPrivateLen;
+      post(c, e);
+      return;
+    }
+    case wire::CmAttr::Mra: {
+      wire::CmMra mra;
+      wire::decode_mra(mad, mra);
+      // The peer needs more time: wait its service timeout on top of ours before resending.
+      if (c.awaiting)
+        c.deadline_ns = now_ns() + cm_timeout_ns() + (4096ull << std::min<uint8_t>(mra.service_timeout, 31));
+      return;
+    }
+    case wire::CmAttr::Dreq: {
+      send_simple(c, wire::CmAttr::Drep, h.tid, 0, false);
+      if (c.st == St::Connected || c.st == St::DreqSent || c.st == St::RepSent) {
+        c.awaiting = false;
+        c.st = St::Disconnected;
+        post(c, Event{EventKind::Disconnected});
+      }
+      return;
+    }
+    case wire::CmAttr::Drep:
+      if (c.st != St::DreqSent) return;
+      c.awaiting = false;
+      c.st = St::Disconnected;
+      post(c, Event{EventKind::Disconnected});
+      return;
+    default:
+      return;
+  }
+}
+
+void Manager::receive(int fd, Connection* listener) {
+  uint8_t buf[2048];
+  for (;;) {
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) return;
+    // Senders are local peers or this host's 4791 holder, which checked the ICRC (gsi.cpp).
+    if (const uint8_t* mad = wire::gsi_mad(buf, static_cast<size_t>(n))) on_mad(mad, listener);
+  }
+}
+
+void Manager::timers() {
+  uint64_t now = now_ns();
+  for (Connection* c : conns_) {
+    if (!c->awaiting || now < c->deadline_ns) continue;
+    if (c->listener_probes) {
+      if (net::udp_port_bound(c->service_port)) {
+        c->listener_probes = 0;
+        send_mad(*c, c->last_mad, true);
+      } else if (--c->listener_probes == 0) {
+        c->awaiting = false;
+        c->st = St::Rejected;
+        if (c->ud) {
+          Event e{EventKind::Unreachable};
+          e.status = 1;  // SIDR_REP status 1: service ID not supported
+          post(*c, e);
+        } else {
+          Event e{EventKind::Rejected};
+          e.status = wire::kRejInvalidServiceId;
+          post(*c, e);
+        }
+      } else {
+        c->deadline_ns = now + kProbeIntervalNs;
+      }
+      continue;
+    }
+    if (c->retries_left-- > 0) {
+      send_mad(*c, c->last_mad, false);
+      c->deadline_ns = now + cm_timeout_ns();
+      continue;
+    }
+    c->awaiting = false;
+    switch (c->st) {
+      case St::ReqSent:
+      case St::RepSent: {
+        c->st = St::Failed;
+        Event e{EventKind::Unreachable};
+        e.status = -ETIMEDOUT;
+        post(*c, e);
+        break;
+      }
+      case St::DreqSent:
+        c->st = St::Disconnected;
+        post(*c, Event{EventKind::Disconnected});
+        break;
+      default:
+        break;
+    }
+  }
+  // A peer process on this host that died without a DREQ: its comm ID's owner is gone. (A real fabric
+  // learns this from the peer's kernel, which sends the DREQ for a dying process.)
+  if (now - last_liveness_ns_ < 200000000ull) return;
+  last_liveness_ns_ = now;
+  // A peer process on another host that died: its host answers for it (gsi.cpp) when we resend what
+  // a live peer ignores or answers harmlessly (IBTA 12.9.x duplicates): the active side its RTU, the
+  // passive side its REP (the peer answers with its RTU). A kernel rdma_cm peer needs none of this
+  // (its kernel sends the DREQ for a dying process) and ignores the duplicates.
+  for (Connection* c : conns_) {
+    if (c->st != St::Connected || c->peer_local || c->ud || c->awaiting) continue;
+    if (!c->next_probe_ns) c->next_probe_ns = now + cm_probe_ns();
+    if (now < c->next_probe_ns) continue;
+    c->next_probe_ns = now + cm_probe_ns();
+    if (c->passive) {
+      send_mad(*c, c->last_mad, false);
+    } else {
+      send_rtu(*c);
+    }
+  }
+  for (Connection* c : conns_) {
+    if (c->st != St::Connected || !c->peer_local || c->ud) continue;
+    if (owner_alive(c->remote_comm_id)) continue;
+    c->st = St::Disconnected;
+    post(*c, Event{EventKind::Disconnected});
+  }
+}
+
+void Manager::loop() {
+  std::vector<pollfd> fds;
+  std::vector<Connection*> owners;
+  for (;;) {
+    int timeout_ms = 200;
+    {
+      std::lock_guard lock(mu);
+      fds.assign({pollfd{sock_, POLLIN, 0}, pollfd{wake_fd_, POLLIN, 0}});
+      owners.assign(2, nullptr);
+      uint64_t now = now_ns();
+      for (Connection* c : conns_) {
+        if (c->st == St::Listen && c->sock >= 0) {
+          fds.push_back(pollfd{c->sock, POLLIN, 0});
+          owners.push_back(c);
+        }
+        if (c->awaiting) {
+          int64_t ms = c->deadline_ns > now ? int64_t((c->deadline_ns - now) / 1000000) + 1 : 0;
+          timeout_ms = static_cast<int>(std::min<int64_t>(timeout_ms, ms));
+        }
+      }
+    }
+    poll(fds.data(), fds.size(), timeout_ms);
+    std::lock_guard lock(mu);
+    ++loop_gen_;
+    loop_cv_.notify_all();
+    uint64_t v;
+    [[maybe_unused]] ssize_t n = read(wake_fd_, &v, sizeof v);
+    receive(sock_, nullptr);
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (!(fds[i].revents & POLLIN)) continue;
+      // The endpoint may have been destroyed while we polled.
+      if (std::find(conns_.begin(), conns_.end(), owners[i]) != conns_.end() && owners[i]->sock == fds[i].fd)
+        receive(fds[i].fd, owners[i]);
+    }
+    timers();
+  }
+}
+
+void Manager::at_exit() {
+  // A process that exits with connections up disconnects them, as the kernel does for a dying process.
+  std::lock_guard lock(mu);
+  for (Connection* c : conns_)
+    if (c->st == St::Connected && !c->ud) send_dreq(*c);
+}
+
+}  // namespace softrdma::cm

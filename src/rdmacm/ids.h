@@ -1,0 +1,50 @@
+// librdmacm's objects: rdma_cm ids, event channels and events as the ABI defines them, each id
+// holding its CM protocol endpoint (cm::Connection, src/cm) (docs/rdmacm.md).
+#pragma once
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "cm/cm.h"
+
+#define SOFTRDMA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace softrdma::rdmacm {
+
+// A softrdma device as rdma_cm uses it: what the protocol needs, plus the verbs context.
+struct Device : cm::Device {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;  // default PD, made on first use
+};
+
+struct Event {
+  rdma_cm_event ev{};
+  uint8_t pdata[256] = {};
+  ibv_gid mgid{};  // MULTICAST_JOIN: the group the id's QP is attached to when the event is read
+};
+
+struct Channel {
+  rdma_event_channel pub;  // first: applications hold &pub
+  int write_fd = -1;
+  std::deque<Event*> queue;
+};
+
+struct Id {
+  rdma_cm_id pub{};  // first: applications hold &pub
+  cm::Connection conn;  // the protocol endpoint (conn.owner == this)
+  bool sync = false;
+  int events_out = 0;  // delivered to the application, not yet acked
+  // rdma_create_ep on a passive id: what rdma_get_request gives each new connection.
+  bool has_ep_attr = false;
+  ibv_qp_init_attr ep_attr{};
+  ibv_pd* ep_pd = nullptr;
+  bool own_cqs = false;
+  std::vector<uint32_t> mcast_groups;  // IPv4 groups joined (network order)
+
+  Device* dev() const { return static_cast<Device*>(const_cast<cm::Device*>(conn.dev)); }
+};
+
+}  // namespace softrdma::rdmacm
