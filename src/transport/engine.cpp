@@ -600,7 +600,9 @@ int Engine::deregister_mr(const core::MrRegion& region) {
     ShareTable::instance().release(region.share_id, region.access & (core::kRemoteWrite | core::kRemoteAtomic));
   }
   // The application may unmap the memory as soon as we return: forget every pointer into it that an
-  // operation in flight still holds, so a late packet finds an error instead of freed memory.
+  // operation in flight still holds, so a late packet finds an error instead of freed memory. Local
+  // SGEs name their MR by lkey: one resolved through another MR of the same pages stays valid (MR
+  // caches such as libfabric's register a larger range and drop the smaller one while it is in use).
   const uint8_t* lo = reinterpret_cast<const uint8_t*>(region.addr);
   const uint8_t* hi = lo + region.length;
   auto inside = [&](const uint8_t* p) { return p && p >= lo && p < hi; };
@@ -609,7 +611,7 @@ int Engine::deregister_mr(const core::MrRegion& region) {
     if (qp->resp.recv_active) {
       const RecvWqe& w = active_recv_wqe(*qp);
       for (uint32_t i = 0; i < w.num_sge; ++i)
-        if (inside(qp->resp.recv_host[i])) qp->resp.recv_host[i] = nullptr;
+        if (w.sge[i].lkey == region.lkey && inside(qp->resp.recv_host[i])) qp->resp.recv_host[i] = nullptr;
     }
     std::erase_if(qp->resp.read_jobs, [&](const ReadResponseJob& j) {
       return j.kind == ReadResponseJob::Kind::Read && j.remaining && j.src < hi && j.src + j.remaining > lo;
@@ -618,7 +620,7 @@ int Engine::deregister_mr(const core::MrRegion& region) {
       SqEntry& e = qp->sq.at(i);
       if (!e.started || (e.wqe.flags & kInline)) continue;
       for (uint32_t k = 0; k < e.wqe.num_sge; ++k) {
-        if (!inside(e.host[k])) continue;
+        if (e.wqe.sge[k].lkey != region.lkey || !inside(e.host[k])) continue;
         e.host[k] = nullptr;
         e.status = WcStatus::LocProtErr;
       }
