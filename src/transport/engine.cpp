@@ -956,7 +956,15 @@ void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
 
 int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
   int got = cq->poll(out, n);
-  if (got == 0 && lock_for_caller()) {
+  if (got > 0 && got < n && direct_active_.load(std::memory_order_relaxed) && lock_for_caller()) {
+    // Room left: what intra-host initiators left in the inboxes completed at their side already (like
+    // an acknowledged message), so it is returned with what the ring held, as an HCA's CQ would hold
+    // it. Otherwise a poll that found its own send CQE missed them, and the application could learn of
+    // the peer's disconnect (or destroy the QP) before seeing completions of data sent before it.
+    const bool placed = direct_receive_all();
+    lock_.unlock();
+    if (placed) got += cq->poll(out + got, n - got);
+  } else if (got == 0 && lock_for_caller()) {
     // With a direct peer, an empty poll must see what intra-host initiators left (after
     // ibv_req_notify_cq an initiator may have found the CQ unarmed and woken nobody, direct.cpp), and
     // only every 1024th one goes on to the sockets and timers (syscalls and clock reads, ~1 us): the

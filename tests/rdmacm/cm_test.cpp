@@ -673,4 +673,93 @@ TEST(RdmaCm, MulticastJoinAttachesTheQp) {
   EXPECT_EQ(errno, EADDRNOTAVAIL);
 }
 
+// Data before a disconnect: the peer (another process, so the intra-host direct path when it is on)
+// posts N SENDs after our "go", has them completed, and disconnects at once. When DISCONNECTED
+// arrives, one poll of our CQ, without waiting, must return our own SEND's completion and all N
+// receive completions, in order, with status success -- as on hardware, where an acknowledged SEND's
+// receive completion is in the CQ before the peer's DREQ can be. Our SEND's completion stays in the
+// CQ on purpose: a poll that finds the ring not empty must still see what the peer left. Many rounds,
+// since a lost ordering shows in some rounds only.
+TEST(RdmaCm, SendsBeforeDisconnectAreCompleteWhenDisconnectedArrives) {
+  constexpr int kSends = 6, kRounds = 60;
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  Peer P;
+  ASSERT_TRUE(P.start({"sends", kIp, std::to_string(L.port), std::to_string(kSends), std::to_string(kRounds)}));
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    rdma_cm_event* ev = next_event(L.ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+    rdma_cm_id* child = ev->id;
+    rdma_ack_cm_event(ev);
+    std::vector<uint32_t> buf(kSends + 1, 0xFFFFFFFFu);
+    ibv_pd* pd = ibv_alloc_pd(child->verbs);
+    ASSERT_NE(pd, nullptr);
+    ibv_cq* cq = ibv_create_cq(child->verbs, 2 * kSends + 4, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    ibv_mr* mr = ibv_reg_mr(pd, buf.data(), buf.size() * 4, IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_NE(mr, nullptr);
+    ibv_qp_init_attr qa{};
+    qa.qp_type = IBV_QPT_RC;
+    qa.send_cq = qa.recv_cq = cq;
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = kSends + 1;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    ASSERT_EQ(rdma_create_qp(child, pd, &qa), 0);
+    for (int i = 0; i < kSends; ++i) {
+      ibv_sge rs{reinterpret_cast<uint64_t>(&buf[1 + i]), 4, mr->lkey};
+      ibv_recv_wr rwr{};
+      rwr.wr_id = 100 + i;
+      rwr.sg_list = &rs;
+      rwr.num_sge = 1;
+      ibv_recv_wr* bad_r = nullptr;
+      ASSERT_EQ(ibv_post_recv(child->qp, &rwr, &bad_r), 0);
+    }
+    rdma_conn_param ap{};
+    ap.rnr_retry_count = 7;
+    ap.retry_count = 7;
+    ASSERT_EQ(rdma_accept(child, &ap), 0);
+    ev = next_event(L.ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id == child) << name(ev);
+    rdma_ack_cm_event(ev);
+    buf[0] = 0x60;
+    ibv_sge s{reinterpret_cast<uint64_t>(&buf[0]), 4, mr->lkey};
+    ibv_send_wr swr{};
+    swr.wr_id = 7;
+    swr.sg_list = &s;
+    swr.num_sge = 1;
+    swr.opcode = IBV_WR_SEND;
+    swr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad_s = nullptr;
+    ASSERT_EQ(ibv_post_send(child->qp, &swr, &bad_s), 0);
+    ev = next_event(L.ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED && ev->id == child) << name(ev);
+    rdma_ack_cm_event(ev);
+    ibv_wc wc[2 * kSends + 4];
+    const int got = ibv_poll_cq(cq, 2 * kSends + 4, wc);
+    int recvs = 0, sends = 0;
+    std::string bad;
+    for (int i = 0; i < got; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS)
+        bad += " wr_id " + std::to_string(wc[i].wr_id) + " status " + ibv_wc_status_str(wc[i].status) + ";";
+      else if (wc[i].opcode == IBV_WC_SEND)
+        ++sends;
+      else if (wc[i].opcode == IBV_WC_RECV && wc[i].wr_id == static_cast<uint64_t>(100 + recvs) && wc[i].byte_len == 4)
+        ++recvs;
+      else
+        bad += " unexpected wr_id " + std::to_string(wc[i].wr_id) + ";";
+    }
+    EXPECT_EQ(recvs, kSends) << "receive completions found by the one poll after DISCONNECTED (" << got
+                             << " completions in all)" << bad;
+    EXPECT_EQ(sends, 1) << "our own SEND's completion" << bad;
+    for (int i = 0; i < recvs; ++i) EXPECT_EQ(buf[1 + i], static_cast<uint32_t>(i)) << "payload of SEND " << i;
+    rdma_destroy_qp(child);
+    ibv_dereg_mr(mr);
+    ibv_destroy_cq(cq);
+    ibv_dealloc_pd(pd);
+    EXPECT_EQ(rdma_destroy_id(child), 0);
+    if (HasFatalFailure()) break;
+  }
+  EXPECT_EQ(P.wait(), 0) << "the peer failed (its stderr says at which round and step)";
+}
+
 }  // namespace
