@@ -4,7 +4,7 @@
 #     and pyverbs (tests/compat/{ucx,libfabric,mpi,pyverbs}.sh, loopback and two namespaces) and
 #     tabulates every case they report;
 #  2. what each costs beside the consumer's own transports on one host: UCX ucx_perftest over
-#     softrdma (rc_verbs; the direct path is on, as by default) against UCX tcp and UCX posix,cma,
+#     softrdma (rc_verbs,ud_verbs; the direct path is on, as by default) against UCX tcp and UCX posix,cma,
 #     and libfabric fi_pingpong over softrdma's verbs (verbs;ofi_rxm) against libfabric tcp and shm.
 #     Server on CPU 0, client on CPU 1. "ratio" = softrdma / peer: for latency < 1 is faster, for
 #     bandwidth > 1 is faster. Only ratios of one run count (the host moves this VM's vCPUs).
@@ -78,7 +78,7 @@ perf_rows=()
 row() {  # row NAME SOFTRDMA PEER1_NAME PEER1 PEER2_NAME PEER2
   perf_rows+=("| $1 | ${2:-fail} | $3 | ${4:-fail} | $(ratio "$2" "$4") | $5 | ${6:-fail} | $(ratio "$2" "$6") |")
 }
-SR_UCX=(UCX_NET_DEVICES=softrdma_lo:1 UCX_TLS=rc_verbs)
+SR_UCX=(UCX_NET_DEVICES=softrdma_lo:1 UCX_TLS=rc_verbs,ud_verbs)
 echo "=== UCX ===" >&2
 row "UCX tag_lat 8 B (us, p50)" "$(ucx softrdma tag_lat 8 20000 "${SR_UCX[@]}")" \
   "UCX tcp" "$(ucx tcp tag_lat 8 20000 UCX_TLS=tcp)" \
