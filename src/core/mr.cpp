@@ -184,7 +184,9 @@ bool MrTable::bind_window(const MwBind& b, uint32_t qp_pd, uint32_t qpn, uint32_
   if (it == windows_.end()) return false;
   Window& w = it->second;
   uint32_t rights = b.access & (kRemoteWrite | kRemoteRead | kRemoteAtomic);
-  if (b.access & ~(rights | kZeroBased)) return false;  // local rights or MW_BIND cannot be granted
+  // A window grants remote rights only. LOCAL_WRITE is accepted and means nothing for it (hardware
+  // takes it too, and rdma-core's tests pass it); MW_BIND or an unknown bit cannot be granted.
+  if (b.access & ~(rights | kZeroBased | kLocalWrite)) return false;
   if (w.type == MwType::Type2) {
     if (w.bound) return false;                  // o10-37.2.30: only a free type 2 window is bound
     if (qp_pd != w.pd) return false;            // C10-72
@@ -192,7 +194,8 @@ bool MrTable::bind_window(const MwBind& b, uint32_t qp_pd, uint32_t qpn, uint32_
   } else if (b.access & kZeroBased) {
     return false;                               // o10-36.2.2: type 1 windows are VA based
   }
-  if ((b.rkey & 0xFF) == (w.rkey & 0xFF)) return false;  // the key must change with each bind
+  // IBTA does not require the key tag to change with each bind (ibv_inc_rkey(3) is the consumer's
+  // way to pick a new one); the same tag again is accepted.
   uint32_t new_key = (w.rkey & ~0xFFu) | (b.rkey & 0xFF);
   MrRegion range{};
   if (b.length) {
