@@ -2,17 +2,28 @@
 
 #include <time.h>
 
+#include <cerrno>
+
 #include <new>
 
 namespace softrdma::core {
 
-CompletionQueue::CompletionQueue(Arena& arena, uint32_t min_entries) : arena_(arena) {
+uint32_t CompletionQueue::round_up(uint32_t n) {
   uint32_t cap = 1;
-  while (cap < min_entries) cap <<= 1;
+  while (cap < n) cap <<= 1;
+  return cap;
+}
+
+CompletionQueue::CompletionQueue(Arena& arena, uint32_t min_entries) : arena_(arena) {
+  const uint32_t cap = round_up(min_entries);
   mask_ = cap - 1;
-  ring_bytes_ = sizeof(Ring) + sizeof(Cqe) * (cap - 1);
-  void* mem = arena_.allocate(ring_bytes_);
+  void* mem = arena_.allocate(sizeof(Ring));
   if (!mem) throw std::bad_alloc();
+  slots_ = static_cast<Cqe*>(arena_.allocate(sizeof(Cqe) * cap));
+  if (!slots_) {
+    arena_.release(mem, sizeof(Ring));
+    throw std::bad_alloc();
+  }
   ring_ = new (mem) Ring;
   ring_->head.store(0);
   ring_->tail.store(0);
@@ -20,8 +31,26 @@ CompletionQueue::CompletionQueue(Arena& arena, uint32_t min_entries) : arena_(ar
 }
 
 CompletionQueue::~CompletionQueue() {
+  arena_.release(slots_, sizeof(Cqe) * capacity());
   ring_->~Ring();
-  arena_.release(ring_, ring_bytes_);
+  arena_.release(ring_, sizeof(Ring));
+}
+
+int CompletionQueue::resize(uint32_t min_entries) {
+  const uint32_t cap = round_up(min_entries);
+  std::lock_guard lock(consumer_lock_);
+  const uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
+  const uint64_t head = ring_->head.load(std::memory_order_acquire);
+  if (head - tail > cap) return EINVAL;
+  if (cap == capacity()) return 0;
+  auto* fresh = static_cast<Cqe*>(arena_.allocate(sizeof(Cqe) * cap));
+  if (!fresh) return ENOMEM;
+  // The indices keep counting: each CQE present moves to the slot its index names in the new ring.
+  for (uint64_t i = tail; i != head; ++i) fresh[i & (cap - 1)] = slots_[i & mask_];
+  arena_.release(slots_, sizeof(Cqe) * capacity());
+  slots_ = fresh;
+  mask_ = cap - 1;
+  return 0;
 }
 
 uint64_t CompletionQueue::clock_ns() {
@@ -38,7 +67,7 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
     if (on_overrun_) on_overrun_(*this);
     return false;
   }
-  Cqe& slot = ring_->slots[head & mask_];
+  Cqe& slot = slots_[head & mask_];
   slot = cqe;
   // Taken here, by the ring's only producer: timestamps are nondecreasing in completion order.
   if (timestamps_) slot.timestamp_ns = clock_ns();
@@ -62,7 +91,7 @@ int CompletionQueue::poll(Cqe* out, int n) {
   uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
   uint64_t head = ring_->head.load(std::memory_order_acquire);
   int got = 0;
-  while (got < n && tail != head) out[got++] = ring_->slots[tail++ & mask_];
+  while (got < n && tail != head) out[got++] = slots_[tail++ & mask_];
   ring_->tail.store(tail, std::memory_order_release);
   return got;
 }

@@ -95,19 +95,25 @@ class CompletionQueue {
   // i.e. a 1 GHz counter that never jumps.
   static uint64_t clock_ns();
   uint32_t outstanding() const;   // CQEs present, for resize checks
+  // ibv_resize_cq: a ring of at least min_entries slots (rounded up to a power of two) that keeps the
+  // CQEs present, in order. EINVAL when they would not fit, ENOMEM when the arena has no room (the CQ
+  // is unchanged then). The caller holds off the producer (the engine's lock); consumers are held off
+  // here. The ring's indices and arm word stay where they are: intra-host peers hold the arm word's
+  // offset (transport/direct.h), so only the slots move.
+  int resize(uint32_t min_entries);
 
  private:
   struct Ring {
     std::atomic<uint64_t> head;  // next slot the producer fills
     alignas(64) std::atomic<uint64_t> tail;  // next slot a consumer takes
     alignas(64) std::atomic<int> armed;
-    alignas(64) Cqe slots[1];
   };
+  static uint32_t round_up(uint32_t n);
 
   Arena& arena_;
   int wake_fd_ = -1;
   Ring* ring_;
-  size_t ring_bytes_;
+  Cqe* slots_;
   uint32_t mask_;
   SpinLock consumer_lock_;
   std::atomic<bool> overrun_{false};

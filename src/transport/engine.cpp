@@ -654,6 +654,14 @@ std::unique_ptr<core::CompletionQueue> Engine::create_cq(uint32_t entries,
   return cq;
 }
 
+int Engine::resize_cq(core::CompletionQueue* cq, uint32_t entries) {
+  // Every producer of this CQ's entries holds the engine's lock: the progress thread, a caller's
+  // post or poll, and the placing of what intra-host peers left in the inboxes (peers never write
+  // the ring themselves).
+  std::lock_guard lock(lock_);
+  return cq->resize(entries);
+}
+
 void Engine::destroy_cq(core::CompletionQueue* cq) {
   std::lock_guard lock(lock_);
   async_events_.discard_if([cq](const AsyncEvent& e) { return e.cq == cq; });

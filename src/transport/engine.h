@@ -98,6 +98,8 @@ class Engine {
   std::unique_ptr<core::CompletionQueue> create_cq(uint32_t entries, core::CompletionQueue::EventFn on_completion);
   // Drops the CQ's pending events; the CQ must have no QPs left (the verbs layer checks).
   void destroy_cq(core::CompletionQueue* cq);
+  // ibv_resize_cq: 0, EINVAL (more CQEs present than fit) or ENOMEM; no CQE is produced meanwhile.
+  int resize_cq(core::CompletionQueue* cq, uint32_t entries);
 
   // Returns nullptr (errno set) on failure.
   Qp* create_qp(const QpConfig& cfg);

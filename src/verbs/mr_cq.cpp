@@ -222,11 +222,12 @@ SOFTRDMA_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
 }
 
 SOFTRDMA_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
-  // The ring is sized at creation; growing within its power-of-two capacity is all that is possible.
-  if (cqe < 1 || static_cast<uint32_t>(cqe) > core::DeviceLimits::kMaxCqe) return EINVAL;
+  // cqe is a minimum (ibv_resize_cq(3)); the ring rounds it up to a power of two and cq->cqe says
+  // what it holds. Shrinking below the CQEs present is refused, and the CQ is then unchanged.
+  if (cqe < 1 || static_cast<uint32_t>(cqe) > core::DeviceLimits::kMaxCqe) return errno = EINVAL;
   SoftCq* c = to_cq(cq);
-  if (static_cast<uint32_t>(cqe) > c->queue->capacity()) return EOPNOTSUPP;
-  if (static_cast<uint32_t>(cqe) < c->queue->outstanding()) return EINVAL;
+  if (int rc = engine_of(cq->context).resize_cq(c->queue.get(), static_cast<uint32_t>(cqe))) return errno = rc;
+  c->cq.cqe = static_cast<int>(c->queue->capacity());
   return 0;
 }
 
