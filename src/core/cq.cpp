@@ -53,6 +53,22 @@ int CompletionQueue::resize(uint32_t min_entries) {
   return 0;
 }
 
+void CompletionQueue::discard_qp(uint32_t qpn, bool keep_receives) {
+  std::lock_guard lock(consumer_lock_);
+  const uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
+  const uint64_t head = ring_->head.load(std::memory_order_acquire);
+  // Packed towards head, which the producer owns and which stays; tail moves up past the gap.
+  uint64_t to = head;
+  for (uint64_t from = head; from != tail;) {
+    --from;
+    const Cqe& c = slots_[from & mask_];
+    if (c.qp_num == qpn && !(keep_receives && c.opcode >= WcOpcode::Recv)) continue;
+    --to;
+    if (to != from) slots_[to & mask_] = slots_[from & mask_];
+  }
+  ring_->tail.store(to, std::memory_order_release);
+}
+
 uint64_t CompletionQueue::clock_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -101,6 +101,9 @@ class CompletionQueue {
   // here. The ring's indices and arm word stay where they are: intra-host peers hold the arm word's
   // offset (transport/direct.h), so only the slots move.
   int resize(uint32_t min_entries);
+  // Removes the CQEs of QP qpn that are still in the ring (its receive CQEs too unless
+  // keep_receives), keeping the others in order: a QP moved to RESET. Same caller rules as resize.
+  void discard_qp(uint32_t qpn, bool keep_receives);
 
  private:
   struct Ring {

@@ -96,6 +96,18 @@ void MrTable::remove(const MrRegion& region) {
   --count_;
 }
 
+void MrTable::update(const MrRegion& updated) {
+  Slot* l = find(updated.lkey, false);
+  Slot* r = find(updated.rkey, true);
+  if (!l || !r || l->window || r->window) return;
+  // Odd while both copies change: a peer's lookup meanwhile retries, and every cached lookup (the
+  // direct path keeps one per peer, under the seq it was read at) is stale afterwards.
+  seq_->fetch_add(1, std::memory_order_seq_cst);
+  l->region = updated;
+  r->region = updated;
+  seq_->fetch_add(1, std::memory_order_release);
+}
+
 namespace {
 AccessResult resolve(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len, uint8_t** host) {
   if (r.pd != pd) return AccessResult::BadPd;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <unordered_map>
+#include <utility>
 
 #include "core/arena.h"
 
@@ -52,6 +53,8 @@ class MrTable {
   // Registers a region with fresh random keys; false when the table is full.
   bool add(MrRegion& region);
   void remove(const MrRegion& region);
+  // ibv_rereg_mr: the region with these keys gets updated's range, PD and access (its keys stay).
+  void update(const MrRegion& updated);
   size_t count() const { return count_; }
 
   // For the intra-host direct path (transport/direct.h): the slots, and a sequence number that is odd
@@ -108,6 +111,7 @@ class MrTable {
     uint32_t qpn;      // type 2, while bound
   };
   const Slot* find(uint32_t key, bool remote) const;
+  Slot* find(uint32_t key, bool remote) { return const_cast<Slot*>(std::as_const(*this).find(key, remote)); }
   Slot* insert(uint32_t key, bool remote, const MrRegion& region, uint8_t window = 0, uint32_t qpn = 0);
   void erase(uint32_t key, bool remote);
   uint32_t fresh_key();

@@ -599,10 +599,16 @@ int Engine::deregister_mr(const core::MrRegion& region) {
     direct_->wait_copies();
     ShareTable::instance().release(region.share_id, region.access & (core::kRemoteWrite | core::kRemoteAtomic));
   }
-  // The application may unmap the memory as soon as we return: forget every pointer into it that an
-  // operation in flight still holds, so a late packet finds an error instead of freed memory. Local
-  // SGEs name their MR by lkey: one resolved through another MR of the same pages stays valid (MR
-  // caches such as libfabric's register a larger range and drop the smaller one while it is in use).
+  forget_pointers_into(region);
+  return 0;
+}
+
+void Engine::forget_pointers_into(const core::MrRegion& region) {
+  // The application may unmap the memory as soon as deregistration returns: forget every pointer
+  // into it that an operation in flight still holds, so a late packet finds an error instead of freed
+  // memory. Local SGEs name their MR by lkey: one resolved through another MR of the same pages stays
+  // valid (MR caches such as libfabric's register a larger range and drop the smaller one while it is
+  // in use).
   const uint8_t* lo = reinterpret_cast<const uint8_t*>(region.addr);
   const uint8_t* hi = lo + region.length;
   auto inside = [&](const uint8_t* p) { return p && p >= lo && p < hi; };
@@ -626,6 +632,29 @@ int Engine::deregister_mr(const core::MrRegion& region) {
       }
     }
   }
+}
+
+int Engine::reregister_mr(core::MrRegion& region, const core::MrRegion& wanted, bool translation) {
+  std::lock_guard lock(lock_);
+  if (mrs_.has_bound_windows(region.lkey)) return EBUSY;
+  core::MrRegion next = wanted;
+  next.lkey = region.lkey;
+  next.rkey = region.rkey;
+  next.share_id = region.share_id;
+  const uint32_t peer_writes = core::kRemoteWrite | core::kRemoteAtomic;
+  const bool was_writable = region.access & peer_writes, writable = next.access & peer_writes;
+  // The intra-host share follows the pages and whether peers may write them: the new one is taken
+  // before the old one goes, so pages that stay in the region are not moved back and forth.
+  const bool new_share = direct_ && (translation || was_writable != writable);
+  if (new_share) next.share_id = ShareTable::instance().acquire(next.addr, next.length, writable);
+  mrs_.update(next);
+  if (direct_) {
+    // No intra-host peer is still copying under the old translation or rights when we return.
+    direct_->wait_copies();
+    if (new_share) ShareTable::instance().release(region.share_id, was_writable);
+  }
+  if (translation) forget_pointers_into(region);
+  region = next;
   return 0;
 }
 
@@ -791,6 +820,13 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
       switch (m.state) {
         case QpState::Reset:
           reset_transport_state(*qp);
+          // Its completions not yet polled go too (IBTA allows either; mlx4/mlx5 clean them, and
+          // rdma-core's tests count on it: a QP recovered through RESET must not return the flush
+          // errors of its previous life). Receive CQEs of an SRQ's WQEs stay: those WQEs were the
+          // SRQ's, and the CQE is all that is left of them.
+          if (qp->cfg.send_cq) qp->cfg.send_cq->discard_qp(qp->qpn, qp->srq != nullptr);
+          if (qp->cfg.recv_cq && qp->cfg.recv_cq != qp->cfg.send_cq)
+            qp->cfg.recv_cq->discard_qp(qp->qpn, qp->srq != nullptr);
           if (direct_) direct_->detach(*qp);
           break;
         case QpState::Rtr:

@@ -91,6 +91,10 @@ class Engine {
   bool register_mr(core::MrRegion& region);
   // 0, or EBUSY while memory windows are bound to the region (ibv_dereg_mr(3)).
   int deregister_mr(const core::MrRegion& region);
+  // ibv_rereg_mr: region (registered) takes wanted's addr, iova, length, access and PD; its keys
+  // stay. translation: the pages change, and operations in flight lose their pointers into the old
+  // ones as at deregistration. 0, or EBUSY while memory windows are bound to it (nothing changes).
+  int reregister_mr(core::MrRegion& region, const core::MrRegion& wanted, bool translation);
   // Memory windows: alloc_mw is false when max_mw are allocated; dealloc_mw invalidates a bound one.
   bool alloc_mw(core::MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey);
   void dealloc_mw(uint32_t handle);
@@ -159,6 +163,9 @@ class Engine {
   // From an application thread: it stopped driving the engine; wake: rouse a quiet progress thread.
   void app_stops_polling(bool wake);
   bool progress_once();  // lock held; true when anything was done
+  // Lock held: operations in flight drop their host pointers into the region's pages (deregistration,
+  // or a rereg that moves it), so a late packet finds an error instead of memory no longer its own.
+  void forget_pointers_into(const core::MrRegion& region);
   void receive_from(net::PacketPort& port, bool& did);
   void handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
                      uint16_t local_port, uint32_t segment = 0);

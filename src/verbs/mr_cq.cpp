@@ -22,6 +22,10 @@ static_assert(+core::kLocalWrite == +IBV_ACCESS_LOCAL_WRITE && +core::kRemoteWri
               +core::kRemoteRead == +IBV_ACCESS_REMOTE_READ && +core::kRemoteAtomic == +IBV_ACCESS_REMOTE_ATOMIC);
 
 namespace {
+// The access bits a region keeps (the others are hints to the registration or are refused there).
+constexpr unsigned kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                               IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+
 // Every page of [addr, addr+len) must be mapped, as pinning would require of a real HCA.
 bool range_is_mapped(const void* addr, size_t len) {
   long page = sysconf(_SC_PAGESIZE);
@@ -65,8 +69,7 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
   m->region.addr = reinterpret_cast<uint64_t>(addr);
   m->region.iova = iova;
   m->region.length = length;
-  m->region.access = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                               IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND);
+  m->region.access = access & kMrAccess;
   m->region.pd = pd->handle;
   if (!engine_of(pd->context).register_mr(m->region)) {
     delete m;
@@ -102,9 +105,55 @@ SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   return 0;
 }
 
-SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
-  errno = EOPNOTSUPP;
-  return IBV_REREG_MR_ERR_INPUT;
+// ibv_rereg_mr(3). The checks libibverbs makes before it asks the provider fail with
+// IBV_REREG_MR_ERR_INPUT; what the kernel and the device would refuse fails with IBV_REREG_MR_ERR_CMD.
+// Either way the MR is unchanged and usable (stronger than ERR_CMD promises). pd is read only with
+// IBV_REREG_MR_CHANGE_PD. The keys stay the same (hardware may hand out new ones: callers read
+// mr->lkey and mr->rkey again, which stay right).
+SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  constexpr int kAll = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+  const bool translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+  if ((flags & ~kAll) || (translation && (!length || !addr)) ||
+      (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  auto fail = [](int err) {
+    errno = err;
+    return IBV_REREG_MR_ERR_CMD;
+  };
+  auto* m = reinterpret_cast<SoftMr*>(mr);
+  core::MrRegion wanted = m->region;
+  if (!flags) return fail(EINVAL);
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    if (!pd || pd->context != mr->context) return fail(EINVAL);
+    wanted.pd = pd->handle;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+    const auto a = static_cast<unsigned>(access);
+    if ((a & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(a & IBV_ACCESS_LOCAL_WRITE))
+      return fail(EINVAL);
+    if (a & IBV_ACCESS_ON_DEMAND) return fail(EOPNOTSUPP);  // as at registration
+    wanted.access = a & kMrAccess;
+  }
+  if (translation) {
+    if (length > core::DeviceLimits::kMaxMrSize) return fail(EINVAL);
+    if (!range_is_mapped(addr, length)) return fail(EFAULT);
+    wanted.addr = reinterpret_cast<uint64_t>(addr);
+    wanted.iova = wanted.addr;  // as ibv_reg_mr: the region is addressed by its virtual addresses
+    wanted.length = length;
+  }
+  if (int rc = engine_of(mr->context).reregister_mr(m->region, wanted, translation)) return fail(rc);
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    --to_pd(mr->pd)->users;
+    ++to_pd(pd)->users;
+    mr->pd = pd;
+  }
+  if (translation) {
+    mr->addr = addr;
+    mr->length = length;
+  }
+  return 0;
 }
 
 SOFTRDMA_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
