@@ -41,7 +41,7 @@ int CompletionQueue::resize(uint32_t min_entries) {
   std::lock_guard lock(consumer_lock_);
   const uint64_t tail = ring_->tail.load(std::memory_order_relaxed);
   const uint64_t head = ring_->head.load(std::memory_order_acquire);
-  if (head - tail > cap) return EINVAL;
+  if (head - tail > min_entries) return EINVAL;  // below what it holds (ibv_resize_cq(3))
   if (cap == capacity()) return 0;
   auto* fresh = static_cast<Cqe*>(arena_.allocate(sizeof(Cqe) * cap));
   if (!fresh) return ENOMEM;

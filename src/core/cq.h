@@ -96,7 +96,7 @@ class CompletionQueue {
   static uint64_t clock_ns();
   uint32_t outstanding() const;   // CQEs present, for resize checks
   // ibv_resize_cq: a ring of at least min_entries slots (rounded up to a power of two) that keeps the
-  // CQEs present, in order. EINVAL when they would not fit, ENOMEM when the arena has no room (the CQ
+  // CQEs present, in order. EINVAL when more than min_entries are present, ENOMEM when the arena has no room (the CQ
   // is unchanged then). The caller holds off the producer (the engine's lock); consumers are held off
   // here. The ring's indices and arm word stay where they are: intra-host peers hold the arm word's
   // offset (transport/direct.h), so only the slots move.
