@@ -5,6 +5,7 @@
 #include "helpers.h"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -701,6 +702,215 @@ TEST_F(Mw, SendWithInvalidateOfMrKeyIsInvalidRequest) {
   // The MR itself is untouched by the attempt.
   EXPECT_EQ(ibv_dereg_mr(dst->mr), 0);
   dst->mr = nullptr;
+}
+
+// ibv_mw_bind_info.mw_access_flags may carry IBV_ACCESS_LOCAL_WRITE (rdma-core's tests pass
+// REMOTE_WRITE | LOCAL_WRITE): it is accepted and grants nothing of its own. Both types.
+TEST_F(Mw, LocalWriteInWindowAccessIsAccepted) {
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, kLen);
+  VT_BUF(dst, b, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  MwPtr w1 = alloc(b.pd, IBV_MW_TYPE_1);
+  MwPtr w2 = alloc(b.pd, IBV_MW_TYPE_2);
+  ASSERT_TRUE(w1 && w2);
+  const unsigned access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+  ASSERT_EQ(bind1(w1.get(), dst->mr, dst->addr(0), kWinLen, access), IBV_WC_SUCCESS);
+  const uint32_t key2 = ibv_inc_rkey(w2->rkey);
+  ASSERT_EQ(bind2(w2.get(), key2, dst->mr, dst->addr(kWinOff), kWinLen, access), IBV_WC_SUCCESS);
+  fill_pattern(src->data, kWinLen, 60);
+  ASSERT_EQ(write(*src, kWinLen, dst->addr(0), w1->rkey), IBV_WC_SUCCESS);
+  ASSERT_EQ(write(*src, kWinLen, dst->addr(kWinOff), key2), IBV_WC_SUCCESS);
+  EXPECT_EQ(check_pattern(dst->data, kWinLen, 60), kWinLen);
+  EXPECT_EQ(check_pattern(dst->data + kWinOff, kWinLen, 60), kWinLen);
+}
+
+// A window bound with LOCAL_WRITE alone grants no remote access, even over an MR that grants remote
+// write itself (rdma-core's test_qp_ex_rc_bind_mw).
+TEST_F(Mw, WindowWithOnlyLocalWriteGrantsNoRemoteAccess) {
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, kLen);
+  VT_BUF(dst, b, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND);
+  MwPtr win = alloc(b.pd, IBV_MW_TYPE_2);
+  ASSERT_TRUE(win);
+  const uint32_t key = ibv_inc_rkey(win->rkey);
+  ASSERT_EQ(bind2(win.get(), key, dst->mr, dst->addr(0), kLen, IBV_ACCESS_LOCAL_WRITE), IBV_WC_SUCCESS);
+  fill_pattern(dst->data, kLen, 61);
+  auto before = snapshot(*dst);
+  expect_rejected(write(*src, 64, dst->addr(0), key), *dst, before);
+}
+
+// IBTA does not ask for a new key tag at each bind: after an invalidation the same key binds again.
+TEST_F(Mw, Type2RebindWithTheSameKeyAfterInvalidate) {
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, kLen);
+  VT_BUF(dst, b, kLen, kMrAccess);
+  MwPtr win = alloc(b.pd, IBV_MW_TYPE_2);
+  ASSERT_TRUE(win);
+  const uint32_t key = ibv_inc_rkey(win->rkey);
+  for (int round = 0; round < 3; ++round) {
+    const size_t off = static_cast<size_t>(round) * kWinLen;
+    ASSERT_EQ(bind2(win.get(), key, dst->mr, dst->addr(off), kWinLen, kWinAll, 70 + round), IBV_WC_SUCCESS)
+        << "round " << round;
+    fill_pattern(src->data, kWinLen, 62 + round);
+    ASSERT_EQ(write(*src, kWinLen, dst->addr(off), key), IBV_WC_SUCCESS) << "round " << round;
+    EXPECT_EQ(check_pattern(dst->data + off, kWinLen, 62 + round), kWinLen);
+    ibv_send_wr inv{};
+    inv.wr_id = 80 + round;
+    inv.opcode = IBV_WR_LOCAL_INV;
+    inv.send_flags = IBV_SEND_SIGNALED;
+    inv.invalidate_rkey = key;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(b.qp, &inv, &bad), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_wc(b.scq, &wc));
+    expect_wc(wc, {.wr_id = 80u + round, .opcode = IBV_WC_LOCAL_INV, .qp_num = b.qpn()});
+  }
+}
+
+// Deallocating a bound type 2 window invalidates it (ibv_dealloc_mw(3)); its MR is free again.
+TEST_F(Mw, Type2DeallocWhileBoundInvalidates) {
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, kLen);
+  VT_BUF(dst, b, kLen, kMrAccess);
+  MwPtr win = alloc(b.pd, IBV_MW_TYPE_2);
+  ASSERT_TRUE(win);
+  const uint32_t key = ibv_inc_rkey(win->rkey);
+  ASSERT_EQ(bind2(win.get(), key, dst->mr, dst->addr(kWinOff), kWinLen, kWinAll), IBV_WC_SUCCESS);
+  fill_pattern(src->data, 64, 65);
+  ASSERT_EQ(write(*src, 64, dst->addr(kWinOff), key), IBV_WC_SUCCESS);
+  EXPECT_EQ(ibv_dereg_mr(dst->mr), EBUSY);
+  EXPECT_EQ(ibv_dealloc_mw(win.release()), 0);
+  fill_pattern(dst->data, kLen, 66);
+  auto before = snapshot(*dst);
+  expect_rejected(write(*src, 64, dst->addr(kWinOff), key), *dst, before);
+  EXPECT_EQ(ibv_dereg_mr(dst->mr), 0);
+  dst->mr = nullptr;
+}
+
+// softrdma refuses to re-register an MR while windows are bound to it (as it refuses to deregister
+// it): the windows would cover pages, rights or a PD the MR no longer has. The MR and the window are
+// then unchanged. (What hardware does here varies; on another device the test only reports it.)
+TEST_F(Mw, ReregOfMrWithBoundWindowIsRefused) {
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, kLen);
+  VT_BUF(dst, b, kLen, kMrAccess);
+  MwPtr win = alloc(b.pd, IBV_MW_TYPE_1);
+  ASSERT_TRUE(win);
+  ASSERT_EQ(bind1(win.get(), dst->mr, dst->addr(kWinOff), kWinLen, kWinAll), IBV_WC_SUCCESS);
+  errno = 0;
+  const int rc = ibv_rereg_mr(dst->mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_LOCAL_WRITE);
+  if (getenv("VT_DEVICE") && rc == 0) GTEST_SKIP() << "this device re-registers an MR with a bound window";
+  EXPECT_NE(rc, 0);
+  EXPECT_EQ(errno, EBUSY);
+  fill_pattern(src->data, 64, 67);
+  ASSERT_EQ(write(*src, 64, dst->addr(kWinOff), win->rkey), IBV_WC_SUCCESS);
+  EXPECT_EQ(check_pattern(dst->data + kWinOff, 64, 67), 64u);
+  ASSERT_EQ(write(*src, 64, dst->addr(0), dst->rkey()), IBV_WC_SUCCESS) << "the MR kept its rights";
+  EXPECT_EQ(check_pattern(dst->data, 64, 67), 64u);
+}
+
+// Windows used from another context (another process would be the same): on softrdma the direct
+// path leaves window keys to the responder, by packets, while the MR's own key goes direct; the
+// rules are the same either way.
+class MwTwoContexts : public ::testing::Test {
+ protected:
+  Device dev_a, dev_b;
+  Side a, b;
+  ConnConfig conn;
+  QpConfig qcfg;
+  void SetUp() override {
+    ASSERT_TRUE(dev_a.ok() && dev_b.ok());
+    if (!(dev_b.attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW)) GTEST_SKIP() << "no memory windows";
+    ASSERT_TRUE(a.create(dev_a, qcfg) && b.create(dev_b, qcfg));
+    ASSERT_EQ(bring_up(a.qp, a.psn, b.qpn(), b.psn, dev_b.gid, conn, dev_a.attr), 0);
+    ASSERT_EQ(bring_up(b.qp, b.psn, a.qpn(), a.psn, dev_a.gid, conn, dev_b.attr), 0);
+  }
+  ibv_wc_status run(ibv_qp* qp, ibv_cq* cq, SendWr& w) {
+    if (post_send(qp, w) != 0) return IBV_WC_GENERAL_ERR;
+    ibv_wc wc{};
+    if (!poll_wc(cq, &wc)) return IBV_WC_GENERAL_ERR;
+    EXPECT_EQ(wc.wr_id, w.wr.wr_id);
+    return wc.status;
+  }
+};
+
+TEST_F(MwTwoContexts, Type1AndType2WindowsAndRemoteInvalidation) {
+  VT_BUF(src, a, kLen);
+  VT_BUF(back, a, kLen);
+  VT_BUF(dst, b, kLen, kMrAccess);
+  VT_BUF(inbox, b, 256);
+  MwPtr w1(ibv_alloc_mw(b.pd, IBV_MW_TYPE_1));
+  MwPtr w2(ibv_alloc_mw(b.pd, IBV_MW_TYPE_2));
+  ASSERT_TRUE(w1 && w2);
+  ibv_mw_bind bind{};
+  bind.wr_id = 1;
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_info = {dst->mr, dst->addr(0), kWinLen, IBV_ACCESS_REMOTE_READ};
+  ASSERT_EQ(ibv_bind_mw(b.qp, w1.get(), &bind), 0);
+  const uint32_t key2 = ibv_inc_rkey(w2->rkey);
+  SendWr b2(2, IBV_WR_BIND_MW, {});
+  b2.wr.bind_mw.mw = w2.get();
+  b2.wr.bind_mw.rkey = key2;
+  b2.wr.bind_mw.bind_info = {dst->mr, dst->addr(kWinOff), kWinLen, kWinAll};
+  ASSERT_EQ(post_send(b.qp, b2), 0);
+  auto binds = poll_wcs(b.scq, 2);
+  ASSERT_EQ(binds.size(), 2u);
+  for (const ibv_wc& wc : binds) expect_wc(wc, {.wr_id = wc.wr_id, .opcode = IBV_WC_BIND_MW, .qp_num = b.qpn()});
+
+  fill_pattern(dst->data, kLen, 90);
+  SendWr r(3, IBV_WR_RDMA_READ, {back->sge(0, kWinLen)});
+  r.rdma(dst->addr(0), w1->rkey);
+  ASSERT_EQ(run(a.qp, a.scq, r), IBV_WC_SUCCESS);
+  EXPECT_EQ(check_pattern(back->data, kWinLen, 90), kWinLen);
+  fill_pattern(src->data, kWinLen, 91);
+  SendWr w(4, IBV_WR_RDMA_WRITE, {src->sge(0, kWinLen)});
+  w.rdma(dst->addr(kWinOff), key2);
+  ASSERT_EQ(run(a.qp, a.scq, w), IBV_WC_SUCCESS);
+  EXPECT_EQ(check_pattern(dst->data + kWinOff, kWinLen, 91), kWinLen);
+  // The MR's own key beside them.
+  SendWr m(5, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  m.rdma(dst->addr(kLen - 64), dst->rkey());
+  ASSERT_EQ(run(a.qp, a.scq, m), IBV_WC_SUCCESS);
+  EXPECT_EQ(check_pattern(dst->data + kLen - 64, 64, 91), 64u);
+
+  // SEND_WITH_INV from a invalidates the type 2 window at b.
+  ASSERT_EQ(post_recv(b.qp, 6, {inbox->sge(0, 256)}), 0);
+  SendWr s(7, IBV_WR_SEND_WITH_INV, {src->sge(0, 16)});
+  s.wr.invalidate_rkey = key2;
+  ASSERT_EQ(run(a.qp, a.scq, s), IBV_WC_SUCCESS);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 6, .opcode = IBV_WC_RECV, .byte_len = 16, .qp_num = b.qpn()});
+  EXPECT_TRUE(wc.wc_flags & IBV_WC_WITH_INV);
+  EXPECT_EQ(wc.invalidated_rkey, key2);
+  // The type 1 window still reads; the invalidated one refuses, and nothing is written.
+  ASSERT_EQ(run(a.qp, a.scq, r), IBV_WC_SUCCESS);
+  fill_pattern(dst->data, kLen, 92);
+  SendWr w_again(8, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  w_again.rdma(dst->addr(kWinOff), key2);
+  EXPECT_EQ(run(a.qp, a.scq, w_again), IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(check_pattern(dst->data, kLen, 92), kLen);
+}
+
+// Window bounds and rights from another context: outside the window but inside its MR is refused.
+TEST_F(MwTwoContexts, AccessOutsideTheWindowIsRefused) {
+  VT_BUF(src, a, kLen);
+  VT_BUF(dst, b, kLen, kMrAccess);
+  MwPtr w1(ibv_alloc_mw(b.pd, IBV_MW_TYPE_1));
+  ASSERT_TRUE(w1);
+  ibv_mw_bind bind{};
+  bind.wr_id = 1;
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_info = {dst->mr, dst->addr(kWinOff), kWinLen, IBV_ACCESS_REMOTE_WRITE};
+  ASSERT_EQ(ibv_bind_mw(b.qp, w1.get(), &bind), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.scq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  fill_pattern(dst->data, kLen, 93);
+  SendWr w(2, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  w.rdma(dst->addr(kWinOff + kWinLen - 32), w1->rkey);  // crosses the window's end
+  EXPECT_EQ(run(a.qp, a.scq, w), IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(check_pattern(dst->data, kLen, 93), kLen);
 }
 
 }  // namespace

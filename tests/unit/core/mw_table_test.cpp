@@ -63,9 +63,15 @@ TEST_F(MwTable, BindChecks) {
   uint32_t h1 = 0, k1 = 0, h2 = 0, k2 = 0, out = 0;
   ASSERT_TRUE(table.alloc_window(MwType::Type1, kPd, &h1, &k1));
   ASSERT_TRUE(table.alloc_window(MwType::Type2, kPd, &h2, &k2));
-  EXPECT_FALSE(table.bind_window(bind(h1, k1, 0, 64, kRemoteRead), kPd, kQpn, &out));  // same tag
+  // The same key tag again is no error (IBTA asks for none), nor is LOCAL_WRITE among the window's
+  // rights: it grants nothing remote.
+  EXPECT_TRUE(table.bind_window(bind(h1, k1, 0, 64, kRemoteRead | kLocalWrite), kPd, kQpn, &out));
+  EXPECT_EQ(out, k1);
+  uint8_t* host = nullptr;
+  EXPECT_EQ(table.check_remote(k1, kPd, mr.iova, 8, kRemoteRead, &host), AccessResult::Ok);
+  EXPECT_EQ(table.check_remote(k1, kPd, mr.iova, 8, kRemoteWrite, &host), AccessResult::NoPermission);
+  EXPECT_FALSE(table.bind_window(bind(h1, k1 + 1, 0, 64, kRemoteRead | kMwBind), kPd, kQpn, &out));
   EXPECT_FALSE(table.bind_window(bind(h1, k1 + 1, 65536 - 32, 64, kRemoteRead), kPd, kQpn, &out));  // C10-75
-  EXPECT_FALSE(table.bind_window(bind(h1, k1 + 1, 0, 64, kRemoteRead | kLocalWrite), kPd, kQpn, &out));
   EXPECT_FALSE(table.bind_window(bind(h1, k1 + 1, 0, 64, kRemoteRead | kZeroBased), kPd, kQpn, &out));
   EXPECT_FALSE(table.bind_window(bind(h2, k2 + 1, 0, 64, kRemoteRead), kPd + 1, kQpn, &out));  // C10-72
   EXPECT_FALSE(table.bind_window(bind(h2, k2 + 1, 0, 0, kRemoteRead), kPd, kQpn, &out));       // zero length
