@@ -333,17 +333,29 @@ int odp_target(int sock) {
   ibv_mr* mr = ibv_reg_mr(s.pd, nullptr, SIZE_MAX, kAllAccess | kOdp);
   if (!mr) return 12;
   if (modify_to_init(s.qp, kAllAccess)) return 13;
-  void* good = mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (good == MAP_FAILED) return 12;
-  const PeerInfo me{s.qpn(), s.psn, mr->rkey, reinterpret_cast<uint64_t>(good), unmapped_hole(8 * kPage), {}};
+  // Two mapped pages, then a hole of eight.
+  auto* good = static_cast<uint8_t*>(mmap(nullptr, 10 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (good == MAP_FAILED || munmap(good + 2 * kPage, 8 * kPage)) return 12;
+  const uint64_t hole = reinterpret_cast<uint64_t>(good + 2 * kPage);
+  const PeerInfo me{s.qpn(), s.psn, mr->rkey, reinterpret_cast<uint64_t>(good), hole, {}};
   PeerInfo peer{};
   if (int rc = serve_connect(sock, dev, s, me, peer, 14)) return rc;
   for (;;) {
     char cmd = 0;
     if (!read_full(sock, &cmd, 1)) return 16;
     if (cmd == 'x') break;
-    if (cmd != 'c') return 19;
-    if (!write_full(sock, good, 2 * kPage)) return 17;
+    if (cmd == 'c') {  // the contents of the good buffer
+      if (!write_full(sock, good, 2 * kPage)) return 17;
+    } else if (cmd == 'h') {  // a receive into the hole
+      if (post_recv(s.qp, 77, {ibv_sge{me.hole + kPage, 256, mr->lkey}})) return 20;
+      if (!write_full(sock, &cmd, 1)) return 21;
+    } else if (cmd == 'w') {  // the status of that receive's completion
+      ibv_wc wc{};
+      const int32_t st = poll_wc(s.rcq, &wc) && wc.wr_id == 77 ? wc.status : -1;
+      if (!write_full(sock, &st, sizeof st)) return 22;
+    } else {
+      return 19;
+    }
   }
   munmap(good, 2 * kPage);
   s.destroy_qp();
@@ -353,48 +365,86 @@ int odp_target(int sock) {
 class OdpTwoProcess : public ForkedTarget {
  protected:
   OdpTwoProcess() : ForkedTarget(odp_target) {}
-};
-
-TEST_F(OdpTwoProcess, HoleInImplicitRegionIsRemoteAccessError) {
+  std::unique_ptr<Device> dev;
+  Side s;
   PeerInfo peer{};
-  {
-    Device dev;
-    ASSERT_TRUE(dev.ok());
-    Side s;
-    ASSERT_TRUE(s.create(dev, QpConfig{}));
+  void TearDown() override {
+    s.reset();
+    dev.reset();
+    ForkedTarget::TearDown();
+  }
+  void connect() {
+    dev = std::make_unique<Device>();
+    ASSERT_TRUE(dev->ok());
+    ASSERT_TRUE(s.create(*dev, QpConfig{}));
     ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
     ConnConfig conn;
     conn.retry_cnt = 1;  // should the target die, the requester gives up quickly
-    ASSERT_NO_FATAL_FAILURE(connect_target(PeerInfo{s.qpn(), s.psn, 0, 0, 0, {}}, peer, s, dev, conn));
+    ASSERT_NO_FATAL_FAILURE(connect_target(PeerInfo{s.qpn(), s.psn, 0, 0, 0, {}}, peer, s, *dev, conn));
     ASSERT_NE(peer.hole, 0u);
-    {
-      auto src = s.buf(2 * kPage);
-      ASSERT_TRUE(src->mr);
-      fill_pattern(src->data, 2 * kPage, 61);
-      SendWr ok(1, IBV_WR_RDMA_WRITE, {src->sge(0, 2 * kPage)});
-      ok.rdma(peer.good, peer.rkey);
-      ASSERT_EQ(post_send(s.qp, ok), 0);
-      ibv_wc wc{};
-      ASSERT_TRUE(poll_wc(s.scq, &wc));
-      EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
-      const char c = 'c';
-      ASSERT_TRUE(write_full(sock, &c, 1));
-      std::vector<uint8_t> got(2 * kPage);
-      ASSERT_TRUE(read_full(sock, got.data(), got.size()));
-      EXPECT_EQ(check_pattern(got.data(), got.size(), 61), got.size());
-
-      SendWr bad(2, IBV_WR_RDMA_WRITE, {src->sge(0, 128)});
-      bad.rdma(peer.hole + 3 * kPage, peer.rkey);
-      ASSERT_EQ(post_send(s.qp, bad), 0);
-      ASSERT_TRUE(poll_wc(s.scq, &wc));
-      EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
-      // The target is alive and answers.
-      ASSERT_TRUE(write_full(sock, &c, 1));
-      ASSERT_TRUE(read_full(sock, got.data(), got.size())) << "the target died";
-      EXPECT_EQ(check_pattern(got.data(), got.size(), 61), got.size());
-    }
   }
+};
+
+TEST_F(OdpTwoProcess, SendIntoHoleIsRemoteOperationalError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  auto src = s.buf(kPage);
+  ASSERT_TRUE(src->mr);
+  char c = 'h';
+  ASSERT_TRUE(write_full(sock, &c, 1));
+  ASSERT_TRUE(read_full(sock, &c, 1));
+  ASSERT_EQ(c, 'h');
+  SendWr w(1, IBV_WR_SEND, {src->sge(0, 100)});
+  ASSERT_EQ(post_send(s.qp, w), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(s.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_REM_OP_ERR) << ibv_wc_status_str(wc.status);
+  c = 'w';
+  ASSERT_TRUE(write_full(sock, &c, 1));
+  int32_t st = 0;
+  ASSERT_TRUE(read_full(sock, &st, sizeof st));
+  EXPECT_EQ(st, IBV_WC_LOC_PROT_ERR) << "the target's receive";
+}
+
+TEST_F(OdpTwoProcess, HoleInImplicitRegionIsRemoteAccessError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  auto src = s.buf(2 * kPage);
+  ASSERT_TRUE(src->mr);
+  fill_pattern(src->data, 2 * kPage, 61);
+  SendWr ok(1, IBV_WR_RDMA_WRITE, {src->sge(0, 2 * kPage)});
+  ok.rdma(peer.good, peer.rkey);
+  ASSERT_EQ(post_send(s.qp, ok), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(s.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  const char c = 'c';
+  ASSERT_TRUE(write_full(sock, &c, 1));
+  std::vector<uint8_t> got(2 * kPage);
+  ASSERT_TRUE(read_full(sock, got.data(), got.size()));
+  EXPECT_EQ(check_pattern(got.data(), got.size(), 61), got.size());
+
+  // A write that starts in the second mapped page and runs into the hole.
+  SendWr bad(2, IBV_WR_RDMA_WRITE, {src->sge(0, 2 * kPage)});
+  bad.rdma(peer.good + kPage, peer.rkey);
+  ASSERT_EQ(post_send(s.qp, bad), 0);
+  ASSERT_TRUE(poll_wc(s.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  // The target is alive and answers; the page before the request's range is untouched.
+  ASSERT_TRUE(write_full(sock, &c, 1));
+  ASSERT_TRUE(read_full(sock, got.data(), got.size())) << "the target died";
+  EXPECT_EQ(check_pattern(got.data(), kPage, 61), kPage);
   // TearDown says 'x': the target deregisters and exits 0.
+}
+
+TEST_F(OdpTwoProcess, ReadFromHoleIsRemoteAccessError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  auto dst = s.buf(kPage);
+  ASSERT_TRUE(dst->mr);
+  SendWr rd(1, IBV_WR_RDMA_READ, {dst->sge(0, 512)});
+  rd.rdma(peer.hole + 100, peer.rkey);
+  ASSERT_EQ(post_send(s.qp, rd), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(s.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
 }
 
 // UD with an ODP send buffer and an ODP receive buffer (GRH area included).
