@@ -65,10 +65,12 @@ TEST(OdpCaps, QueryDeviceExReportsThem) {
 
 class Odp : public RcPair {
  protected:
+  bool extended = false;  // QPs from ibv_create_qp_ex, for the ibv_wr_* API
   void SetUp() override {
     RcPair::SetUp();
     ibv_device_attr_ex ax{};
     if (!odp_caps(dev.ctx, &ax)) GTEST_SKIP() << "the device has no on-demand paging";
+    qcfg.extended = extended;
     ASSERT_TRUE(connect());
   }
   // Untouched anonymous memory registered on side s with ODP.
@@ -246,6 +248,36 @@ TEST_F(Odp, ExplicitRegionStillChecksBoundsAndRights) {
   VT_BUF(src, a, kPage);
   ibv_wc wc = run(SendWr(1, IBV_WR_RDMA_WRITE, {src->sge(0, 64)}).rdma(remote->addr(), remote->rkey()));
   EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << "no REMOTE_WRITE: " << ibv_wc_status_str(wc.status);
+}
+
+class OdpQpEx : public Odp {
+ protected:
+  OdpQpEx() { extended = true; }
+};
+
+TEST_F(OdpQpEx, WrApiOnImplicitAndExplicitRegions) {
+  ibv_mr* imr = implicit_mr(b.pd, kAllAccess);
+  ASSERT_NE(imr, nullptr);
+  auto src = odp_buf(a, 2 * kPage);
+  ASSERT_TRUE(src->mr);
+  Buffer dst(2 * kPage);
+  ASSERT_TRUE(dst.data);
+  fill_pattern(src->data, 2 * kPage, 81);
+  ibv_wr_start(a.qpx);
+  a.qpx->wr_id = 1;
+  a.qpx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(a.qpx, imr->rkey, dst.addr(0));
+  ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(0), kPage);
+  a.qpx->wr_id = 2;
+  ibv_wr_rdma_read(a.qpx, imr->rkey, dst.addr(0));
+  ibv_wr_set_sge(a.qpx, src->lkey(), src->addr(kPage), kPage);
+  ASSERT_EQ(ibv_wr_complete(a.qpx), 0);
+  std::vector<ibv_wc> wcs = poll_wcs(a.scq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  for (const ibv_wc& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(check_pattern(dst.data, kPage, 81), kPage);
+  EXPECT_EQ(check_pattern(src->data + kPage, kPage, 81), kPage) << "read back what was written";
+  EXPECT_EQ(ibv_dereg_mr(imr), 0);
 }
 
 // ibv_advise_mr(3).
