@@ -583,11 +583,19 @@ bool Engine::register_mr(core::MrRegion& region) {
   // Made shareable before it is published, while our progress thread is held off the heap pages that
   // move (direct_share.h).
   const bool remote_write = region.access & (core::kRemoteWrite | core::kRemoteAtomic);
-  if (direct_) region.share_id = ShareTable::instance().acquire(region.addr, region.length, remote_write);
+  // On-demand regions are not moved or pinned: intra-host peers reach them by copies the kernel checks
+  // (process_vm_writev/readv), or by packets.
+  if (direct_ && !(region.access & core::kOnDemand))
+    region.share_id = ShareTable::instance().acquire(region.addr, region.length, remote_write);
   if (mrs_.add(region)) return true;
   ShareTable::instance().release(region.share_id, remote_write);
   region.share_id = 0;
   return false;
+}
+
+bool Engine::lookup_mr(uint32_t lkey, core::MrRegion* out) {
+  std::lock_guard lock(lock_);
+  return mrs_.lookup_local(lkey, out);
 }
 
 int Engine::deregister_mr(const core::MrRegion& region) {

@@ -91,6 +91,8 @@ class Engine {
   bool register_mr(core::MrRegion& region);
   // 0, or EBUSY while memory windows are bound to the region (ibv_dereg_mr(3)).
   int deregister_mr(const core::MrRegion& region);
+  // The region registered under lkey (ibv_advise_mr); false when there is none.
+  bool lookup_mr(uint32_t lkey, core::MrRegion* out);
   // Memory windows: alloc_mw is false when max_mw are allocated; dealloc_mw invalidates a bound one.
   bool alloc_mw(core::MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey);
   void dealloc_mw(uint32_t handle);

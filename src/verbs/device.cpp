@@ -134,12 +134,20 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
   ibv_device_attr_ex a{};
   fill_device_attr(*to_ctx(ctx)->device, a.orig_attr);
   // The extended flags are a superset of the classic ones; no bit above 31 applies (no scatter-FCS,
-  // no end padding, no on-demand paging...).
+  // no end padding...).
   a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
   // Completion timestamps count CompletionQueue::clock_ns(): 64 valid bits at 1 GHz (in kHz here).
   a.completion_timestamp_mask = ~uint64_t{0};
   a.hca_core_clock = 1000000;
-  // Everything else is zero because it does not exist here: ODP, TSO, RSS, WQs, packet pacing,
+  // On-demand paging, explicit and implicit (mr_cq.cpp): every access of every transport faults the
+  // pages of an ODP region in (core::fault_in).
+  a.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  constexpr uint32_t kOdpRecv = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  a.odp_caps.per_transport_caps.rc_odp_caps =
+      kOdpRecv | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
+  a.odp_caps.per_transport_caps.uc_odp_caps = kOdpRecv | IBV_ODP_SUPPORT_WRITE;
+  a.odp_caps.per_transport_caps.ud_odp_caps = kOdpRecv;
+  // Everything else is zero because it does not exist here: TSO, RSS, WQs, packet pacing,
   // raw packet QPs, tag matching, CQ moderation, device memory, PCIe atomics, XRC.
   a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
   std::memcpy(attr, &a, std::min(size, sizeof a));
@@ -194,6 +202,7 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   v.query_rt_values = query_rt_values;
   v.create_qp_ex = create_qp_ex;
   v.create_srq_ex = create_srq_ex;
+  v.advise_mr = advise_mr;
   ibv_context& ctx = v.context;
   ctx.device = dev;
   ctx.ops.poll_cq = poll_cq;

@@ -18,6 +18,7 @@ static_assert(static_cast<int>(core::WcStatus::RetryExcErr) == IBV_WC_RETRY_EXC_
 static_assert(static_cast<int>(core::WcOpcode::RecvRdmaWithImm) == IBV_WC_RECV_RDMA_WITH_IMM);
 static_assert(static_cast<int>(core::WcOpcode::FetchAdd) == IBV_WC_FETCH_ADD);
 static_assert(+core::kWcWithImm == +IBV_WC_WITH_IMM && +core::kWcWithInv == +IBV_WC_WITH_INV);
+static_assert(+core::kOnDemand == +IBV_ACCESS_ON_DEMAND && +core::kMwBind == +IBV_ACCESS_MW_BIND);
 static_assert(+core::kLocalWrite == +IBV_ACCESS_LOCAL_WRITE && +core::kRemoteWrite == +IBV_ACCESS_REMOTE_WRITE &&
               +core::kRemoteRead == +IBV_ACCESS_REMOTE_READ && +core::kRemoteAtomic == +IBV_ACCESS_REMOTE_ATOMIC);
 
@@ -44,16 +45,19 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
     errno = EINVAL;
     return nullptr;
   }
-  // No on-demand paging (ibv_query_device_ex reports no ODP capability): refused, as the kernel does.
-  if (access & IBV_ACCESS_ON_DEMAND) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
-  if (length > core::DeviceLimits::kMaxMrSize || (length && !addr)) {
+  const bool odp = access & IBV_ACCESS_ON_DEMAND;
+  // Implicit on-demand paging: (NULL, SIZE_MAX) registers the whole address space, at iova 0.
+  const bool implicit = odp && !addr && length == SIZE_MAX;
+  if (implicit && iova != 0) {
     errno = EINVAL;
     return nullptr;
   }
-  if (length && !range_is_mapped(addr, length)) {
+  if (!implicit && (length > core::DeviceLimits::kMaxMrSize || (length && !addr))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  // An on-demand region needs no mapping yet: its pages are faulted in when an access reaches them.
+  if (!odp && length && !range_is_mapped(addr, length)) {
     errno = EFAULT;
     return nullptr;
   }
@@ -66,7 +70,7 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
   m->region.iova = iova;
   m->region.length = length;
   m->region.access = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                               IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND);
+                               IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND);
   m->region.pd = pd->handle;
   if (!engine_of(pd->context).register_mr(m->region)) {
     delete m;
@@ -101,6 +105,39 @@ SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   delete m;
   return 0;
 }
+
+namespace softrdma::verbs {
+
+// ibv_advise_mr(3): the prefetch advices fault the SGEs' pages in (writable too for PREFETCH_WRITE),
+// always before returning, so IBV_ADVISE_MR_FLAG_FLUSH changes nothing; PREFETCH_NO_FAULT only
+// checks the SGEs, as pages already present are all an access finds without faulting.
+int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge) {
+  if (flags & ~uint32_t{IBV_ADVISE_MR_FLAG_FLUSH}) return EINVAL;
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return EOPNOTSUPP;
+  if (num_sge == 0 || !sg_list) return EINVAL;
+  const bool write = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+  // Every SGE is checked before any is faulted in.
+  std::vector<core::MrRegion> regions(num_sge);
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    const ibv_sge& g = sg_list[i];
+    core::MrRegion& r = regions[i];
+    if (!engine_of(pd->context).lookup_mr(g.lkey, &r)) return EFAULT;  // no such lkey
+    if (r.pd != pd->handle) return EPERM;                              // outside this PD's scope
+    if (!(r.access & core::kOnDemand)) return ENOENT;                  // not an on-demand region
+    if (write && !(r.access & core::kLocalWrite)) return EPERM;        // not registered writable
+    if (g.addr < r.iova || g.addr - r.iova > r.length || g.length > r.length - (g.addr - r.iova)) return EFAULT;
+  }
+  if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT) return 0;
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    const core::MrRegion& r = regions[i];
+    if (!core::fault_in(r.addr + (sg_list[i].addr - r.iova), sg_list[i].length, write)) return EFAULT;
+  }
+  return 0;
+}
+
+}  // namespace softrdma::verbs
 
 SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
   errno = EOPNOTSUPP;

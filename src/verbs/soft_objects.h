@@ -117,6 +117,8 @@ int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 int fill_mw_bind(transport::SendWqe& w, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info& info);
 // mr_cq.cpp: the CQ object behind ibv_create_cq and ibv_create_cq_ex (nullptr + errno on failure).
 SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector);
+// mr_cq.cpp: ibv_advise_mr on on-demand regions (0 or an errno value).
+int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge);
 // cq_ex.cpp
 ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 int query_rt_values(ibv_context* ctx, ibv_values_ex* values);
