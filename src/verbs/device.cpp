@@ -100,6 +100,9 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.max_res_rd_atom = L::kMaxQpRdAtom * L::kMaxQp;
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_pkeys = 1;
+  a.max_mcast_grp = L::kMaxMcastGrp;
+  a.max_mcast_qp_attach = L::kMaxMcastQpAttach;
+  a.max_total_mcast_qp_attach = L::kMaxMcastGrp * L::kMaxMcastQpAttach;
   a.local_ca_ack_delay = 15;
   a.phys_port_cnt = 1;
 }
