@@ -99,7 +99,9 @@ ibv_dm* alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   buf->length = attr->length;
   buf->map_len = (attr->length + page - 1) / page * page;
-  void* p = mmap(nullptr, buf->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  // Private anonymous pages, as any heap buffer: registering an MR on them makes them shareable with
+  // intra-host peers for the direct path (transport/direct_share.h), and a fork copies them.
+  void* p = mmap(nullptr, buf->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     errno = ENOMEM;
     return nullptr;

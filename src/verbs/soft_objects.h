@@ -88,8 +88,8 @@ inline SoftPd* to_pd(ibv_pd* p) {
   return s->origin ? s->origin : s;
 }
 
-// Device memory (dm.cpp): host pages standing for on-device memory, MAP_SHARED so the direct path
-// can map them in an intra-host peer. Shared by the ibv_dm and its imports and by MRs on it.
+// Device memory (dm.cpp): host pages standing for on-device memory, shared by the ibv_dm, its
+// imports and the MRs on it.
 struct DmBuffer {
   uint8_t* base = nullptr;
   size_t length = 0;     // as allocated
