@@ -2,8 +2,9 @@
 // in dm.cpp). With the kernel, a context is its uverbs file: a dup of cmd_fd imported as a new
 // ibv_context reaches the same objects by handle. Here cmd_fd is a memfd whose inode this process's
 // registry maps to the context's ContextShared (engine and handle tables), so importing works within
-// the process that opened the device. A cmd_fd passed to another process names nothing there: its
-// import is refused with EOPNOTSUPP, since the engine and its objects live in the opener's process.
+// the process that opened the device. A cmd_fd passed to another process (or inherited by a forked
+// child) names nothing there: its import is refused with EOPNOTSUPP, since the engine and its
+// objects live in the opener's process.
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -65,6 +66,7 @@ int open_command_fd(const std::shared_ptr<ContextShared>& shared) {
   }
   shared->fd_dev = st.st_dev;
   shared->fd_ino = st.st_ino;
+  shared->owner_pid = getpid();
   Registry& r = registry();
   try {
     std::lock_guard lock(r.mu);
@@ -93,6 +95,8 @@ SOFTRDMA_EXPORT ibv_context* ibv_import_device(int cmd_fd) {
     auto it = r.by_inode.find({st.st_dev, st.st_ino});
     if (it != r.by_inode.end()) shared = it->second.lock();
   }
+  // A forked child has a copy of the table, but not the engine's threads.
+  if (shared && shared->owner_pid != getpid()) shared.reset();
   if (!shared) {
     errno = is_command_fd(cmd_fd) ? EOPNOTSUPP : EINVAL;
     return nullptr;

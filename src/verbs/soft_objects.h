@@ -42,6 +42,7 @@ struct ContextShared {
   std::atomic<uint32_t> next_handle{1};
   std::atomic<uint32_t> pds{0}, cqs{0};  // against max_pd / max_cq
   uint64_t fd_dev = 0, fd_ino = 0;       // the cmd_fd memfd's inode (the import registry's key)
+  int owner_pid = 0;                      // the process whose engine this is
   std::mutex mu;                          // the handle tables and the import counts below
   std::unordered_map<uint32_t, SoftPd*> pds_by_handle;
   std::unordered_map<uint32_t, SoftMr*> mrs_by_handle;

@@ -3,13 +3,14 @@
 // DM by handle, with the same keys, and traffic through a QP of the imported context uses them.
 // Only the public verbs API: these run unchanged on a kernel device that supports import.
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <vector>
 
-#include "helpers.h"
+#include "two_process.h"
 
 namespace softrdma::verbs_test {
 namespace {
@@ -231,6 +232,70 @@ TEST(ImportLifetime, ImportedContextOutlivesTheOriginal) {
   }
   EXPECT_EQ(ibv_dealloc_pd(ipd), 0);
   EXPECT_EQ(ibv_close_device(imp), 0);
+}
+
+// Another process gets the command fd over a socket (SCM_RIGHTS). With the kernel it can import the
+// context and its PD; softrdma's objects live in the process that opened the device, so there the
+// import is refused with EOPNOTSUPP. Either way nothing else happens: no crash, no hang.
+int import_in_child(int sock) {
+  uint32_t pd_handle = 0;
+  char data = 0;
+  iovec iov{&data, 1};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctl;
+  msg.msg_controllen = sizeof ctl;
+  if (recvmsg(sock, &msg, 0) != 1 || !read_full(sock, &pd_handle, sizeof pd_handle)) return 1;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (!c || c->cmsg_type != SCM_RIGHTS) return 2;
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  char verdict = 'u';
+  if (ibv_context* ctx = ibv_import_device(fd)) {
+    ibv_pd* pd = ibv_import_pd(ctx, pd_handle);
+    verdict = pd && pd->handle == pd_handle ? 'k' : 'p';
+    if (pd) ibv_unimport_pd(pd);
+    ibv_close_device(ctx);
+  } else {
+    verdict = errno == EOPNOTSUPP ? 'u' : 'e';
+    close(fd);
+  }
+  return write_full(sock, &verdict, 1) ? 0 : 3;
+}
+
+TEST(ImportAcrossProcesses, ImportedOrRefusedCleanly) {
+  int sock = -1;
+  pid_t pid = fork_target(import_in_child, &sock);  // before any device is open here
+  ASSERT_GE(pid, 0);
+  Device dev;
+  ASSERT_TRUE(dev.ok());
+  ibv_pd* pd = ibv_alloc_pd(dev.ctx);
+  ASSERT_NE(pd, nullptr);
+  char data = 'f';
+  iovec iov{&data, 1};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctl;
+  msg.msg_controllen = sizeof ctl;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &dev.ctx->cmd_fd, sizeof(int));
+  ASSERT_EQ(sendmsg(sock, &msg, 0), 1);
+  ASSERT_TRUE(write_full(sock, &pd->handle, sizeof pd->handle));
+  char verdict = 0;
+  EXPECT_TRUE(read_full(sock, &verdict, 1));
+  EXPECT_TRUE(verdict == 'k' || verdict == 'u') << "child: " << verdict;
+  int st = 0;
+  EXPECT_TRUE(reap_within(pid, kWaitSeconds, &st));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  close(sock);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
 }  // namespace
