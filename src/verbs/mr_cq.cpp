@@ -85,8 +85,21 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
   m->mr.handle = m->region.lkey;
   m->mr.lkey = m->region.lkey;
   m->mr.rkey = m->region.rkey;
+  publish_mr(m);
   return &m->mr;
 }
+
+namespace softrdma::verbs {
+void publish_mr(SoftMr* m) {
+  ContextShared& sh = *to_ctx(m->mr.context)->shared;
+  std::lock_guard lock(sh.mu);
+  try {
+    sh.mrs_by_handle[m->mr.handle] = m;
+  } catch (const std::bad_alloc&) {
+    // Not importable then; the MR itself is fine.
+  }
+}
+}  // namespace softrdma::verbs
 
 #undef ibv_reg_mr
 SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
@@ -98,11 +111,27 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, u
   return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
 }
 
+// Destroys the MR object, through the original or an import of it (ibv_import_mr), and gives that
+// struct back; the original's memory stays while any struct refers to it.
 SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
-  auto* m = reinterpret_cast<SoftMr*>(mr);
+  auto* self = reinterpret_cast<SoftMr*>(mr);
+  SoftMr* m = self->origin ? self->origin : self;
+  ContextShared& sh = *to_ctx(mr->context)->shared;
+  std::lock_guard lock(sh.mu);
+  if (m->destroyed) return EINVAL;  // an import of an MR already deregistered: only unimport is left
   if (int rc = engine_of(mr->context).deregister_mr(m->region)) return rc;  // EBUSY: windows bound to it
-  --to_pd(mr->pd)->users;
-  delete m;
+  --to_pd(m->mr.pd)->users;
+  if (m->dm) --m->dm->mrs;
+  auto it = sh.mrs_by_handle.find(m->mr.handle);
+  if (it != sh.mrs_by_handle.end() && it->second == m) sh.mrs_by_handle.erase(it);
+  m->destroyed = true;
+  if (self != m) {
+    --m->imports;
+    delete self;
+  } else {
+    m->released = true;
+  }
+  if (m->imports == 0 && m->released) delete m;
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/cq.h"
@@ -25,14 +26,41 @@ struct SoftDevice {
   net::Interface iface;
   uint64_t guid_be;
   int index;
+  std::atomic<uint64_t> dm_used{0};  // bytes of device memory allocated in this process (dm.cpp)
+};
+
+struct SoftPd;
+struct SoftMr;
+struct DmBuffer;
+
+// What the kernel keeps per uverbs file: the engine and every object by handle. ibv_open_device makes
+// one; ibv_import_device (import.cpp) makes another context over the same one, found through the
+// memfd that is its cmd_fd. It lives while any context on it does.
+struct ContextShared {
+  SoftDevice* device = nullptr;
+  std::unique_ptr<transport::Engine> engine;
+  std::atomic<uint32_t> next_handle{1};
+  std::atomic<uint32_t> pds{0}, cqs{0};  // against max_pd / max_cq
+  uint64_t fd_dev = 0, fd_ino = 0;       // the cmd_fd memfd's inode (the import registry's key)
+  int owner_pid = 0;                      // the process whose engine this is
+  std::mutex mu;                          // the handle tables and the import counts below
+  std::unordered_map<uint32_t, SoftPd*> pds_by_handle;
+  std::unordered_map<uint32_t, SoftMr*> mrs_by_handle;
+  std::unordered_map<uint32_t, std::shared_ptr<DmBuffer>> dms_by_handle;
+  ~ContextShared();
 };
 
 struct SoftContext {
   verbs_context vctx;  // ends with the ibv_context applications hold
   SoftDevice* device;
-  std::unique_ptr<transport::Engine> engine;
-  std::atomic<uint32_t> next_handle{1};
-  std::atomic<uint32_t> pds{0}, cqs{0};  // against max_pd / max_cq
+  std::shared_ptr<ContextShared> shared;
+  transport::Engine* engine;
+  std::atomic<uint32_t>& next_handle;
+  std::atomic<uint32_t>& pds;
+  std::atomic<uint32_t>& cqs;
+  explicit SoftContext(std::shared_ptr<ContextShared> s)
+      : vctx{}, device(s->device), shared(s), engine(s->engine.get()), next_handle(s->next_handle),
+        pds(s->pds), cqs(s->cqs) {}
 };
 
 // Takes one of `limit` slots of a per-context object count; false when all are taken.
@@ -47,12 +75,47 @@ inline bool take_slot(std::atomic<uint32_t>& count, uint32_t limit) {
 struct SoftPd {
   ibv_pd pd;
   std::atomic<int> users{0};  // MRs and QPs created in it: dealloc is refused while any remain
+  // ibv_import_pd (import.cpp): an import names the original, which holds the object's state. Every
+  // struct is given back by a successful dealloc through it or by unimport; the original's memory
+  // goes once the object is destroyed and no struct refers to it (ContextShared::mu guards these).
+  SoftPd* origin = nullptr;
+  int imports = 0;
+  bool destroyed = false;
+  bool released = false;  // the original's own struct was given back
 };
-inline SoftPd* to_pd(ibv_pd* p) { return reinterpret_cast<SoftPd*>(p); }
+// The PD object itself: an imported PD resolves to the original.
+inline SoftPd* to_pd(ibv_pd* p) {
+  auto* s = reinterpret_cast<SoftPd*>(p);
+  return s->origin ? s->origin : s;
+}
+
+// Device memory (dm.cpp): host pages standing for on-device memory, shared by the ibv_dm, its
+// imports and the MRs on it.
+struct DmBuffer {
+  uint8_t* base = nullptr;
+  size_t length = 0;     // as allocated
+  size_t map_len = 0;    // whole pages
+  uint64_t charged = 0;  // against SoftDevice::dm_used until ibv_free_dm
+  SoftDevice* device = nullptr;
+  std::atomic<int> mrs{0};  // MRs registered on it: ibv_free_dm is refused while any remain
+  std::atomic<bool> destroyed{false};
+  ~DmBuffer();
+};
+
+struct SoftDm {
+  ibv_dm dm;  // first: applications hold &dm
+  std::shared_ptr<DmBuffer> buf;
+  bool imported = false;
+};
 
 struct SoftMr {
   ibv_mr mr;
   core::MrRegion region;
+  std::shared_ptr<DmBuffer> dm;  // ibv_reg_dm_mr: the device memory the region lies in
+  SoftMr* origin = nullptr;      // ibv_import_mr, as SoftPd::origin
+  int imports = 0;
+  bool destroyed = false;
+  bool released = false;
 };
 
 struct SoftChannel {
@@ -102,6 +165,17 @@ inline transport::Engine& engine_of(ibv_context* c) { return *to_ctx(c)->engine;
 
 // device.cpp
 const std::vector<SoftDevice*>& all_devices();
+// A context on `shared` with every op installed (ibv_open_device, ibv_import_device); cmd_fd is its.
+ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd);
+// dm.cpp: the verbs_context ops of device memory, and max_dm_size.
+inline constexpr uint64_t kMaxDmSize = 256 * 1024;
+ibv_dm* alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr);
+int free_dm(ibv_dm* dm);
+ibv_mr* reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t offset, size_t length, unsigned int access);
+// import.cpp: a new command fd naming `shared` (a memfd in the process's import registry); -1 + errno.
+int open_command_fd(const std::shared_ptr<ContextShared>& shared);
+// mr_cq.cpp: publishes a registered MR under its handle (ibv_import_mr finds it there).
+void publish_mr(SoftMr* m);
 // qp.cpp / cq.cpp: the data-path entries installed in every context's ops table.
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
