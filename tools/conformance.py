@@ -41,7 +41,16 @@ HARDWARE_SKIPS = [
 MACHINE_SKIPS = [(re.compile(r'huge pages'), 'no huge pages allocated on the machine')]
 
 
-def classify_skip(reason):
+# Modules that exercise one vendor's device or a GPU, whatever reason their tests give for skipping.
+HARDWARE_MODULES = [(re.compile(r'^test_mlx5_cuda|^test_cuda'), 'needs a GPU (dmabuf)'),
+                    (re.compile(r'^test_mlx5'), 'needs an mlx5 device'),
+                    (re.compile(r'^test_efa'), 'needs an EFA device')]
+
+
+def classify_skip(module, reason):
+    for pattern, label in HARDWARE_MODULES:
+        if pattern.search(module):
+            return 'hardware', label
     for pattern, label in HARDWARE_SKIPS:
         if pattern.search(reason):
             return 'hardware', label
@@ -49,6 +58,24 @@ def classify_skip(reason):
         if pattern.search(reason):
             return 'machine', label
     return 'gap', reason
+
+
+def huge_page_tests(suite):
+    """The suite's tests that need 2 MiB huge pages (decorated with requires_huge_pages)."""
+    found = []
+    tests_dir = os.path.join(suite, 'tests')
+    for fn in sorted(os.listdir(tests_dir)):
+        if not (fn.startswith('test_') and fn.endswith('.py')):
+            continue
+        pending = False
+        with open(os.path.join(tests_dir, fn), encoding='utf-8') as f:
+            for line in f:
+                if 'requires_huge_pages' in line and line.strip().startswith('@'):
+                    pending = True
+                elif pending and line.strip().startswith('def '):
+                    found.append(f'{fn[:-3]}.{line.split()[1].split("(")[0]}')
+                    pending = False
+    return found
 
 
 def sh(cmd, check=True):
@@ -189,7 +216,7 @@ def render(args, dev, modes, results, meta):
             total['skip'] += nskip
             total['fail'] += len(s['fail'])
             for reason, n in s['skip'].items():
-                kind, label = classify_skip(reason)
+                kind, label = classify_skip(module, reason)
                 skip_kinds[(kind, label)] += n
                 if kind == 'gap':
                     gaps[reason] += n
@@ -276,6 +303,7 @@ def main():
             ('device', f'{dev}' + (' (veth in a private network namespace, 10.79.0.1/24)' if not args.dev else '')),
             ('2 MiB huge pages', f'{hugepages_now} allocated during the run'
              + (' (reserved by --hugepages)' if args.hugepages else '')),
+            ('tests that need huge pages', ', '.join(huge_page_tests(args.suite)) or 'none'),
             ('machine', f'{os.cpu_count()} CPUs, {os.uname().release}')]
     doc = render(args, dev, modes, results, meta)
     if args.doc != '-':
@@ -287,10 +315,10 @@ def main():
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     failed = sum(len(s['fail']) for m in results.values() for s in m.values())
-    gaps = sum(n for m in results.values() for s in m.values() for r, n in s['skip'].items()
-               if classify_skip(r)[0] == 'gap')
+    gaps = sum(n for m in results.values() for mod, s in m.items() for r, n in s['skip'].items()
+               if classify_skip(mod, r)[0] == 'gap')
     passed = sum(s['pass'] for m in results.values() for s in m.values())
-    print(f'conformance: {passed} passed, {failed} failed, {gaps} skipped for features softrdma lacks')
+    print(f'conformance: tests passing {passed}, failing {failed}, skipped for features softrdma lacks {gaps}')
     return 1 if failed else 0
 
 
