@@ -84,7 +84,7 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.max_qp_wr = L::kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT |
                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
-                       IBV_DEVICE_SRQ_RESIZE;
+                       IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
   a.max_cq = L::kMaxCq;
@@ -140,7 +140,7 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
   a.completion_timestamp_mask = ~uint64_t{0};
   a.hca_core_clock = 1000000;
   // Everything else is zero because it does not exist here: ODP, TSO, RSS, WQs, packet pacing,
-  // raw packet QPs, tag matching, CQ moderation, device memory, PCIe atomics, XRC.
+  // raw packet QPs, tag matching, CQ moderation, device memory, PCIe atomics.
   a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
   std::memcpy(attr, &a, std::min(size, sizeof a));
   return 0;
@@ -194,6 +194,9 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   v.query_rt_values = query_rt_values;
   v.create_qp_ex = create_qp_ex;
   v.create_srq_ex = create_srq_ex;
+  v.open_xrcd = open_xrcd;
+  v.close_xrcd = close_xrcd;
+  v.get_srq_num = get_srq_num;
   ibv_context& ctx = v.context;
   ctx.device = dev;
   ctx.ops.poll_cq = poll_cq;

@@ -239,6 +239,26 @@ TEST(Headers, ErrorBadVersion) {
   }
 }
 
+TEST(Headers, XrcethFollowsTheBthAndPrecedesTheReth) {
+  Packet p{};
+  p.bth.opcode = 0xAA;  // XRC_RDMA_WRITE_ONLY
+  p.bth.dest_qp = 0x123456;
+  p.xrc_srqn = 0xABCDEF;
+  p.reth = {0x1122334455667788ull, 0x99AABBCC, 4};
+  uint8_t buf[64] = {};
+  ASSERT_EQ(write_headers(p, buf), kBthLen + kXrcethLen + kRethLen);
+  const uint8_t xrceth[4] = {0x00, 0xAB, 0xCD, 0xEF};
+  EXPECT_EQ(0, memcmp(buf + kBthLen, xrceth, 4));
+  EXPECT_EQ(buf[kBthLen + 4], 0x11);  // the RETH's VA comes next
+  std::memcpy(buf + kBthLen + kXrcethLen + kRethLen, "data", 4);
+  Packet out;
+  ASSERT_EQ(parse_packet(buf, kBthLen + kXrcethLen + kRethLen + 4 + kIcrcLen, out), ParseError::Ok);
+  EXPECT_EQ(out.xrc_srqn, 0xABCDEFu);
+  EXPECT_EQ(out.reth.va, 0x1122334455667788ull);
+  EXPECT_EQ(out.reth.rkey, 0x99AABBCCu);
+  EXPECT_EQ(out.payload_len, 4u);
+}
+
 TEST(Headers, ErrorInvalidOpcode) {
   uint8_t buf[64] = {};
   Packet out;

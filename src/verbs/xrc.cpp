@@ -1,0 +1,146 @@
+// XRC domains (ibv_open_xrcd(3), ibv_close_xrcd) and SRQ numbers (ibv_get_srq_num(3)). A domain opened
+// on a file is named by the file's inode, as the kernel's is: every handle of this process on the same
+// inode and device shares one domain, and other processes see that it exists through a marker file
+// in /dev/shm that each holder keeps a shared flock on (released by the kernel when a holder dies).
+// That is what O_CREAT / O_EXCL decide on. XRC SRQs and XRC_RECV QPs of one domain meet only within
+// one context: a target QP delivers into the SRQs of its own context.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "transport/srq.h"
+#include "verbs/soft_objects.h"
+
+namespace softrdma::verbs {
+
+struct XrcDomain {
+  uint32_t id = 0;
+  int refs = 0;         // handles (ibv_xrcd) open on it in this process
+  int marker_fd = -1;   // holds a shared flock while this process has the domain open; -1: private
+  std::string marker;
+  std::tuple<int, dev_t, ino_t> key{};
+};
+
+namespace {
+
+std::mutex domains_mu;
+std::map<std::tuple<int, dev_t, ino_t>, XrcDomain*>& domains() {
+  static auto* m = new std::map<std::tuple<int, dev_t, ino_t>, XrcDomain*>;
+  return *m;
+}
+uint32_t next_domain_id = 1;  // under domains_mu
+
+// Another process holds the domain of this marker open (a shared flock we cannot upgrade past).
+bool held_elsewhere(int fd) {
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    flock(fd, LOCK_UN);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+ibv_xrcd* open_xrcd(ibv_context* ctx, ibv_xrcd_init_attr* attr) {
+  constexpr uint32_t kKnown = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+  if (!attr || (attr->comp_mask & ~kKnown) || !(attr->comp_mask & IBV_XRCD_INIT_ATTR_FD) ||
+      !(attr->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS) || (attr->oflags & ~(O_CREAT | O_EXCL))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* x = new (std::nothrow) SoftXrcd{};
+  if (!x) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  std::lock_guard lock(domains_mu);
+  XrcDomain* d = nullptr;
+  if (attr->fd == -1) {
+    d = new XrcDomain{};  // a private domain: no inode, nobody else can open it
+  } else {
+    struct stat st {};
+    if (fstat(attr->fd, &st) != 0) {
+      delete x;
+      errno = EBADF;
+      return nullptr;
+    }
+    const SoftDevice& dev = *to_ctx(ctx)->device;
+    auto key = std::make_tuple(dev.index, st.st_dev, st.st_ino);
+    auto it = domains().find(key);
+    if (it != domains().end()) {
+      d = it->second;
+      if (attr->oflags & O_EXCL) {
+        delete x;
+        errno = EINVAL;  // as the kernel answers O_EXCL for an inode that has a domain
+        return nullptr;
+      }
+    } else {
+      std::string marker = "/dev/shm/softrdma-xrcd-" + std::string(dev.dev.name) + "-" +
+                           std::to_string(static_cast<unsigned long long>(st.st_dev)) + "-" +
+                           std::to_string(static_cast<unsigned long long>(st.st_ino));
+      int fd = open(marker.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        delete x;
+        return nullptr;  // errno from open
+      }
+      const bool exists = held_elsewhere(fd);
+      int err = 0;
+      if (!exists && !(attr->oflags & O_CREAT)) err = EAGAIN;  // no domain yet, and not asked to create
+      if (exists && (attr->oflags & O_EXCL)) err = EINVAL;
+      if (!err && flock(fd, LOCK_SH) != 0) err = errno;
+      if (err) {
+        close(fd);
+        delete x;
+        errno = err;
+        return nullptr;
+      }
+      d = new XrcDomain{};
+      d->marker_fd = fd;
+      d->marker = std::move(marker);
+      d->key = key;
+      domains()[key] = d;
+    }
+  }
+  if (!d->id) d->id = next_domain_id++;
+  ++d->refs;
+  x->domain = d;
+  x->id = d->id;
+  x->xrcd.context = ctx;
+  return &x->xrcd;
+}
+
+int close_xrcd(ibv_xrcd* xrcd) {
+  SoftXrcd* x = to_xrcd(xrcd);
+  if (x->users.load()) return EBUSY;  // XRC SRQs or QPs still use it (ibv_close_xrcd(3))
+  {
+    std::lock_guard lock(domains_mu);
+    XrcDomain* d = x->domain;
+    if (--d->refs == 0) {
+      if (d->marker_fd >= 0) {
+        domains().erase(d->key);
+        // The last holder anywhere removes the marker; another holder keeps it.
+        if (!held_elsewhere(d->marker_fd)) unlink(d->marker.c_str());
+        close(d->marker_fd);
+      }
+      delete d;
+    }
+  }
+  delete x;
+  return 0;
+}
+
+int get_srq_num(ibv_srq* srq, uint32_t* srq_num) {
+  SoftSrq* s = to_srq(srq);
+  if (!s->xrcd) return EINVAL;  // only XRC SRQs have a number others send to
+  *srq_num = s->tsrq->srqn;
+  return 0;
+}
+
+}  // namespace softrdma::verbs
