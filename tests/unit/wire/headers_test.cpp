@@ -32,6 +32,7 @@ Packet sample(uint8_t opcode, uint32_t payload_len) {
   std::memcpy(&p.imm_data_be, imm, 4);
   p.ieth_rkey = 0x0BADF00D;
   p.deth = {0x80010203, 0x00C0FFEE};
+  p.xrc_srqn = 0x00BEEF12;
   return p;
 }
 
@@ -122,10 +123,12 @@ TEST(Headers, RoundTripEveryValidOpcode) {
       } else {
         EXPECT_EQ(out.deth.qkey, 0u);
       }
+      EXPECT_EQ(out.xrc_srqn, (h & kHdrXrceth) ? in.xrc_srqn : 0u);
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 32 * 10 + 5);  // 32 payload-carrying opcodes, 5 without
+  // 32 payload-carrying opcodes and 5 without in RC/UC/UD, and XRC's 18 and 5.
+  EXPECT_EQ(checked, (32 + 18) * 10 + 5 + 5);
 }
 
 TEST(Headers, BthByteLayout) {
