@@ -197,6 +197,7 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   v.open_xrcd = open_xrcd;
   v.close_xrcd = close_xrcd;
   v.get_srq_num = get_srq_num;
+  v.open_qp = open_qp;
   ibv_context& ctx = v.context;
   ctx.device = dev;
   ctx.ops.poll_cq = poll_cq;

@@ -116,6 +116,7 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrc
   q->attr.qp_state = IBV_QPS_RESET;
   q->attr.cap = q->init.cap;
   qpx_install(q);
+  if (xrc_recv) register_xrc_target(q);
   return &b;
 }
 
@@ -392,6 +393,21 @@ SOFTRDMA_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp
 
 SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   SoftQp* q = to_qp(qp);
+  if (q->xrcd) {
+    // An XRC target's handle (ibv_open_qp(3)): the QP goes with its last handle.
+    SoftQp* owner = nullptr;
+    const bool last = release_xrc_handle(q, &owner);
+    --q->xrcd->users;
+    if (q != owner) {
+      pthread_cond_destroy(&qp->cond);
+      pthread_mutex_destroy(&qp->mutex);
+      delete q;
+    }
+    if (!last) return 0;
+    q = owner;
+    qp = &owner->qpx.qp_base;
+    ++q->xrcd->users;  // released once more below
+  }
   engine_of(qp->context).destroy_qp(q->tqp);
   if (qp->pd) --to_pd(qp->pd)->users;
   if (q->xrcd) --q->xrcd->users;

@@ -90,6 +90,10 @@ struct SoftQp {
   ibv_qp_ex qpx;  // starts with the ibv_qp applications hold
   transport::Qp* tqp = nullptr;
   SoftXrcd* xrcd = nullptr;  // XRC_RECV: its domain
+  // XRC_RECV handles (xrc.cpp): a handle of ibv_open_qp names the QP it opened (the one created);
+  // the created one counts the handles that share it. The QP goes when its last handle does.
+  SoftQp* opened_of = nullptr;
+  int handles = 1;  // under the XRC target registry's lock
   ibv_qp_attr attr{};          // every attribute as last set, for ibv_query_qp
   ibv_qp_init_attr init{};
   std::vector<transport::SendWqe> staged;  // ibv_wr_start .. ibv_wr_complete
@@ -127,6 +131,11 @@ int req_notify_cq(ibv_cq* cq, int solicited_only);
 ibv_xrcd* open_xrcd(ibv_context* ctx, ibv_xrcd_init_attr* attr);
 int close_xrcd(ibv_xrcd* xrcd);
 int get_srq_num(ibv_srq* srq, uint32_t* srq_num);
+ibv_qp* open_qp(ibv_context* ctx, ibv_qp_open_attr* attr);
+// XRC_RECV QPs of this process that ibv_open_qp can find; release says whether the QP itself goes
+// now (its last handle is being destroyed) and detaches the handle.
+void register_xrc_target(SoftQp* q);
+bool release_xrc_handle(SoftQp* q, SoftQp** owner);
 // mw.cpp: memory windows (context ops), and a bind WR's translation (0 or EINVAL).
 ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);
 int dealloc_mw(ibv_mw* mw);

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "transport/srq.h"
 #include "verbs/soft_objects.h"
@@ -141,6 +142,72 @@ int get_srq_num(ibv_srq* srq, uint32_t* srq_num) {
   // Every SRQ has a number (as mlx5 reports); only an XRC SRQ's is one an XRC target delivers to.
   *srq_num = s->tsrq->srqn;
   return 0;
+}
+
+namespace {
+std::mutex targets_mu;
+std::vector<SoftQp*>& targets() {
+  static auto* v = new std::vector<SoftQp*>;
+  return *v;
+}
+}  // namespace
+
+void register_xrc_target(SoftQp* q) {
+  std::lock_guard lock(targets_mu);
+  targets().push_back(q);
+}
+
+bool release_xrc_handle(SoftQp* q, SoftQp** owner) {
+  std::lock_guard lock(targets_mu);
+  SoftQp* o = q->opened_of ? q->opened_of : q;
+  *owner = o;
+  if (--o->handles > 0) return false;
+  std::erase(targets(), o);
+  return true;
+}
+
+// ibv_open_qp(3): another handle on an XRC_RECV QP of the domain, found by number. The QP stays in
+// the context that created it (its engine receives its packets), so the handle is of that context;
+// a QP created by another process cannot be opened here.
+ibv_qp* open_qp(ibv_context* ctx, ibv_qp_open_attr* attr) {
+  constexpr uint32_t kNeeded = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  if (!attr || (attr->comp_mask & kNeeded) != kNeeded || (attr->comp_mask & ~(kNeeded | IBV_QP_OPEN_ATTR_CONTEXT)) ||
+      attr->qp_type != IBV_QPT_XRC_RECV || !attr->xrcd) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  SoftXrcd* x = to_xrcd(attr->xrcd);
+  auto* h = new (std::nothrow) SoftQp{};
+  if (!h) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  std::lock_guard lock(targets_mu);
+  SoftQp* found = nullptr;
+  for (SoftQp* t : targets()) {
+    const ibv_qp& b = t->qpx.qp_base;
+    if (b.qp_num == attr->qp_num && t->xrcd->domain == x->domain &&
+        to_ctx(b.context)->device == to_ctx(ctx)->device)
+      found = t;
+  }
+  if (!found) {
+    delete h;
+    errno = EINVAL;  // no such QP in the domain (ibv_open_qp(3) NOTES)
+    return nullptr;
+  }
+  ++found->handles;
+  ++x->users;
+  h->tqp = found->tqp;
+  h->xrcd = x;
+  h->opened_of = found;
+  h->init = found->init;
+  h->attr = found->attr;
+  ibv_qp& b = h->qpx.qp_base;
+  b = found->qpx.qp_base;
+  b.qp_context = (attr->comp_mask & IBV_QP_OPEN_ATTR_CONTEXT) ? attr->qp_context : nullptr;
+  pthread_mutex_init(&b.mutex, nullptr);
+  pthread_cond_init(&b.cond, nullptr);
+  return &b;
 }
 
 }  // namespace softrdma::verbs

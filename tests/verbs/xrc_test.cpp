@@ -349,6 +349,48 @@ TEST_F(Xrc, ObjectRulesAndErrors) {
   EXPECT_EQ(ibv_modify_qp(recv_qp, &q, IBV_QP_STATE), EINVAL);
 }
 
+// ibv_open_qp(3): another handle on the target QP; the QP lives while any handle does.
+TEST_F(Xrc, OpenQpSharesTheTargetUntilItsLastHandle) {
+  ibv_qp_open_attr oa{};
+  oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  oa.qp_num = recv_qp->qp_num;
+  oa.xrcd = xrcd;
+  oa.qp_type = IBV_QPT_XRC_RECV;
+  ibv_qp* h = ibv_open_qp(tgt.ctx, &oa);
+  ASSERT_NE(h, nullptr) << strerror(errno);
+  EXPECT_EQ(h->qp_num, recv_qp->qp_num);
+  EXPECT_EQ(h->qp_type, IBV_QPT_XRC_RECV);
+  // Not in another domain, not under another number.
+  ibv_xrcd* other = open_private_xrcd(tgt.ctx);
+  ASSERT_NE(other, nullptr);
+  oa.xrcd = other;
+  errno = 0;
+  EXPECT_EQ(ibv_open_qp(tgt.ctx, &oa), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_close_xrcd(other), 0);
+  oa.xrcd = xrcd;
+  oa.qp_num = send_qp->qp_num;
+  EXPECT_EQ(ibv_open_qp(tgt.ctx, &oa), nullptr);
+  // The creator's handle goes; the QP stays, reached through the opened one.
+  EXPECT_EQ(ibv_destroy_qp(recv_qp), 0);
+  recv_qp = h;
+  EXPECT_EQ(qp_state(h), IBV_QPS_RTS);
+  auto ibuf = std::make_unique<Buffer>(4096);
+  auto tbuf = std::make_unique<Buffer>(4096);
+  ASSERT_TRUE(ibuf->reg(ipd, kAllAccess) && tbuf->reg(tpd, kAllAccess));
+  fill_pattern(ibuf->data, 128, 11);
+  ASSERT_EQ(post_srq(srq_a, 50, tbuf->sge(0, 4096)), 0);
+  SendWr s(1, IBV_WR_SEND, {ibuf->sge(0, 128)});
+  ASSERT_EQ(post(s, srq_num(srq_a)), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(scq, &wc));
+  expect_wc(wc, {1, IBV_WC_SUCCESS, IBV_WC_SEND});
+  ASSERT_TRUE(poll_wc(cq_a, &wc));
+  expect_wc(wc, {50, IBV_WC_SUCCESS, IBV_WC_RECV, 128u, std::nullopt, true, h->qp_num});
+  EXPECT_EQ(check_pattern(tbuf->data, 128, 11), 128u);
+  EXPECT_EQ(ibv_close_xrcd(xrcd), EBUSY) << "the opened handle still uses the domain";
+}
+
 // ---- Domains shared by file (O_CREAT / O_EXCL), across two processes ----
 
 std::string xrcd_file() {
