@@ -429,7 +429,8 @@ int file_peer(int sock) {
   char next = 0;
   if (!read_full(sock, &next, 1) || next != 'p') return 17;
   // The parent closed the last handle: no domain on the file any more.
-  if (open_file_xrcd(dev.ctx, path, 0)) return 18;
+  errno = 0;
+  if (open_file_xrcd(dev.ctx, path, 0) || errno != EAGAIN) return 18;
   ibv_xrcd* fresh = open_file_xrcd(dev.ctx, path, O_CREAT | O_EXCL);
   if (!fresh) return 19;
   if (ibv_close_xrcd(fresh)) return 20;
@@ -443,8 +444,10 @@ TEST(XrcDomain, SharedByFileAcrossProcesses) {
   const std::string path = xrcd_file();
   Device dev;
   ASSERT_TRUE(dev.ok());
+  errno = 0;
   ibv_xrcd* x = open_file_xrcd(dev.ctx, path, 0);
   EXPECT_EQ(x, nullptr) << "no domain on a new file without O_CREAT";
+  EXPECT_EQ(errno, EAGAIN);
   x = open_file_xrcd(dev.ctx, path, O_CREAT);
   ASSERT_NE(x, nullptr) << strerror(errno);
   // In this process too: the same file is the same domain, and O_EXCL refuses it.
