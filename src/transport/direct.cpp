@@ -351,7 +351,8 @@ void DirectEndpoint::handle_client(int k, const Request& req) {
 }
 
 void DirectEndpoint::qp_created(Qp& qp) {
-  if (free_descs_.empty()) return;
+  // XRC QPs have no descriptor: initiators never take them for a direct target (packets only).
+  if (free_descs_.empty() || qp.cfg.xrc != XrcRole::None) return;
   qp.direct.desc = free_descs_.back();
   free_descs_.pop_back();
   DirectQpDesc& d = shared_->qps[qp.direct.desc];

@@ -86,7 +86,7 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.max_qp_wr = L::kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT |
                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
-                       IBV_DEVICE_SRQ_RESIZE;
+                       IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
   a.max_cq = L::kMaxCq;
@@ -154,8 +154,10 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
       kOdpRecv | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
   a.odp_caps.per_transport_caps.uc_odp_caps = kOdpRecv | IBV_ODP_SUPPORT_WRITE;
   a.odp_caps.per_transport_caps.ud_odp_caps = kOdpRecv;
+  a.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV | IBV_ODP_SUPPORT_WRITE |
+                  IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
   // Everything else is zero because it does not exist here: TSO, RSS, WQs, packet pacing,
-  // raw packet QPs, tag matching, CQ moderation, PCIe atomics, XRC.
+  // raw packet QPs, tag matching, CQ moderation, PCIe atomics.
   a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
   a.max_dm_size = kMaxDmSize;  // device memory: host memory of the context's process (dm.cpp)
   std::memcpy(attr, &a, std::min(size, sizeof a));
@@ -206,6 +208,10 @@ ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
   v.alloc_dm = alloc_dm;
   v.free_dm = free_dm;
   v.reg_dm_mr = reg_dm_mr;
+  v.open_xrcd = open_xrcd;
+  v.close_xrcd = close_xrcd;
+  v.get_srq_num = get_srq_num;
+  v.open_qp = open_qp;
   ibv_context& ctx = v.context;
   ctx.device = &c->device->dev;
   ctx.ops.poll_cq = poll_cq;

@@ -139,9 +139,24 @@ struct SoftCq {
   bool poll_ex_locked = false;  // false for IBV_CREATE_CQ_ATTR_SINGLE_THREADED
 };
 
+// An XRC domain handle (xrc.cpp). Handles opened on the same file (same inode) share one domain.
+struct XrcDomain;
+struct SoftXrcd {
+  ibv_xrcd xrcd;  // first: applications hold &xrcd
+  XrcDomain* domain = nullptr;
+  uint32_t id = 0;            // the domain's number, what the transport compares (never 0)
+  std::atomic<int> users{0};  // XRC SRQs and XRC_RECV QPs created in it: close is EBUSY while any remain
+};
+inline SoftXrcd* to_xrcd(ibv_xrcd* x) { return reinterpret_cast<SoftXrcd*>(x); }
+
 struct SoftQp {
   ibv_qp_ex qpx;  // starts with the ibv_qp applications hold
   transport::Qp* tqp = nullptr;
+  SoftXrcd* xrcd = nullptr;  // XRC_RECV: its domain
+  // XRC_RECV handles (xrc.cpp): a handle of ibv_open_qp names the QP it opened (the one created);
+  // the created one counts the handles that share it. The QP goes when its last handle does.
+  SoftQp* opened_of = nullptr;
+  int handles = 1;  // under the XRC target registry's lock
   ibv_qp_attr attr{};          // every attribute as last set, for ibv_query_qp
   ibv_qp_init_attr init{};
   std::vector<transport::SendWqe> staged;  // ibv_wr_start .. ibv_wr_complete
@@ -152,6 +167,8 @@ struct SoftQp {
 struct SoftSrq {
   ibv_srq srq;  // first: applications hold &srq (transport::Srq::user points here)
   transport::Srq* tsrq = nullptr;
+  SoftXrcd* xrcd = nullptr;  // an XRC SRQ: its domain and the CQ of its receive completions
+  SoftCq* cq = nullptr;
 };
 inline SoftSrq* to_srq(ibv_srq* s) { return reinterpret_cast<SoftSrq*>(s); }
 
@@ -184,6 +201,15 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
+// xrc.cpp: XRC domains (context ops) and SRQ numbers.
+ibv_xrcd* open_xrcd(ibv_context* ctx, ibv_xrcd_init_attr* attr);
+int close_xrcd(ibv_xrcd* xrcd);
+int get_srq_num(ibv_srq* srq, uint32_t* srq_num);
+ibv_qp* open_qp(ibv_context* ctx, ibv_qp_open_attr* attr);
+// XRC_RECV QPs of this process that ibv_open_qp can find; release says whether the QP itself goes
+// now (its last handle is being destroyed) and detaches the handle.
+void register_xrc_target(SoftQp* q);
+bool release_xrc_handle(SoftQp* q, SoftQp** owner);
 // mw.cpp: memory windows (context ops), and a bind WR's translation (0 or EINVAL).
 ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);
 int dealloc_mw(ibv_mw* mw);
