@@ -23,6 +23,9 @@ struct DeviceLimits {
   static constexpr uint32_t kMaxQpRdAtom = 128;     // max_qp_rd_atom == max_qp_init_rd_atom
   static constexpr uint32_t kMaxMsgSize = 1u << 30; // 1 GiB: at MTU 256 that is 2^22 PSNs, a quarter of the PSN space
   static constexpr uint32_t kMaxCompChannelsPerCtx = 1024;
+  // Multicast: each group a context joins is one UDP socket (its own copy of every datagram).
+  static constexpr uint32_t kMaxMcastGrp = 256;      // groups per context
+  static constexpr uint32_t kMaxMcastQpAttach = 64;  // QPs attached to one group
   static constexpr uint32_t kVendorId = 0xFFFFFF;   // as Linux Soft-RoCE: no IEEE OUI of our own
   static constexpr uint32_t kVendorPartId = 0;
   static constexpr uint32_t kHwVer = 0;

@@ -1,5 +1,10 @@
 #include "core/mr.h"
 
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <new>
 
@@ -109,15 +114,68 @@ void MrTable::update(const MrRegion& updated) {
 }
 
 namespace {
-AccessResult resolve(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len, uint8_t** host) {
+// Whether the kernel knows MADV_POPULATE_READ/WRITE (Linux 5.14): asked once, of a page of our own.
+bool have_populate() {
+  static const bool known = [] {
+    void* p = mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    const bool ok = madvise(p, 4096, MADV_POPULATE_READ) == 0;
+    munmap(p, 4096);
+    return ok;
+  }();
+  return known;
+}
+}  // namespace
+
+bool fault_in(uint64_t addr, uint64_t len, bool write) {
+  if (len == 0) return true;
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (addr + len < addr || addr + len > ~uint64_t{0} - page) return false;  // no user address there
+  const uint64_t start = addr & ~(page - 1);
+  const uint64_t end = (addr + len + page - 1) & ~(page - 1);
+  // The kernel populates the page tables as a CPU access would, but answers an error (ENOMEM: not
+  // mapped; EINVAL: no such access, as a write to a read-only mapping; EFAULT: SIGBUS) instead of
+  // raising a signal.
+  if (have_populate())
+    return madvise(reinterpret_cast<void*>(start), end - start, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0;
+  // An older kernel: the kernel's own copies check each page instead, one byte of it read (and, for a
+  // write, written back unchanged), refused with EFAULT where a CPU access would fault.
+  constexpr unsigned long kBatch = 64;
+  uint8_t bytes[kBatch];
+  iovec local[kBatch], remote[kBatch];
+  unsigned long n = 0;
+  for (uint64_t p = start; p < end; p += page) {
+    local[n] = {&bytes[n], 1};
+    remote[n] = {reinterpret_cast<void*>(p < addr ? addr : p), 1};
+    if (++n == kBatch || p + page >= end) {
+      const auto want = static_cast<ssize_t>(n);
+      if (process_vm_readv(getpid(), local, n, remote, n, 0) != want) return false;
+      if (write && process_vm_writev(getpid(), local, n, remote, n, 0) != want) return false;
+      n = 0;
+    }
+  }
+  return true;
+}
+
+namespace {
+AccessResult resolve(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len, bool write, uint8_t** host) {
   if (r.pd != pd) return AccessResult::BadPd;
   // Written to be overflow-proof: va + len may wrap for hostile requests.
   if (va < r.iova || va - r.iova > r.length || len > r.length - (va - r.iova))
     return AccessResult::OutOfRange;
   *host = reinterpret_cast<uint8_t*>(r.addr + (va - r.iova));
+  // An on-demand region's pages are faulted in now, before the copy touches them.
+  if ((r.access & kOnDemand) && !fault_in(r.addr + (va - r.iova), len, write)) return AccessResult::NotMapped;
   return AccessResult::Ok;
 }
 }  // namespace
+
+bool MrTable::lookup_local(uint32_t lkey, MrRegion* out) const {
+  const Slot* s = find(lkey, false);
+  if (!s) return false;
+  *out = s->region;
+  return true;
+}
 
 bool MrTable::find_in(const void* slots, uint32_t key, bool remote, MrRegion* out) {
   // The table may change under us (the caller validates with seq): copy each slot before judging it.
@@ -141,7 +199,7 @@ AccessResult MrTable::check_local(uint32_t lkey, uint32_t pd, uint64_t va, uint6
   const Slot* s = find(lkey, false);
   if (!s) return AccessResult::BadKey;
   if (write && !(s->region.access & kLocalWrite)) return AccessResult::NoPermission;
-  return resolve(s->region, pd, va, len, host);
+  return resolve(s->region, pd, va, len, write, host);
 }
 
 AccessResult MrTable::check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t len, uint32_t need,
@@ -151,7 +209,7 @@ AccessResult MrTable::check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint
   // A type 2 window is associated with one QP (IBTA 10.6.7.2.2: type 2B checks QP and PD).
   if (s->window == static_cast<uint8_t>(MwType::Type2) && s->qpn != qpn) return AccessResult::BadKey;
   if ((s->region.access & need) != need) return AccessResult::NoPermission;
-  return resolve(s->region, pd, va, len, host);
+  return resolve(s->region, pd, va, len, (need & (kRemoteWrite | kRemoteAtomic)) != 0, host);
 }
 
 bool MrTable::alloc_window(MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey) {
@@ -223,7 +281,7 @@ bool MrTable::bind_window(const MwBind& b, uint32_t qp_pd, uint32_t qpn, uint32_
     range.addr = r.addr + (b.addr - r.iova);
     range.iova = (b.access & kZeroBased) ? 0 : b.addr;
     range.length = b.length;
-    range.access = rights;
+    range.access = rights | (r.access & kOnDemand);  // a window on ODP memory faults pages in too
     range.pd = w.pd;
     range.rkey = new_key;
   }

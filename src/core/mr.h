@@ -16,7 +16,13 @@ namespace softrdma::core {
 // Access bits, numerically identical to enum ibv_access_flags (the verbs layer passes them through).
 enum Access : uint32_t {
   kLocalWrite = 1, kRemoteWrite = 2, kRemoteRead = 4, kRemoteAtomic = 8, kMwBind = 16, kZeroBased = 32,
+  kOnDemand = 64,  // on-demand paging: pages are neither pinned nor required to be mapped (see fault_in)
 };
+
+// On-demand paging: makes the pages of [addr, addr+len) present, writable too when write is set, as
+// an ODP HCA faults them in on access. False when some page is not mapped, or not readable/writable
+// as asked: the access then fails with the status the spec names instead of faulting the process.
+bool fault_in(uint64_t addr, uint64_t len, bool write);
 
 struct MrRegion {
   uint64_t addr;     // host virtual address of the first byte
@@ -28,7 +34,7 @@ struct MrRegion {
   uint64_t share_id;  // intra-host direct path: the share holding these pages (0: none)
 };
 
-enum class AccessResult : uint8_t { Ok, BadKey, BadPd, OutOfRange, NoPermission };
+enum class AccessResult : uint8_t { Ok, BadKey, BadPd, OutOfRange, NoPermission, NotMapped };
 
 // Memory windows (IBTA 10.6.7): type 1 is bound by the Bind MW verb and usable by any QP of its PD;
 // type 2 (2B) is bound by a bind WQE and usable only through the QP that bound it.
@@ -64,6 +70,8 @@ class MrTable {
   // Looks a region's rkey (remote) or lkey up in a table image (possibly another process's, read under
   // its seq) and copies the region out. Windows are not found: their checks stay with the responder.
   static bool find_in(const void* slots, uint32_t key, bool remote, MrRegion* out);
+  // The region registered under a local key (not a window's); false when there is none.
+  bool lookup_local(uint32_t lkey, MrRegion* out) const;
 
   // Resolves [va, va+len) under a local key to a host pointer, checking PD, bounds and (for
   // destinations the HCA writes) LOCAL_WRITE.

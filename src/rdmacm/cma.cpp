@@ -121,6 +121,17 @@ Device* Abi::device_for(uint32_t ip_be) {
   return nullptr;
 }
 
+// An id bound to a device gets its context and, as librdmacm does, the device's default PD
+// (rdma_cm_id.pd), made when the first id attaches: applications (pyverbs' CMID among them) create
+// CQs, QPs and MRs on id->pd without allocating one.
+void attach_device(Id* id) {
+  Device* d = id->dev();
+  if (!d) return;
+  id->pub.verbs = d->ctx;
+  if (!d->pd) d->pd = ibv_alloc_pd(d->ctx);
+  if (!id->pub.pd) id->pub.pd = d->pd;
+}
+
 void post(Id* id, rdma_cm_event_type type, int status, const uint8_t* pdata = nullptr, uint8_t plen = 0,
           Id* listen = nullptr, Event** out = nullptr) {
   auto* chan = reinterpret_cast<Channel*>(id->pub.channel);
@@ -161,7 +172,7 @@ void Abi::event(cm::Connection& c, const cm::Event& ce) {
   switch (ce.kind) {
     case cm::EventKind::ConnectRequest: {
       // The new id's addresses: ours as the REQ named them, the peer's from its rdma_cm IP header.
-      if (id->dev()) id->pub.verbs = id->dev()->ctx;
+      attach_device(id);
       auto& r = id->pub.route;
       set_src(id);
       auto* dst = sin_of(&r.addr.dst_addr);
@@ -237,7 +248,7 @@ void fill_qp_attr(Id* id, ibv_qp_state state, ibv_qp_attr& a, int& mask) {
     a.dest_qp_num = c.remote_qpn;
     a.rq_psn = c.remote_psn;
     a.max_dest_rd_atomic = std::max<uint8_t>(c.resp_res, 1);
-    a.min_rnr_timer = 12;
+    a.min_rnr_timer = 0;  // 655.36 ms, as the kernel's CM sets it: an RNR NAK waits long, not fails soon
     a.ah_attr.is_global = 1;
     a.ah_attr.port_num = 1;
     a.ah_attr.grh.dgid = id->pub.route.addr.addr.ibaddr.dgid;
@@ -480,14 +491,15 @@ SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
   std::lock_guard lock(M().mu);
   if (id->conn.sock >= 0) return fail(EINVAL);
   uint32_t ip = sin_of(addr)->sin_addr.s_addr;
-  // A loopback address binds to no device, as the wildcard does (the kernel's cma_any_addr): id->verbs
-  // stays NULL, and ids that connect through this one find the loopback device then. libfabric's verbs
-  // provider relies on it (its default source, "localhost", must not pick one device).
+  // A loopback address binds to no device, as the wildcard does: id->verbs stays NULL, and ids that
+  // connect through this one find the loopback device then. The kernel would attach the device holding
+  // the address; libfabric's verbs provider needs this instead (its default source, "localhost", must
+  // not pick one device: docs/rdmacm.md).
   const bool loopback = (ntohl(ip) >> 24) == 127;
   if (ip != INADDR_ANY && !loopback) {
     id->conn.dev = abi().device_for(ip);
     if (!id->conn.dev) return fail(EADDRNOTAVAIL);
-    id->pub.verbs = id->dev()->ctx;
+    attach_device(id);
     set_gid(id->pub.route.addr.addr.ibaddr.sgid, ip);
   }
   if (int e = M().bind_port(id->conn, ip, sin_of(addr)->sin_port)) return fail(e);
@@ -509,7 +521,7 @@ SOFTRDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* pid, sockaddr* src, sockaddr* 
     if (rc > 0) {
       post(id, RDMA_CM_EVENT_ADDR_ERROR, -rc);
     } else {
-      id->pub.verbs = id->dev()->ctx;
+      attach_device(id);
       set_src(id);
       std::memcpy(&id->pub.route.addr.dst_addr, dst, sizeof(sockaddr_in));
       set_gid(id->pub.route.addr.addr.ibaddr.sgid, id->conn.local_ip_be);

@@ -313,9 +313,12 @@ int Engine::attach_mcast(Qp* qp, uint32_t group_ip_be) {
   std::lock_guard lock(lock_);
   for (McastGroup& g : mcast_) {
     if (g.group_ip_be != group_ip_be) continue;
-    if (std::find(g.members.begin(), g.members.end(), qp) == g.members.end()) g.members.push_back(qp);
+    if (std::find(g.members.begin(), g.members.end(), qp) != g.members.end()) return 0;
+    if (g.members.size() >= core::DeviceLimits::kMaxMcastQpAttach) return ENOMEM;
+    g.members.push_back(qp);
     return 0;
   }
+  if (mcast_.size() >= core::DeviceLimits::kMaxMcastGrp) return ENOMEM;
   // One socket per group and context, bound to group:4791: every process (and context) that joined
   // gets its own copy of each datagram (SO_REUSEADDR on a multicast address).
   int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

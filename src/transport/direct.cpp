@@ -351,7 +351,8 @@ void DirectEndpoint::handle_client(int k, const Request& req) {
 }
 
 void DirectEndpoint::qp_created(Qp& qp) {
-  if (free_descs_.empty()) return;
+  // XRC QPs have no descriptor: initiators never take them for a direct target (packets only).
+  if (free_descs_.empty() || qp.cfg.xrc != XrcRole::None) return;
   qp.direct.desc = free_descs_.back();
   free_descs_.pop_back();
   DirectQpDesc& d = shared_->qps[qp.direct.desc];
@@ -620,8 +621,10 @@ DirectInbox* receive_room(DirectPeer& p, const DirectQpDesc& d, Qp::DirectRecvVi
     if (!(seq == p.cached_local_seq && g.lkey == r.lkey) && !core::MrTable::find_in(p.key_table, g.lkey, false, &r))
       return nullptr;
     p.cached_local_seq = seq;
-    if (!(r.access & core::kLocalWrite) || r.pd != pd || g.addr < r.iova || g.addr - r.iova > r.length ||
-        g.length > r.length - (g.addr - r.iova))
+    // An on-demand region's pages can be checked only by the target as it places the message, too late
+    // for the status the initiator must see: such receives take the packet path, whose responder NAKs.
+    if (!(r.access & core::kLocalWrite) || (r.access & core::kOnDemand) || r.pd != pd || g.addr < r.iova ||
+        g.addr - r.iova > r.length || g.length > r.length - (g.addr - r.iova))
       return nullptr;
   }
   // The line of the WQE after it, for the next message: by then it is likely posted and still.

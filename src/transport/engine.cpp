@@ -400,15 +400,27 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
     ++qp.stats->rx_packets;
     qp.stats->rx_bytes += len;
   }
-  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   // An opcode of another transport service than the QP's (IBTA 9.6.1.1: the opcode's high bits).
   wire::QpClass want = qp.cfg.type == QpType::Ud   ? wire::QpClass::UD
                        : qp.cfg.type == QpType::Uc ? wire::QpClass::UC
+                       : qp.cfg.xrc != XrcRole::None ? wire::QpClass::XRC
                                                    : wire::QpClass::RC;
-  if (info.qp_class != want) {
+  if (wire::opcode_info(pkt.bth.opcode).qp_class != want) {
     count(&qp, &core::Counters::drop_bad_opcode);
     return;
   }
+  if (want == wire::QpClass::XRC) {
+    // From here on an XRC packet is handled as the RC one it carries (its XRCETH is in pkt). An
+    // initiator only takes responses, a target only requests: each has one direction of RC.
+    pkt.bth.opcode = wire::rc_of_xrc(pkt.bth.opcode);
+    const wire::OpKind k = wire::opcode_info(pkt.bth.opcode).kind;
+    const bool response = k == wire::OpKind::Ack || k == wire::OpKind::AtomicAck || k == wire::OpKind::ReadResponse;
+    if (response != (qp.cfg.xrc == XrcRole::Send)) {
+      count(&qp, &core::Counters::drop_bad_opcode);
+      return;
+    }
+  }
+  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   QpState st = qp.state.load(std::memory_order_relaxed);
   if (qp.cfg.type != QpType::Rc) {
     // UD and UC receive in RTR and later; they never see acknowledgements.
@@ -472,6 +484,8 @@ bool Engine::icrc_accepts(const wire::Ipv4UdpAddr& addr, const uint8_t* data, ui
 
 void Engine::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
   pkt.bth.dest_qp = qp.dest_qpn;
+  // XRC QPs send the XRC form of the RC opcode (requests with the XRCETH in pkt.xrc_srqn).
+  if (qp.cfg.xrc != XrcRole::None) pkt.bth.opcode |= wire::kXrcClassBits;
   send_packet_to(qp, pkt, payload, len, qp.dest_ip_be, qp.dest_port);
 }
 
@@ -505,7 +519,8 @@ void Engine::resolve_destination(Qp& qp) {
 
 void Engine::attach_direct(Qp& qp) {
   // An RC peer QP of another context on this host: the requester may use its memory directly.
-  if (!direct_ || qp.cfg.type != QpType::Rc) return;
+  // XRC QPs go by packets: the direct path knows no XRCETH.
+  if (!direct_ || qp.cfg.type != QpType::Rc || qp.cfg.xrc != XrcRole::None) return;
   auto ep = net::Registry::instance().lookup(qp.dest_qpn);
   if (ep && ep->ip_be == qp.dest_ip_be)
     direct_->attach(qp, ep->pid, ep->port);
@@ -583,11 +598,19 @@ bool Engine::register_mr(core::MrRegion& region) {
   // Made shareable before it is published, while our progress thread is held off the heap pages that
   // move (direct_share.h).
   const bool remote_write = region.access & (core::kRemoteWrite | core::kRemoteAtomic);
-  if (direct_) region.share_id = ShareTable::instance().acquire(region.addr, region.length, remote_write);
+  // On-demand regions are not moved or pinned: intra-host peers reach them by copies the kernel checks
+  // (process_vm_writev/readv), or by packets.
+  if (direct_ && !(region.access & core::kOnDemand))
+    region.share_id = ShareTable::instance().acquire(region.addr, region.length, remote_write);
   if (mrs_.add(region)) return true;
   ShareTable::instance().release(region.share_id, remote_write);
   region.share_id = 0;
   return false;
+}
+
+bool Engine::lookup_mr(uint32_t lkey, core::MrRegion* out) {
+  std::lock_guard lock(lock_);
+  return mrs_.lookup_local(lkey, out);
 }
 
 int Engine::deregister_mr(const core::MrRegion& region) {
@@ -635,6 +658,8 @@ void Engine::forget_pointers_into(const core::MrRegion& region) {
 }
 
 int Engine::reregister_mr(core::MrRegion& region, const core::MrRegion& wanted, bool translation) {
+  // On-demand regions take no share and are checked page by page: not re-registered (verbs refuses).
+  if ((region.access | wanted.access) & core::kOnDemand) return EOPNOTSUPP;
   std::lock_guard lock(lock_);
   if (mrs_.has_bound_windows(region.lkey)) return EBUSY;
   core::MrRegion next = wanted;
@@ -765,7 +790,7 @@ void Engine::destroy_qp(Qp* qp) {
     qp->sq_credit->renew();  // its CQEs still in a CQ give nothing back to the slot's next QP
     free_credits_.push_back(qp->sq_credit_slot);
     arena_.release(qp->rq.slots, qp->rq_bytes);
-    if (qp->srq) --qp->srq->qp_refs;
+    if (qp->cfg.srq) --qp->cfg.srq->qp_refs;  // an XRC target's srq is only the last one it delivered into
   }
   async_events_.discard_if([qp](const AsyncEvent& e) { return e.qp == qp; });
   delete qp;
@@ -859,7 +884,8 @@ bool op_allowed(const Qp& qp, const SendWqe& w) {
 
 int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_batch) {
   QpState st = qp->state.load(std::memory_order_acquire);
-  if (st == QpState::Reset || st == QpState::Init || st == QpState::Rtr) {
+  // An XRC target has no send queue.
+  if (st == QpState::Reset || st == QpState::Init || st == QpState::Rtr || qp->cfg.xrc == XrcRole::Recv) {
     *bad = 0;
     return EINVAL;
   }

@@ -95,6 +95,8 @@ class Engine {
   // stay. translation: the pages change, and operations in flight lose their pointers into the old
   // ones as at deregistration. 0, or EBUSY while memory windows are bound to it (nothing changes).
   int reregister_mr(core::MrRegion& region, const core::MrRegion& wanted, bool translation);
+  // The region registered under lkey (ibv_advise_mr); false when there is none.
+  bool lookup_mr(uint32_t lkey, core::MrRegion* out);
   // Memory windows: alloc_mw is false when max_mw are allocated; dealloc_mw invalidates a bound one.
   bool alloc_mw(core::MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey);
   void dealloc_mw(uint32_t handle);
@@ -118,7 +120,9 @@ class Engine {
 
   // Shared receive queues (srq.cpp). create_srq returns nullptr (errno set) on failure; the others
   // return 0 or an errno. destroy_srq is refused (EBUSY) while QPs are attached.
-  Srq* create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge);
+  // An XRC SRQ has an XRC domain (xrcd != 0) and the CQ its receive completions go to.
+  Srq* create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd = 0,
+                  core::CompletionQueue* cq = nullptr);
   int destroy_srq(Srq* srq);
   int modify_srq(Srq* srq, int mask, uint32_t max_wr, uint32_t limit);
   void query_srq(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit);
@@ -247,6 +251,9 @@ class Engine {
   // complete_receive false: the WRITE's data is placed but no receive WQE completes (UC, none posted).
   Verdict execute_write(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt, bool complete_receive);
   void rc_refuse(Qp& qp, const Verdict& v, uint32_t psn);
+  // XRC_RECV (srq.cpp): the XRC SRQ a request's XRCETH names becomes the QP's receive queue, CQ and
+  // PD for that request (IBTA 10.2.10); InvalidRequest when the domain has no such SRQ here.
+  Verdict xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info);
   void uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info);
   void responder_receive(Qp& qp, const wire::Packet& pkt);
   void responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn);
@@ -270,6 +277,7 @@ class Engine {
   std::vector<Qp*> qp_list_;
   std::vector<Qp*> ack_owed_;
   std::vector<Srq*> srqs_;
+  uint32_t next_srqn_ = 1;
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
   // Under lock_: the pass is an application's poll; 4791's last look found datagrams; looks skipped.

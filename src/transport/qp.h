@@ -65,6 +65,7 @@ struct SendWqe {
   uint32_t ud_dest_ip_be;
   uint32_t ud_remote_qpn;
   uint32_t ud_remote_qkey;
+  uint32_t xrc_srqn;        // XRC_SEND: the remote XRC SRQ the message is for (its XRCETH)
   uint32_t num_sge;
   uint64_t length;          // total bytes of the SGEs / inline data
   core::MwBind bind;        // BindMw (LocalInv: the key to invalidate is in imm_be)
@@ -186,6 +187,10 @@ struct Srq;  // transport/srq.h
 
 // Transport service of a QP (numerically enum ibv_qp_type).
 enum class QpType : uint8_t { Rc = 2, Uc = 3, Ud = 4 };
+// XRC (IBTA 9.2, 10.2.10): an XRC QP is an RC QP of one direction. The initiator (XRC_SEND) has a
+// requester only and names a remote XRC SRQ in each request's XRCETH; the target (XRC_RECV) has a
+// responder only, which takes receive WQEs, CQ and PD from that SRQ, if it is of the target's domain.
+enum class XrcRole : uint8_t { None, Send, Recv };
 
 struct QpConfig {
   QpType type = QpType::Rc;
@@ -196,6 +201,8 @@ struct QpConfig {
   bool sq_sig_all = false;
   uint32_t ud_mtu = 0;  // UD: the port's active MTU in bytes, the largest message it sends (C10-93.1.1)
   Srq* srq = nullptr;  // receive WQEs come from this shared receive queue; the QP's own RQ is unused
+  XrcRole xrc = XrcRole::None;  // XRC QPs have type Rc
+  uint32_t xrcd = 0;             // XRC_RECV: its XRC domain (nonzero)
 };
 
 // Request packets in flight without an acknowledgement. Far below the 2^23 PSN half-space, and

@@ -91,6 +91,7 @@ void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
   const RequestOpcodes opcodes = work_request(w.op, qp.cfg.type).opcodes;  // UC: its own class
   wire::Packet pkt{};
   pkt.bth.psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(idx));
+  pkt.xrc_srqn = w.xrc_srqn;  // XRC_SEND: every request packet names the remote SRQ
   uint8_t scratch[4096];
   const uint8_t* payload = nullptr;
   uint32_t len = 0;

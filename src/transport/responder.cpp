@@ -350,6 +350,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   qp.resp.nak_sent = false;
   Verdict v;
   if (!opcode_in_sequence(qp, info)) v = {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  if (v.ok() && qp.cfg.xrc == XrcRole::Recv) v = xrc_target_srq(qp, pkt.xrc_srqn, info);
   if (v.ok()) v = check_length(qp, info, pkt);
   if (v.ok()) v = check_receive(qp, info);
   if (!v.ok()) {

@@ -9,10 +9,12 @@
 
 #include "core/limits.h"
 #include "transport/engine.h"
+#include "wire/opcode.h"
 
 namespace softrdma::transport {
 
-Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge) {
+Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd,
+                        core::CompletionQueue* cq) {
   using L = core::DeviceLimits;
   if (max_wr > L::kMaxSrqWr || max_sge > L::kMaxSrqSge) {
     errno = EINVAL;
@@ -24,6 +26,8 @@ Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge) {
     return nullptr;
   }
   srq->pd = pd;
+  srq->xrcd = xrcd;
+  srq->cq = cq;
   srq->max_sge = std::max<uint32_t>(max_sge, 1);
   uint32_t depth = std::max<uint32_t>(max_wr, 1);
   srq->rq_bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(depth);
@@ -41,6 +45,15 @@ Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge) {
     errno = ENOMEM;
     return nullptr;
   }
+  // SRQ numbers are 24-bit (XRCETH) and unique among this context's live SRQs.
+  for (;;) {
+    uint32_t n = next_srqn_;
+    next_srqn_ = (next_srqn_ & 0xFFFFFF) + 1;
+    if (std::none_of(srqs_.begin(), srqs_.end(), [n](const Srq* s) { return s->srqn == n; })) {
+      srq->srqn = n;
+      break;
+    }
+  }
   srqs_.push_back(srq);
   return srq;
 }
@@ -50,6 +63,16 @@ int Engine::destroy_srq(Srq* srq) {
     std::lock_guard lock(lock_);
     if (srq->qp_refs) return EBUSY;
     srqs_.erase(std::remove(srqs_.begin(), srqs_.end(), srq), srqs_.end());
+    // XRC targets that delivered into it forget it; a message in progress into it fails at its next
+    // packet (xrc_target_srq), its WQE with the SRQ.
+    for (Qp* qp : qp_list_) {
+      if (qp->cfg.xrc != XrcRole::Recv || qp->srq != srq) continue;
+      qp->srq = nullptr;
+      qp->shared_rq = nullptr;
+      qp->cfg.recv_cq = nullptr;
+      qp->resp.srq_wqe_held = false;
+      qp->resp.recv_active = false;
+    }
     arena_.release(srq->rq.slots, srq->rq_bytes);
   }
   async_events_.discard_if([srq](const AsyncEvent& e) { return e.srq == srq; });
@@ -155,6 +178,27 @@ void Engine::retire_recv_wqe(Qp& qp) {
     qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     if (direct_) direct_->publish_tails(qp);
   }
+}
+
+Engine::Verdict Engine::xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info) {
+  // A message continues into the SRQ it started in: the same number in every packet.
+  if (!info.first) {
+    if (qp.srq && qp.srq->srqn == srqn) return {};
+    return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  }
+  Srq* found = nullptr;
+  for (Srq* s : srqs_)
+    if (s->srqn == srqn) found = s;
+  // An SRQ of another domain, or not an XRC SRQ at all, is as good as none (IBTA 10.2.10.x).
+  if (!found || !found->xrcd || found->xrcd != qp.cfg.xrcd) {
+    count(&qp, &core::Counters::xrc_bad_srqn);
+    return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  }
+  qp.srq = found;
+  qp.shared_rq = &found->rq;
+  qp.cfg.recv_cq = found->cq;
+  qp.cfg.pd = found->pd;  // memory the request reaches is checked against the SRQ's PD
+  return {};
 }
 
 void Engine::report_last_wqe(Qp& qp) {

@@ -22,6 +22,11 @@ struct Srq {
   // which disarms the limit (0) until ibv_modify_srq sets it again.
   uint32_t limit = 0;
   uint32_t qp_refs = 0;     // QPs attached (engine lock): destroy is refused while any remain
+  uint32_t srqn = 0;        // its number (ibv_get_srq_num), unique in the context
+  // An XRC SRQ (IBV_SRQT_XRC): its domain (nonzero) and the CQ its receive completions go to; the
+  // XRC_RECV QPs of the domain deliver into it the messages whose XRCETH names srqn.
+  uint32_t xrcd = 0;
+  core::CompletionQueue* cq = nullptr;
 };
 
 }  // namespace softrdma::transport

@@ -53,6 +53,8 @@ const std::vector<SoftDevice*>& all_devices() {
 }
 
 namespace {
+constexpr uint32_t kGidTblLen = 16;
+
 ibv_mtu ib_mtu_for(uint32_t netdev_mtu) {
   // Largest IBTA MTU whose packets (IPv4 + UDP + BTH + the largest extension headers + ICRC) fit.
   constexpr uint32_t overhead = 20 + 8 + 12 + 28 + 4;
@@ -84,7 +86,7 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.max_qp_wr = L::kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT |
                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
-                       IBV_DEVICE_SRQ_RESIZE;
+                       IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
   a.max_cq = L::kMaxCq;
@@ -100,6 +102,9 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.max_res_rd_atom = L::kMaxQpRdAtom * L::kMaxQp;
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_pkeys = 1;
+  a.max_mcast_grp = L::kMaxMcastGrp;
+  a.max_mcast_qp_attach = L::kMaxMcastQpAttach;
+  a.max_total_mcast_qp_attach = L::kMaxMcastGrp * L::kMaxMcastQpAttach;
   a.local_ca_ack_delay = 15;
   a.phys_port_cnt = 1;
 }
@@ -114,7 +119,9 @@ int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* out, size_t siz
   // Polling while up without carrier (no peer), LinkUp otherwise.
   a.state = link.active() ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
   a.max_mtu = a.active_mtu = ib_mtu_for(d.iface.mtu);
-  a.gid_tbl_len = 1;
+  // Index 0 holds the interface's GID; the others are empty slots, as on a RoCE port whose netdev
+  // has fewer addresses than its table has entries (they read back as ENODATA).
+  a.gid_tbl_len = kGidTblLen;
   a.max_msg_sz = core::DeviceLimits::kMaxMsgSize;
   a.pkey_tbl_len = 1;
   a.max_vl_num = 1;
@@ -134,14 +141,25 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
   ibv_device_attr_ex a{};
   fill_device_attr(*to_ctx(ctx)->device, a.orig_attr);
   // The extended flags are a superset of the classic ones; no bit above 31 applies (no scatter-FCS,
-  // no end padding, no on-demand paging...).
+  // no end padding...).
   a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
   // Completion timestamps count CompletionQueue::clock_ns(): 64 valid bits at 1 GHz (in kHz here).
   a.completion_timestamp_mask = ~uint64_t{0};
   a.hca_core_clock = 1000000;
-  // Everything else is zero because it does not exist here: ODP, TSO, RSS, WQs, packet pacing,
-  // raw packet QPs, tag matching, CQ moderation, device memory, PCIe atomics, XRC.
+  // On-demand paging, explicit and implicit (mr_cq.cpp): every access of every transport faults the
+  // pages of an ODP region in (core::fault_in).
+  a.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  constexpr uint32_t kOdpRecv = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  a.odp_caps.per_transport_caps.rc_odp_caps =
+      kOdpRecv | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
+  a.odp_caps.per_transport_caps.uc_odp_caps = kOdpRecv | IBV_ODP_SUPPORT_WRITE;
+  a.odp_caps.per_transport_caps.ud_odp_caps = kOdpRecv;
+  a.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV | IBV_ODP_SUPPORT_WRITE |
+                  IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
+  // Everything else is zero because it does not exist here: TSO, RSS, WQs, packet pacing,
+  // raw packet QPs, tag matching, CQ moderation, PCIe atomics.
   a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
+  a.max_dm_size = kMaxDmSize;  // device memory: host memory of the context's process (dm.cpp)
   std::memcpy(attr, &a, std::min(size, sizeof a));
   return 0;
 }
@@ -170,19 +188,11 @@ SOFTRDMA_EXPORT __be64 ibv_get_device_guid(ibv_device* dev) {
 
 SOFTRDMA_EXPORT int ibv_get_device_index(ibv_device* dev) { return reinterpret_cast<SoftDevice*>(dev)->index; }
 
-SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
-  auto* sd = reinterpret_cast<SoftDevice*>(dev);
-  SoftContext* c = nullptr;
-  try {
-    c = new SoftContext{};
-    c->device = sd;
-    c->engine = std::make_unique<transport::Engine>(sd->iface);
-  } catch (const std::system_error& e) {
-    delete c;
-    errno = e.code().value() ? e.code().value() : ENODEV;
-    return nullptr;
-  } catch (const std::bad_alloc&) {
-    delete c;
+namespace softrdma::verbs {
+
+ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
+  auto* c = new (std::nothrow) SoftContext(std::move(shared));
+  if (!c) {
     errno = ENOMEM;
     return nullptr;
   }
@@ -194,8 +204,16 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   v.query_rt_values = query_rt_values;
   v.create_qp_ex = create_qp_ex;
   v.create_srq_ex = create_srq_ex;
+  v.advise_mr = advise_mr;
+  v.alloc_dm = alloc_dm;
+  v.free_dm = free_dm;
+  v.reg_dm_mr = reg_dm_mr;
+  v.open_xrcd = open_xrcd;
+  v.close_xrcd = close_xrcd;
+  v.get_srq_num = get_srq_num;
+  v.open_qp = open_qp;
   ibv_context& ctx = v.context;
-  ctx.device = dev;
+  ctx.device = &c->device->dev;
   ctx.ops.poll_cq = poll_cq;
   ctx.ops.req_notify_cq = req_notify_cq;
   ctx.ops.post_send = post_send;
@@ -204,12 +222,36 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   ctx.ops.dealloc_mw = dealloc_mw;
   ctx.ops.bind_mw = bind_mw;
   ctx.ops.post_srq_recv = post_srq_recv;
-  ctx.cmd_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);  // no kernel: a harmless fd for code that closes it
+  ctx.cmd_fd = cmd_fd;
   ctx.async_fd = c->engine->async_events().fd();
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
   return &ctx;
+}
+
+}  // namespace softrdma::verbs
+
+SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
+  auto* sd = reinterpret_cast<SoftDevice*>(dev);
+  std::shared_ptr<ContextShared> shared;
+  try {
+    shared = std::make_shared<ContextShared>();
+    shared->device = sd;
+    shared->engine = std::make_unique<transport::Engine>(sd->iface);
+  } catch (const std::system_error& e) {
+    errno = e.code().value() ? e.code().value() : ENODEV;
+    return nullptr;
+  } catch (const std::bad_alloc&) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  // The command fd names the context's object space, as the uverbs file does (import.cpp).
+  int fd = open_command_fd(shared);
+  if (fd < 0) return nullptr;
+  ibv_context* ctx = make_context(std::move(shared), fd);
+  if (!ctx) close(fd);
+  return ctx;
 }
 
 SOFTRDMA_EXPORT int ibv_close_device(ibv_context* ctx) {
@@ -230,20 +272,21 @@ SOFTRDMA_EXPORT int ibv_query_port(ibv_context* ctx, uint8_t port, _compat_ibv_p
   return query_port_ex(ctx, port, reinterpret_cast<ibv_port_attr*>(attr), offsetof(ibv_port_attr, flags));  // the layout before flags were added
 }
 
+// As rdma-core over the kernel: an index past the table is EINVAL, an empty slot reads as a zero GID.
 SOFTRDMA_EXPORT int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid) {
-  if (port != 1 || index != 0) {
+  if (port != 1 || index < 0 || static_cast<uint32_t>(index) >= kGidTblLen) {
     errno = EINVAL;
     return -1;
   }
-  *gid = gid_of(*to_ctx(ctx)->device);
+  *gid = index == 0 ? gid_of(*to_ctx(ctx)->device) : ibv_gid{};
   return 0;
 }
 
 SOFTRDMA_EXPORT int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index, ibv_gid_entry* entry,
                                       uint32_t flags, size_t entry_size) {
   if (flags) return EINVAL;
-  if (port != 1) return EINVAL;
-  if (index != 0) return ENODATA;
+  if (port != 1 || index >= kGidTblLen) return EINVAL;
+  if (index != 0) return ENODATA;  // an empty slot
   const SoftDevice& d = *to_ctx(ctx)->device;
   ibv_gid_entry e{};
   e.gid = gid_of(d);
@@ -263,14 +306,14 @@ SOFTRDMA_EXPORT ssize_t _ibv_query_gid_table(ibv_context* ctx, ibv_gid_entry* en
   return rc ? -rc : 1;
 }
 
-// rdma-core's private ABI (driver.h): 0 = IB/RoCE v1, 1 = RoCE v2.
+// rdma-core's private ABI (driver.h): 0 = IB/RoCE v1, 1 = RoCE v2; an empty slot reads as 0.
 SOFTRDMA_EXPORT int ibv_query_gid_type(ibv_context* ctx, uint8_t port, unsigned int index, int* type) {
   (void)ctx;
-  if (port != 1 || index != 0) {
+  if (port != 1 || index >= kGidTblLen) {
     errno = EINVAL;
     return -1;
   }
-  *type = 1;
+  *type = index == 0 ? 1 : 0;
   return 0;
 }
 
@@ -382,12 +425,37 @@ SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
   }
   p->pd.context = ctx;
   p->pd.handle = to_ctx(ctx)->next_handle.fetch_add(1);
+  ContextShared& sh = *to_ctx(ctx)->shared;
+  try {
+    std::lock_guard lock(sh.mu);
+    sh.pds_by_handle[p->pd.handle] = p;
+  } catch (const std::bad_alloc&) {
+    --to_ctx(ctx)->pds;
+    delete p;
+    errno = ENOMEM;
+    return nullptr;
+  }
   return &p->pd;
 }
 
+// Destroys the PD object, through the original or an import of it (ibv_import_pd(3)), and gives that
+// struct back; the original's memory stays while any struct refers to it.
 SOFTRDMA_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
-  if (to_pd(pd)->users.load()) return EBUSY;
-  --to_ctx(pd->context)->pds;
-  delete reinterpret_cast<SoftPd*>(pd);
+  auto* self = reinterpret_cast<SoftPd*>(pd);
+  SoftPd* o = to_pd(pd);
+  ContextShared& sh = *to_ctx(pd->context)->shared;
+  std::lock_guard lock(sh.mu);
+  if (o->destroyed) return EINVAL;  // an import of a PD already deallocated: only unimport is left
+  if (o->users.load()) return EBUSY;
+  o->destroyed = true;
+  sh.pds_by_handle.erase(o->pd.handle);
+  --sh.pds;
+  if (self != o) {
+    --o->imports;
+    delete self;
+  } else {
+    o->released = true;
+  }
+  if (o->imports == 0 && o->released) delete o;
   return 0;
 }

@@ -1,4 +1,4 @@
-// Verbs of later issues (UD address handles, multicast, ECE, import): they exist so every program
+// Verbs of later issues (UD address handles, multicast, ECE): they exist so every program
 // loads, and fail cleanly with EOPNOTSUPP until their issue lands.
 #include <cerrno>
 
@@ -9,17 +9,3 @@ SOFTRDMA_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint
 }
 SOFTRDMA_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 SOFTRDMA_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
-SOFTRDMA_EXPORT ibv_context* ibv_import_device(int) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SOFTRDMA_EXPORT ibv_pd* ibv_import_pd(ibv_context*, uint32_t) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SOFTRDMA_EXPORT ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-SOFTRDMA_EXPORT void ibv_unimport_pd(ibv_pd*) {}
-SOFTRDMA_EXPORT void ibv_unimport_mr(ibv_mr*) {}

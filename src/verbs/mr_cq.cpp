@@ -18,13 +18,14 @@ static_assert(static_cast<int>(core::WcStatus::RetryExcErr) == IBV_WC_RETRY_EXC_
 static_assert(static_cast<int>(core::WcOpcode::RecvRdmaWithImm) == IBV_WC_RECV_RDMA_WITH_IMM);
 static_assert(static_cast<int>(core::WcOpcode::FetchAdd) == IBV_WC_FETCH_ADD);
 static_assert(+core::kWcWithImm == +IBV_WC_WITH_IMM && +core::kWcWithInv == +IBV_WC_WITH_INV);
+static_assert(+core::kOnDemand == +IBV_ACCESS_ON_DEMAND && +core::kMwBind == +IBV_ACCESS_MW_BIND);
 static_assert(+core::kLocalWrite == +IBV_ACCESS_LOCAL_WRITE && +core::kRemoteWrite == +IBV_ACCESS_REMOTE_WRITE &&
               +core::kRemoteRead == +IBV_ACCESS_REMOTE_READ && +core::kRemoteAtomic == +IBV_ACCESS_REMOTE_ATOMIC);
 
 namespace {
 // The access bits a region keeps (the others are hints to the registration or are refused there).
 constexpr unsigned kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                               IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+                               IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND;
 
 // Every page of [addr, addr+len) must be mapped, as pinning would require of a real HCA.
 bool range_is_mapped(const void* addr, size_t len) {
@@ -48,16 +49,19 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
     errno = EINVAL;
     return nullptr;
   }
-  // No on-demand paging (ibv_query_device_ex reports no ODP capability): refused, as the kernel does.
-  if (access & IBV_ACCESS_ON_DEMAND) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
-  if (length > core::DeviceLimits::kMaxMrSize || (length && !addr)) {
+  const bool odp = access & IBV_ACCESS_ON_DEMAND;
+  // Implicit on-demand paging: (NULL, SIZE_MAX) registers the whole address space, at iova 0.
+  const bool implicit = odp && !addr && length == SIZE_MAX;
+  if (implicit && iova != 0) {
     errno = EINVAL;
     return nullptr;
   }
-  if (length && !range_is_mapped(addr, length)) {
+  if (!implicit && (length > core::DeviceLimits::kMaxMrSize || (length && !addr))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  // An on-demand region needs no mapping yet: its pages are faulted in when an access reaches them.
+  if (!odp && length && !range_is_mapped(addr, length)) {
     errno = EFAULT;
     return nullptr;
   }
@@ -84,8 +88,21 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
   m->mr.handle = m->region.lkey;
   m->mr.lkey = m->region.lkey;
   m->mr.rkey = m->region.rkey;
+  publish_mr(m);
   return &m->mr;
 }
+
+namespace softrdma::verbs {
+void publish_mr(SoftMr* m) {
+  ContextShared& sh = *to_ctx(m->mr.context)->shared;
+  std::lock_guard lock(sh.mu);
+  try {
+    sh.mrs_by_handle[m->mr.handle] = m;
+  } catch (const std::bad_alloc&) {
+    // Not importable then; the MR itself is fine.
+  }
+}
+}  // namespace softrdma::verbs
 
 #undef ibv_reg_mr
 SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
@@ -97,23 +114,76 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, u
   return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
 }
 
+// Destroys the MR object, through the original or an import of it (ibv_import_mr), and gives that
+// struct back; the original's memory stays while any struct refers to it.
 SOFTRDMA_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
-  auto* m = reinterpret_cast<SoftMr*>(mr);
+  auto* self = reinterpret_cast<SoftMr*>(mr);
+  SoftMr* m = self->origin ? self->origin : self;
+  ContextShared& sh = *to_ctx(mr->context)->shared;
+  std::lock_guard lock(sh.mu);
+  if (m->destroyed) return EINVAL;  // an import of an MR already deregistered: only unimport is left
   if (int rc = engine_of(mr->context).deregister_mr(m->region)) return rc;  // EBUSY: windows bound to it
-  --to_pd(mr->pd)->users;
-  delete m;
+  --to_pd(m->mr.pd)->users;
+  if (m->dm) --m->dm->mrs;
+  auto it = sh.mrs_by_handle.find(m->mr.handle);
+  if (it != sh.mrs_by_handle.end() && it->second == m) sh.mrs_by_handle.erase(it);
+  m->destroyed = true;
+  if (self != m) {
+    --m->imports;
+    delete self;
+  } else {
+    m->released = true;
+  }
+  if (m->imports == 0 && m->released) delete m;
   return 0;
 }
+
+namespace softrdma::verbs {
+
+// ibv_advise_mr(3): the prefetch advices fault the SGEs' pages in (writable too for PREFETCH_WRITE),
+// always before returning, so IBV_ADVISE_MR_FLAG_FLUSH changes nothing; PREFETCH_NO_FAULT only
+// checks the SGEs, as pages already present are all an access finds without faulting.
+int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge) {
+  if (flags & ~uint32_t{IBV_ADVISE_MR_FLAG_FLUSH}) return EINVAL;
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return EOPNOTSUPP;
+  if (num_sge == 0 || !sg_list) return EINVAL;
+  const bool write = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+  // Every SGE is checked before any is faulted in.
+  std::vector<core::MrRegion> regions(num_sge);
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    const ibv_sge& g = sg_list[i];
+    core::MrRegion& r = regions[i];
+    if (!engine_of(pd->context).lookup_mr(g.lkey, &r)) return EFAULT;  // no such lkey
+    if (r.pd != pd->handle) return EPERM;                              // outside this PD's scope
+    if (!(r.access & core::kOnDemand)) return ENOENT;                  // not an on-demand region
+    if (write && !(r.access & core::kLocalWrite)) return EPERM;        // not registered writable
+    if (g.addr < r.iova || g.addr - r.iova > r.length || g.length > r.length - (g.addr - r.iova)) return EFAULT;
+  }
+  if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT) return 0;
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    const core::MrRegion& r = regions[i];
+    if (!core::fault_in(r.addr + (sg_list[i].addr - r.iova), sg_list[i].length, write)) return EFAULT;
+  }
+  return 0;
+}
+
+}  // namespace softrdma::verbs
 
 // ibv_rereg_mr(3). The checks libibverbs makes before it asks the provider fail with
 // IBV_REREG_MR_ERR_INPUT; what the kernel and the device would refuse fails with IBV_REREG_MR_ERR_CMD.
 // Either way the MR is unchanged and usable (stronger than ERR_CMD promises). pd is read only with
 // IBV_REREG_MR_CHANGE_PD. The keys stay the same (hardware may hand out new ones: callers read
-// mr->lkey and mr->rkey again, which stay right).
+// mr->lkey and mr->rkey again, which stay right). Through an import (ibv_import_mr) it changes the
+// one MR object; the other imports' structs keep what they said, as with libibverbs.
 SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
   constexpr int kAll = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+  auto* self = reinterpret_cast<SoftMr*>(mr);
+  SoftMr* m = self->origin ? self->origin : self;
   const bool translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
-  if ((flags & ~kAll) || (translation && (!length || !addr)) ||
+  // A device-memory MR is no IBV_MR_TYPE_MR: libibverbs refuses it first.
+  if (m->dm || (flags & ~kAll) || (translation && (!length || !addr)) ||
       (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
@@ -122,9 +192,13 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
     errno = err;
     return IBV_REREG_MR_ERR_CMD;
   };
-  auto* m = reinterpret_cast<SoftMr*>(mr);
-  core::MrRegion wanted = m->region;
   if (!flags) return fail(EINVAL);
+  ContextShared& sh = *to_ctx(mr->context)->shared;
+  std::lock_guard lock(sh.mu);  // against a deregistration or import of the same MR meanwhile
+  if (m->destroyed) return fail(EINVAL);
+  core::MrRegion wanted = m->region;
+  // On-demand regions are not re-registered (nor made on-demand by it), as ConnectX long refused.
+  if (wanted.access & core::kOnDemand) return fail(EOPNOTSUPP);
   if (flags & IBV_REREG_MR_CHANGE_PD) {
     if (!pd || pd->context != mr->context) return fail(EINVAL);
     wanted.pd = pd->handle;
@@ -133,7 +207,7 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
     const auto a = static_cast<unsigned>(access);
     if ((a & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(a & IBV_ACCESS_LOCAL_WRITE))
       return fail(EINVAL);
-    if (a & IBV_ACCESS_ON_DEMAND) return fail(EOPNOTSUPP);  // as at registration
+    if (a & IBV_ACCESS_ON_DEMAND) return fail(EOPNOTSUPP);
     wanted.access = a & kMrAccess;
   }
   if (translation) {
@@ -144,14 +218,17 @@ SOFTRDMA_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, 
     wanted.length = length;
   }
   if (int rc = engine_of(mr->context).reregister_mr(m->region, wanted, translation)) return fail(rc);
+  self->region = m->region;
   if (flags & IBV_REREG_MR_CHANGE_PD) {
-    --to_pd(mr->pd)->users;
+    --to_pd(m->mr.pd)->users;
     ++to_pd(pd)->users;
-    mr->pd = pd;
   }
-  if (translation) {
-    mr->addr = addr;
-    mr->length = length;
+  for (SoftMr* s : {m, self}) {  // the same one twice when mr is no import: harmless
+    if (flags & IBV_REREG_MR_CHANGE_PD) s->mr.pd = pd;
+    if (translation) {
+      s->mr.addr = addr;
+      s->mr.length = length;
+    }
   }
   return 0;
 }

@@ -23,20 +23,31 @@ namespace {
 
 void qpx_install(SoftQp* q);
 
-ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
-  if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD) {
-    errno = EOPNOTSUPP;  // XRC, raw packet: not offered
+ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrcd* xrcd = nullptr) {
+  const bool xrc_send = ia.qp_type == IBV_QPT_XRC_SEND, xrc_recv = ia.qp_type == IBV_QPT_XRC_RECV;
+  if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD && !xrc_send && !xrc_recv) {
+    errno = EOPNOTSUPP;  // raw packet: not offered
     return nullptr;
   }
-  if (!ia.send_cq || !ia.recv_cq || ia.send_cq->context != ctx || ia.recv_cq->context != ctx ||
-      (ia.srq && ia.srq->context != ctx)) {
+  // XRC (ibv_create_qp_ex(3)): an XRC_SEND QP has a PD and a send CQ, no receive side; an XRC_RECV QP
+  // has an XRC domain and nothing else: its receives land in the XRC SRQs of the domain.
+  ibv_cq* send_cq = xrc_recv ? nullptr : ia.send_cq;
+  ibv_cq* recv_cq = xrc_send || xrc_recv ? nullptr : ia.recv_cq;
+  if (xrc_recv ? (!xrcd || xrcd->xrcd.context != ctx)
+               : (!pd || pd->context != ctx || !send_cq || send_cq->context != ctx ||
+                  (!xrc_send && (!recv_cq || recv_cq->context != ctx)))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((ia.srq && ia.srq->context != ctx) || ((xrc_send || xrc_recv) && ia.srq)) {
     errno = EINVAL;
     return nullptr;
   }
   using L = core::DeviceLimits;
   // With an SRQ the receive capabilities are ignored (ibv_create_qp(3)): the QP has no RQ of its own.
   ibv_qp_cap cap = ia.cap;
-  if (ia.srq) cap.max_recv_wr = cap.max_recv_sge = 0;
+  if (ia.srq || xrc_send || xrc_recv) cap.max_recv_wr = cap.max_recv_sge = 0;
+  if (xrc_recv) cap.max_send_wr = cap.max_send_sge = cap.max_inline_data = 0;
   if (cap.max_send_wr > L::kMaxQpWr || cap.max_recv_wr > L::kMaxQpWr || cap.max_send_sge > L::kMaxSge ||
       cap.max_recv_sge > L::kMaxSge || cap.max_inline_data > L::kMaxInline) {
     errno = EINVAL;
@@ -48,16 +59,18 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
     return nullptr;
   }
   transport::QpConfig cfg;
-  cfg.pd = pd->handle;
-  cfg.send_cq = to_cq(ia.send_cq)->queue.get();
-  cfg.recv_cq = to_cq(ia.recv_cq)->queue.get();
+  cfg.pd = xrc_recv ? 0 : pd->handle;
+  cfg.send_cq = send_cq ? to_cq(send_cq)->queue.get() : nullptr;
+  cfg.recv_cq = recv_cq ? to_cq(recv_cq)->queue.get() : nullptr;
   cfg.max_send_wr = cap.max_send_wr;
   cfg.max_recv_wr = cap.max_recv_wr;
   cfg.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
   cfg.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
   cfg.max_inline = L::kMaxInline;
   cfg.sq_sig_all = ia.sq_sig_all != 0;
-  cfg.type = static_cast<transport::QpType>(ia.qp_type);
+  cfg.type = xrc_send || xrc_recv ? transport::QpType::Rc : static_cast<transport::QpType>(ia.qp_type);
+  cfg.xrc = xrc_send ? transport::XrcRole::Send : xrc_recv ? transport::XrcRole::Recv : transport::XrcRole::None;
+  if (xrc_recv) cfg.xrcd = xrcd->id;
   if (ia.qp_type == IBV_QPT_UD) {
     // A UD message is at most one packet of the port's active MTU (the QP has no path MTU).
     ibv_port_attr pa{};
@@ -74,17 +87,25 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
   q->init = ia;
   q->init.cap.max_send_sge = cfg.max_send_sge;
   q->init.cap.max_recv_wr = cap.max_recv_wr;
-  q->init.cap.max_recv_sge = ia.srq ? 0 : cfg.max_recv_sge;
-  q->init.cap.max_inline_data = cfg.max_inline;
-  ++to_pd(pd)->users;
-  ++to_cq(ia.send_cq)->qp_refs;
-  ++to_cq(ia.recv_cq)->qp_refs;
+  q->init.cap.max_recv_sge = ia.srq || xrc_send || xrc_recv ? 0 : cfg.max_recv_sge;
+  q->init.cap.max_inline_data = xrc_recv ? 0 : cfg.max_inline;
+  q->init.send_cq = send_cq;
+  q->init.recv_cq = recv_cq;
+  if (xrc_recv) {
+    q->xrcd = xrcd;
+    ++xrcd->users;
+    pd = nullptr;
+  } else {
+    ++to_pd(pd)->users;
+  }
+  if (send_cq) ++to_cq(send_cq)->qp_refs;
+  if (recv_cq) ++to_cq(recv_cq)->qp_refs;
   ibv_qp& b = q->qpx.qp_base;
   b.context = ctx;
   b.qp_context = ia.qp_context;
   b.pd = pd;
-  b.send_cq = ia.send_cq;
-  b.recv_cq = ia.recv_cq;
+  b.send_cq = send_cq;
+  b.recv_cq = recv_cq;
   b.srq = ia.srq;
   b.handle = q->tqp->qpn;
   b.qp_num = q->tqp->qpn;
@@ -95,6 +116,7 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia) {
   q->attr.qp_state = IBV_QPS_RESET;
   q->attr.cap = q->init.cap;
   qpx_install(q);
+  if (xrc_recv) register_xrc_target(q);
   return &b;
 }
 
@@ -137,6 +159,7 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
     w.ud_remote_qpn = wr.wr.ud.remote_qpn;
     w.ud_remote_qkey = wr.wr.ud.remote_qkey;
   }
+  if (cfg.xrc == transport::XrcRole::Send) w.xrc_srqn = wr.qp_type.xrc.remote_srqn;
   if (kind.atomic) {
     w.remote_addr = wr.wr.atomic.remote_addr;
     w.rkey = wr.wr.atomic.rkey;
@@ -175,6 +198,10 @@ namespace softrdma::verbs {
 
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   SoftQp* q = to_qp(qp);
+  if (q->tqp->cfg.xrc == transport::XrcRole::Recv) {  // an XRC target has no send queue
+    *bad = wr;
+    return EINVAL;
+  }
   transport::Engine& eng = engine_of(qp->context);
   constexpr int kBatch = 8;
   SendWqe batch[kBatch];
@@ -213,6 +240,10 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
 
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   SoftQp* q = to_qp(qp);
+  if (q->tqp->cfg.xrc != transport::XrcRole::None) {  // XRC QPs have no receive queue (XRC SRQs do)
+    *bad = wr;
+    return EINVAL;
+  }
   transport::Engine& eng = engine_of(qp->context);
   for (ibv_recv_wr* cur = wr; cur; cur = cur->next) {
     transport::RecvWqe w;
@@ -238,8 +269,19 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 }
 
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
-  uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
-  if ((a->comp_mask & ~known) || !(a->comp_mask & IBV_QP_INIT_ATTR_PD) ||
+  uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+                   IBV_QP_INIT_ATTR_XRCD;
+  // An XRC_RECV QP comes with an XRC domain and no PD; every other QP with a PD.
+  const bool needs_xrcd = a->qp_type == IBV_QPT_XRC_RECV;
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_XRCD) && !needs_xrcd) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (needs_xrcd && (!(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((a->comp_mask & ~known) || (!needs_xrcd && !(a->comp_mask & IBV_QP_INIT_ATTR_PD)) ||
       ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)) {
     errno = EOPNOTSUPP;
     return nullptr;
@@ -260,7 +302,7 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   ia.cap = a->cap;
   ia.qp_type = a->qp_type;
   ia.sq_sig_all = a->sq_sig_all;
-  ibv_qp* qp = create(ctx, a->pd, ia);
+  ibv_qp* qp = create(ctx, needs_xrcd ? nullptr : a->pd, ia, needs_xrcd ? to_xrcd(a->xrcd) : nullptr);
   if (qp) {
     a->cap = to_qp(qp)->init.cap;
     to_qp(qp)->qpx.comp_mask = 0;
@@ -351,10 +393,26 @@ SOFTRDMA_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp
 
 SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   SoftQp* q = to_qp(qp);
+  if (q->xrcd) {
+    // An XRC target's handle (ibv_open_qp(3)): the QP goes with its last handle.
+    SoftQp* owner = nullptr;
+    const bool last = release_xrc_handle(q, &owner);
+    --q->xrcd->users;
+    if (q != owner) {
+      pthread_cond_destroy(&qp->cond);
+      pthread_mutex_destroy(&qp->mutex);
+      delete q;
+    }
+    if (!last) return 0;
+    q = owner;
+    qp = &owner->qpx.qp_base;
+    ++q->xrcd->users;  // released once more below
+  }
   engine_of(qp->context).destroy_qp(q->tqp);
-  --to_pd(qp->pd)->users;
-  --to_cq(qp->send_cq)->qp_refs;
-  --to_cq(qp->recv_cq)->qp_refs;
+  if (qp->pd) --to_pd(qp->pd)->users;
+  if (q->xrcd) --q->xrcd->users;
+  if (qp->send_cq) --to_cq(qp->send_cq)->qp_refs;
+  if (qp->recv_cq) --to_cq(qp->recv_cq)->qp_refs;
   pthread_cond_destroy(&qp->cond);
   pthread_mutex_destroy(&qp->mutex);
   delete q;
@@ -525,7 +583,15 @@ void qpx_install(SoftQp* q) {
     w->ud_remote_qpn = remote_qpn;
     w->ud_remote_qkey = remote_qkey;
   };
-  x.wr_set_xrc_srqn = [](ibv_qp_ex* x, uint32_t) { of(x)->staged_error = EOPNOTSUPP; };
+  x.wr_set_xrc_srqn = [](ibv_qp_ex* x, uint32_t srqn) {
+    SendWqe* w = current(x);
+    if (!w) return;
+    if (of(x)->tqp->cfg.xrc != transport::XrcRole::Send) {
+      of(x)->staged_error = EINVAL;
+      return;
+    }
+    w->xrc_srqn = srqn;
+  };
   x.wr_atomic_write = [](ibv_qp_ex* x, uint32_t, uint64_t, const void*) { of(x)->staged_error = EOPNOTSUPP; };
 }
 

@@ -14,14 +14,19 @@ struct TransitionMasks {
     int optional;
 };
 
-enum class Service { kRc, kUc, kUd };
+// XRC QPs are RC of one direction: the initiator (XRC_SEND) has RC's requester attributes, the target
+// (XRC_RECV) its responder ones (IBTA 11.2.5 with the XRC columns; as Linux's qp_state_table).
+enum class Service { kRc, kUc, kUd, kXrcSend, kXrcRecv };
+bool reliable(Service s) { return s == Service::kRc || s == Service::kXrcSend || s == Service::kXrcRecv; }
 
 std::optional<Service> service_of(ibv_qp_type qp_type) {
     switch (qp_type) {
         case IBV_QPT_RC: return Service::kRc;
         case IBV_QPT_UC: return Service::kUc;
         case IBV_QPT_UD: return Service::kUd;
-        default: return std::nullopt;  // RAW_PACKET, XRC, DRIVER: not offered by softrdma
+        case IBV_QPT_XRC_SEND: return Service::kXrcSend;
+        case IBV_QPT_XRC_RECV: return Service::kXrcRecv;
+        default: return std::nullopt;  // RAW_PACKET, DRIVER: not offered by softrdma
     }
 }
 
@@ -43,8 +48,10 @@ int send_side_tunables(Service svc) {
     switch (svc) {
         case Service::kUd: return IBV_QP_CUR_STATE | IBV_QP_QKEY;
         case Service::kUc:
+        case Service::kXrcSend:
             return IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE;
         case Service::kRc:
+        case Service::kXrcRecv:
             return IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
                    IBV_QP_MIN_RNR_TIMER;
     }
@@ -55,7 +62,7 @@ int send_side_tunables(Service svc) {
 // RC/UC/UD. nullopt means the transition cannot be requested through Modify QP.
 std::optional<TransitionMasks> transition(Service svc, ibv_qp_state from, ibv_qp_state to) {
     // SQE exists only for unreliable services: an RC send error takes the QP straight to ERR.
-    if (svc == Service::kRc && (from == IBV_QPS_SQE || to == IBV_QPS_SQE)) return std::nullopt;
+    if (reliable(svc) && (from == IBV_QPS_SQE || to == IBV_QPS_SQE)) return std::nullopt;
     // Reset and Error are reachable from every state, with nothing else to say.
     if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) return TransitionMasks{0, 0};
 
@@ -70,7 +77,8 @@ std::optional<TransitionMasks> transition(Service svc, ibv_qp_state from, ibv_qp
                 // Connected services learn the remote end and the expected PSN here.
                 int required = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
                 // Only RC has a responder that executes RDMA READ/atomics and sends RNR NAKs.
-                if (svc == Service::kRc) required |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+                if (svc == Service::kRc || svc == Service::kXrcRecv)
+                    required |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
                 return TransitionMasks{required,
                                        IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX};
             }
@@ -79,10 +87,11 @@ std::optional<TransitionMasks> transition(Service svc, ibv_qp_state from, ibv_qp
             if (to == IBV_QPS_RTS) {
                 int required = IBV_QP_SQ_PSN;
                 // RC's requester needs its ACK timer, retry budgets and READ/atomic depth.
-                if (svc == Service::kRc) {
+                if (svc == Service::kRc || svc == Service::kXrcSend) {
                     required |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                                 IBV_QP_MAX_QP_RD_ATOMIC;
                 }
+                if (svc == Service::kXrcRecv) required |= IBV_QP_TIMEOUT;
                 return TransitionMasks{required, send_side_tunables(svc)};
             }
             break;
@@ -100,6 +109,8 @@ std::optional<TransitionMasks> transition(Service svc, ibv_qp_state from, ibv_qp
                         return TransitionMasks{0, IBV_QP_AV | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
                                                       IBV_QP_PKEY_INDEX | IBV_QP_PATH_MIG_STATE};
                     case Service::kRc:
+                    case Service::kXrcSend:
+                    case Service::kXrcRecv:
                         return TransitionMasks{
                             0, IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                    IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |

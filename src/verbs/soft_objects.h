@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/cq.h"
@@ -25,14 +26,41 @@ struct SoftDevice {
   net::Interface iface;
   uint64_t guid_be;
   int index;
+  std::atomic<uint64_t> dm_used{0};  // bytes of device memory allocated in this process (dm.cpp)
+};
+
+struct SoftPd;
+struct SoftMr;
+struct DmBuffer;
+
+// What the kernel keeps per uverbs file: the engine and every object by handle. ibv_open_device makes
+// one; ibv_import_device (import.cpp) makes another context over the same one, found through the
+// memfd that is its cmd_fd. It lives while any context on it does.
+struct ContextShared {
+  SoftDevice* device = nullptr;
+  std::unique_ptr<transport::Engine> engine;
+  std::atomic<uint32_t> next_handle{1};
+  std::atomic<uint32_t> pds{0}, cqs{0};  // against max_pd / max_cq
+  uint64_t fd_dev = 0, fd_ino = 0;       // the cmd_fd memfd's inode (the import registry's key)
+  int owner_pid = 0;                      // the process whose engine this is
+  std::mutex mu;                          // the handle tables and the import counts below
+  std::unordered_map<uint32_t, SoftPd*> pds_by_handle;
+  std::unordered_map<uint32_t, SoftMr*> mrs_by_handle;
+  std::unordered_map<uint32_t, std::shared_ptr<DmBuffer>> dms_by_handle;
+  ~ContextShared();
 };
 
 struct SoftContext {
   verbs_context vctx;  // ends with the ibv_context applications hold
   SoftDevice* device;
-  std::unique_ptr<transport::Engine> engine;
-  std::atomic<uint32_t> next_handle{1};
-  std::atomic<uint32_t> pds{0}, cqs{0};  // against max_pd / max_cq
+  std::shared_ptr<ContextShared> shared;
+  transport::Engine* engine;
+  std::atomic<uint32_t>& next_handle;
+  std::atomic<uint32_t>& pds;
+  std::atomic<uint32_t>& cqs;
+  explicit SoftContext(std::shared_ptr<ContextShared> s)
+      : vctx{}, device(s->device), shared(s), engine(s->engine.get()), next_handle(s->next_handle),
+        pds(s->pds), cqs(s->cqs) {}
 };
 
 // Takes one of `limit` slots of a per-context object count; false when all are taken.
@@ -47,12 +75,47 @@ inline bool take_slot(std::atomic<uint32_t>& count, uint32_t limit) {
 struct SoftPd {
   ibv_pd pd;
   std::atomic<int> users{0};  // MRs and QPs created in it: dealloc is refused while any remain
+  // ibv_import_pd (import.cpp): an import names the original, which holds the object's state. Every
+  // struct is given back by a successful dealloc through it or by unimport; the original's memory
+  // goes once the object is destroyed and no struct refers to it (ContextShared::mu guards these).
+  SoftPd* origin = nullptr;
+  int imports = 0;
+  bool destroyed = false;
+  bool released = false;  // the original's own struct was given back
 };
-inline SoftPd* to_pd(ibv_pd* p) { return reinterpret_cast<SoftPd*>(p); }
+// The PD object itself: an imported PD resolves to the original.
+inline SoftPd* to_pd(ibv_pd* p) {
+  auto* s = reinterpret_cast<SoftPd*>(p);
+  return s->origin ? s->origin : s;
+}
+
+// Device memory (dm.cpp): host pages standing for on-device memory, shared by the ibv_dm, its
+// imports and the MRs on it.
+struct DmBuffer {
+  uint8_t* base = nullptr;
+  size_t length = 0;     // as allocated
+  size_t map_len = 0;    // whole pages
+  uint64_t charged = 0;  // against SoftDevice::dm_used until ibv_free_dm
+  SoftDevice* device = nullptr;
+  std::atomic<int> mrs{0};  // MRs registered on it: ibv_free_dm is refused while any remain
+  std::atomic<bool> destroyed{false};
+  ~DmBuffer();
+};
+
+struct SoftDm {
+  ibv_dm dm;  // first: applications hold &dm
+  std::shared_ptr<DmBuffer> buf;
+  bool imported = false;
+};
 
 struct SoftMr {
   ibv_mr mr;
   core::MrRegion region;
+  std::shared_ptr<DmBuffer> dm;  // ibv_reg_dm_mr: the device memory the region lies in
+  SoftMr* origin = nullptr;      // ibv_import_mr, as SoftPd::origin
+  int imports = 0;
+  bool destroyed = false;
+  bool released = false;
 };
 
 struct SoftChannel {
@@ -76,9 +139,24 @@ struct SoftCq {
   bool poll_ex_locked = false;  // false for IBV_CREATE_CQ_ATTR_SINGLE_THREADED
 };
 
+// An XRC domain handle (xrc.cpp). Handles opened on the same file (same inode) share one domain.
+struct XrcDomain;
+struct SoftXrcd {
+  ibv_xrcd xrcd;  // first: applications hold &xrcd
+  XrcDomain* domain = nullptr;
+  uint32_t id = 0;            // the domain's number, what the transport compares (never 0)
+  std::atomic<int> users{0};  // XRC SRQs and XRC_RECV QPs created in it: close is EBUSY while any remain
+};
+inline SoftXrcd* to_xrcd(ibv_xrcd* x) { return reinterpret_cast<SoftXrcd*>(x); }
+
 struct SoftQp {
   ibv_qp_ex qpx;  // starts with the ibv_qp applications hold
   transport::Qp* tqp = nullptr;
+  SoftXrcd* xrcd = nullptr;  // XRC_RECV: its domain
+  // XRC_RECV handles (xrc.cpp): a handle of ibv_open_qp names the QP it opened (the one created);
+  // the created one counts the handles that share it. The QP goes when its last handle does.
+  SoftQp* opened_of = nullptr;
+  int handles = 1;  // under the XRC target registry's lock
   ibv_qp_attr attr{};          // every attribute as last set, for ibv_query_qp
   ibv_qp_init_attr init{};
   std::vector<transport::SendWqe> staged;  // ibv_wr_start .. ibv_wr_complete
@@ -89,6 +167,8 @@ struct SoftQp {
 struct SoftSrq {
   ibv_srq srq;  // first: applications hold &srq (transport::Srq::user points here)
   transport::Srq* tsrq = nullptr;
+  SoftXrcd* xrcd = nullptr;  // an XRC SRQ: its domain and the CQ of its receive completions
+  SoftCq* cq = nullptr;
 };
 inline SoftSrq* to_srq(ibv_srq* s) { return reinterpret_cast<SoftSrq*>(s); }
 
@@ -102,6 +182,17 @@ inline transport::Engine& engine_of(ibv_context* c) { return *to_ctx(c)->engine;
 
 // device.cpp
 const std::vector<SoftDevice*>& all_devices();
+// A context on `shared` with every op installed (ibv_open_device, ibv_import_device); cmd_fd is its.
+ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd);
+// dm.cpp: the verbs_context ops of device memory, and max_dm_size.
+inline constexpr uint64_t kMaxDmSize = 256 * 1024;
+ibv_dm* alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr);
+int free_dm(ibv_dm* dm);
+ibv_mr* reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t offset, size_t length, unsigned int access);
+// import.cpp: a new command fd naming `shared` (a memfd in the process's import registry); -1 + errno.
+int open_command_fd(const std::shared_ptr<ContextShared>& shared);
+// mr_cq.cpp: publishes a registered MR under its handle (ibv_import_mr finds it there).
+void publish_mr(SoftMr* m);
 // qp.cpp / cq.cpp: the data-path entries installed in every context's ops table.
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
@@ -110,6 +201,15 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
+// xrc.cpp: XRC domains (context ops) and SRQ numbers.
+ibv_xrcd* open_xrcd(ibv_context* ctx, ibv_xrcd_init_attr* attr);
+int close_xrcd(ibv_xrcd* xrcd);
+int get_srq_num(ibv_srq* srq, uint32_t* srq_num);
+ibv_qp* open_qp(ibv_context* ctx, ibv_qp_open_attr* attr);
+// XRC_RECV QPs of this process that ibv_open_qp can find; release says whether the QP itself goes
+// now (its last handle is being destroyed) and detaches the handle.
+void register_xrc_target(SoftQp* q);
+bool release_xrc_handle(SoftQp* q, SoftQp** owner);
 // mw.cpp: memory windows (context ops), and a bind WR's translation (0 or EINVAL).
 ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);
 int dealloc_mw(ibv_mw* mw);
@@ -117,6 +217,8 @@ int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 int fill_mw_bind(transport::SendWqe& w, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info& info);
 // mr_cq.cpp: the CQ object behind ibv_create_cq and ibv_create_cq_ex (nullptr + errno on failure).
 SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector);
+// mr_cq.cpp: ibv_advise_mr on on-demand regions (0 or an errno value).
+int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge);
 // cq_ex.cpp
 ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 int query_rt_values(ibv_context* ctx, ibv_values_ex* values);

@@ -14,7 +14,8 @@ static_assert(+transport::kSrqModMaxWr == +IBV_SRQ_MAX_WR && +transport::kSrqMod
 
 namespace {
 
-ibv_srq* create(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr) {
+ibv_srq* create(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr, SoftXrcd* xrcd = nullptr,
+               SoftCq* cq = nullptr) {
   using L = core::DeviceLimits;
   // srq_limit is not used at creation (ibv_create_srq(3)): the SRQ starts disarmed.
   if (attr.max_wr > L::kMaxSrqWr || attr.max_sge > L::kMaxSrqSge) {
@@ -26,7 +27,8 @@ ibv_srq* create(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr) {
     errno = ENOMEM;
     return nullptr;
   }
-  s->tsrq = engine_of(pd->context).create_srq(pd->handle, attr.max_wr, attr.max_sge);
+  s->tsrq = engine_of(pd->context)
+                .create_srq(pd->handle, attr.max_wr, attr.max_sge, xrcd ? xrcd->id : 0, cq ? cq->queue.get() : nullptr);
   if (!s->tsrq) {
     delete s;
     return nullptr;
@@ -35,6 +37,12 @@ ibv_srq* create(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr) {
   uint32_t limit = 0;
   engine_of(pd->context).query_srq(s->tsrq, attr.max_wr, attr.max_sge, limit);
   ++to_pd(pd)->users;
+  if (xrcd) {
+    s->xrcd = xrcd;
+    s->cq = cq;
+    ++xrcd->users;
+    ++cq->qp_refs;  // its completions go there: the CQ stays while the SRQ does
+  }
   ibv_srq& b = s->srq;
   b.context = pd->context;
   b.srq_context = srq_context;
@@ -51,12 +59,16 @@ namespace softrdma::verbs {
 
 ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* a) {
   // The inline ibv_create_srq_ex sends a basic SRQ with a PD to ibv_create_srq; what reaches here
-  // asks for more: XRC or tag-matching SRQs, which softrdma does not implement.
-  if ((a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && a->srq_type != IBV_SRQT_BASIC) {
+  // asks for more: an XRC SRQ (IBV_SRQT_XRC, with an XRCD and a CQ), or tag matching, which softrdma
+  // does not implement.
+  const bool xrc = (a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && a->srq_type == IBV_SRQT_XRC;
+  if ((a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && a->srq_type != IBV_SRQT_BASIC && !xrc) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
-  if (a->comp_mask & ~static_cast<uint32_t>(IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD)) {
+  const uint32_t known = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+                         (xrc ? IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ : 0u);
+  if (a->comp_mask & ~known) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
@@ -64,7 +76,14 @@ ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* a) {
     errno = EINVAL;
     return nullptr;
   }
-  return create(a->pd, a->srq_context, a->attr);
+  if (!xrc) return create(a->pd, a->srq_context, a->attr);
+  // An XRC SRQ needs its domain and the CQ its receive completions go to (ibv_create_srq_ex(3)).
+  if (!(a->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !(a->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !a->xrcd ||
+      !a->cq || a->xrcd->context != ctx || a->cq->context != ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return create(a->pd, a->srq_context, a->attr, to_xrcd(a->xrcd), to_cq(a->cq));
 }
 
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
@@ -110,6 +129,10 @@ SOFTRDMA_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
 SOFTRDMA_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
   if (int rc = engine_of(srq->context).destroy_srq(to_srq(srq)->tsrq)) return rc;
   --to_pd(srq->pd)->users;
+  if (SoftSrq* s = to_srq(srq); s->xrcd) {
+    --s->xrcd->users;
+    --s->cq->qp_refs;
+  }
   pthread_cond_destroy(&srq->cond);
   pthread_mutex_destroy(&srq->mutex);
   delete to_srq(srq);

@@ -47,11 +47,6 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *, uint64_t, size_t, uint64_t, in
   return fail_null<ibv_mr>();
 }
 
-// There is no device memory (ibv_alloc_dm) to import.
-struct ibv_dm *ibv_import_dm(struct ibv_context *, uint32_t) { return fail_null<ibv_dm>(); }
-
-void ibv_unimport_dm(struct ibv_dm *) {}
-
 // 0 = "placement order not guaranteed": the answer that is always safe, and rdma-core's when the
 // provider does not say.
 int ibv_query_qp_data_in_order(struct ibv_qp *, enum ibv_wr_opcode, uint32_t) { return 0; }

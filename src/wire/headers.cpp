@@ -75,9 +75,13 @@ ParseError parse_packet(const uint8_t* buf, size_t len, Packet& out) {
   if (!info.has_payload && (body != 0 || b.pad_count != 0)) return ParseError::BadLength;
   if (b.pad_count > body) return ParseError::BadPad;
 
-  // Extension headers in IBTA order: DETH, RETH | AtomicETH, AETH, AtomicAckETH, ImmDt | IETH.
+  // Extension headers in IBTA order: XRCETH | DETH, RETH | AtomicETH, AETH, AtomicAckETH, ImmDt | IETH.
   const uint8_t* p = buf + kBthLen;
   const uint8_t h = info.headers;
+  if (h & kHdrXrceth) {
+    out.xrc_srqn = get24(p + 1);
+    p += kXrcethLen;
+  }
   if (h & kHdrDeth) {
     out.deth.qkey = get32(p);
     out.deth.src_qp = get24(p + 5);
@@ -133,6 +137,11 @@ size_t write_headers(const Packet& pkt, uint8_t* buf) {
   if (!info.valid) return kBthLen;
   uint8_t* p = buf + kBthLen;
   const uint8_t h = info.headers;
+  if (h & kHdrXrceth) {
+    p[0] = 0;
+    put24(p + 1, pkt.xrc_srqn);
+    p += kXrcethLen;
+  }
   if (h & kHdrDeth) {
     put32(p, pkt.deth.qkey);
     p[4] = 0;

@@ -17,6 +17,7 @@ inline constexpr size_t kAtomicAckEthLen = 8;
 inline constexpr size_t kImmLen = 4;
 inline constexpr size_t kIethLen = 4;
 inline constexpr size_t kDethLen = 8;
+inline constexpr size_t kXrcethLen = 4;
 inline constexpr size_t kIcrcLen = 4;
 inline constexpr uint16_t kRoceUdpPort = 4791;
 inline constexpr uint16_t kDefaultPkey = 0xFFFF;
@@ -65,6 +66,7 @@ struct Packet {
   uint32_t imm_data_be;
   uint32_t ieth_rkey;
   Deth deth;
+  uint32_t xrc_srqn;  // XRCETH: the XRC SRQ the request is for (24 bit)
   const uint8_t* payload;
   uint32_t payload_len;  // excludes pad bytes and ICRC
 };
@@ -81,7 +83,7 @@ ParseError parse_packet(const uint8_t* buf, size_t len, Packet& out);
 
 // Writes the BTH and the extension headers that opcode_info(pkt.bth.opcode).headers names, in IBTA
 // order, into buf (which must hold header_len bytes). Fields wider than the wire field are truncated
-// (dest_qp/psn/msn/src_qp to 24 bits, pad_count to 2, tver to 4). Returns header_len; the caller
+// (dest_qp/psn/msn/src_qp/xrc_srqn to 24 bits, pad_count to 2, tver to 4). Returns header_len; the caller
 // appends payload, pad_for(payload_len) zero bytes, then the ICRC. An invalid opcode writes only the
 // BTH and returns kBthLen.
 size_t write_headers(const Packet& pkt, uint8_t* buf);

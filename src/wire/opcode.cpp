@@ -16,8 +16,19 @@ constexpr uint8_t header_bytes(uint8_t mask) {
   if (mask & kHdrImm) n += kImmLen;
   if (mask & kHdrIeth) n += kIethLen;
   if (mask & kHdrDeth) n += kDethLen;
+  if (mask & kHdrXrceth) n += kXrcethLen;
   return n;
 }
+
+// The XRC opcode names, by the low five bits of the code (the RC operation they carry).
+constexpr const char* kXrcNames[0x18] = {
+    "XRC_SEND_FIRST", "XRC_SEND_MIDDLE", "XRC_SEND_LAST", "XRC_SEND_LAST_WITH_IMMEDIATE", "XRC_SEND_ONLY",
+    "XRC_SEND_ONLY_WITH_IMMEDIATE", "XRC_RDMA_WRITE_FIRST", "XRC_RDMA_WRITE_MIDDLE", "XRC_RDMA_WRITE_LAST",
+    "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE", "XRC_RDMA_WRITE_ONLY", "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+    "XRC_RDMA_READ_REQUEST", "XRC_RDMA_READ_RESPONSE_FIRST", "XRC_RDMA_READ_RESPONSE_MIDDLE",
+    "XRC_RDMA_READ_RESPONSE_LAST", "XRC_RDMA_READ_RESPONSE_ONLY", "XRC_ACKNOWLEDGE", "XRC_ATOMIC_ACKNOWLEDGE",
+    "XRC_COMPARE_SWAP", "XRC_FETCH_ADD", "INVALID", "XRC_SEND_LAST_WITH_INVALIDATE",
+    "XRC_SEND_ONLY_WITH_INVALIDATE"};
 
 enum Pos : uint8_t { kFirst = 1, kMiddle = 2, kLast = 4, kOnly = kFirst | kLast };
 
@@ -39,7 +50,7 @@ constexpr std::array<OpcodeInfo, 256> build_table() {
   std::array<OpcodeInfo, 256> t{};
   for (unsigned i = 0; i < 256; ++i) {
     const unsigned cls = i >> 5;
-    t[i] = OpcodeInfo{"INVALID", false, cls <= 3 ? static_cast<QpClass>(cls) : QpClass::RC, OpKind::Invalid,
+    t[i] = OpcodeInfo{"INVALID", false, (cls <= 3 || cls == 5) ? static_cast<QpClass>(cls) : QpClass::RC, OpKind::Invalid,
                       false, false, false, 0, kBthLen, false};
   }
   auto set = [&t](uint8_t code, OpcodeInfo info) {
@@ -82,6 +93,20 @@ constexpr std::array<OpcodeInfo, 256> build_table() {
   set(0x29, entry("UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", OpKind::Write, kLast, kHdrImm, true));
   set(0x2A, entry("UC_RDMA_WRITE_ONLY", OpKind::Write, kOnly, kHdrReth, true));
   set(0x2B, entry("UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", OpKind::Write, kOnly, kHdrReth | kHdrImm, true));
+
+  // XRC (IBTA 9.2, table 38): every RC operation in class 101. Requests carry the XRCETH (after the
+  // BTH, before RETH/AtomicETH/ImmDt/IETH); READ responses and acknowledges do not.
+  for (unsigned rc = 0; rc <= 0x17; ++rc) {
+    OpcodeInfo info = t[rc];
+    if (!info.valid) continue;
+    const bool response = info.kind == OpKind::ReadResponse || info.kind == OpKind::Ack || info.kind == OpKind::AtomicAck;
+    if (!response) {
+      info.headers = static_cast<uint8_t>(info.headers | kHdrXrceth);
+      info.header_len = header_bytes(info.headers);
+    }
+    info.name = kXrcNames[rc];
+    set(static_cast<uint8_t>(0xA0 | rc), info);
+  }
 
   set(0x64, entry("UD_SEND_ONLY", OpKind::Send, kOnly, kHdrDeth, true));
   set(0x65, entry("UD_SEND_ONLY_WITH_IMMEDIATE", OpKind::Send, kOnly, kHdrDeth | kHdrImm, true));

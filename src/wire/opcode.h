@@ -15,12 +15,13 @@ enum : uint8_t {
   kHdrImm = 16,
   kHdrIeth = 32,
   kHdrDeth = 64,
+  kHdrXrceth = 128,  // XRC requests: the destination XRC SRQ, right after the BTH
 };
 
 enum class OpKind : uint8_t { Send, Write, ReadRequest, ReadResponse, Ack, AtomicAck, CompareSwap, FetchAdd, Invalid };
 
 // Opcode bits 7..5.
-enum class QpClass : uint8_t { RC = 0, UC = 1, RD = 2, UD = 3 };
+enum class QpClass : uint8_t { RC = 0, UC = 1, RD = 2, UD = 3, CNP = 4, XRC = 5 };
 
 struct OpcodeInfo {
   const char* name;      // e.g. "RC_SEND_FIRST"; "INVALID" for unused codes
@@ -34,7 +35,8 @@ struct OpcodeInfo {
 };
 
 // Table-driven lookup, defined for all 256 codes. RD opcodes (0x40..0x5F), the reserved codes and
-// CNP (0x81) are reported invalid: softrdma implements RC, UC and UD only.
+// CNP (0x81) are reported invalid: softrdma implements RC, UC, UD and XRC only. XRC's codes are RC's
+// with the class bits 101 (0xA0 + the RC code); its requests carry an XRCETH, its responses do not.
 const OpcodeInfo& opcode_info(uint8_t opcode);
 
 // RC
@@ -75,6 +77,17 @@ inline constexpr uint8_t kUcWriteLast = 0x28;
 inline constexpr uint8_t kUcWriteLastImm = 0x29;
 inline constexpr uint8_t kUcWriteOnly = 0x2A;
 inline constexpr uint8_t kUcWriteOnlyImm = 0x2B;
+
+// XRC: the RC operation of the same low five bits.
+inline constexpr uint8_t kXrcClassBits = 0xA0;
+inline constexpr uint8_t kXrcSendFirst = 0xA0;
+inline constexpr uint8_t kXrcSendOnly = 0xA4;
+inline constexpr uint8_t kXrcWriteOnly = 0xAA;
+inline constexpr uint8_t kXrcReadRequest = 0xAC;
+inline constexpr uint8_t kXrcAck = 0xB1;
+inline constexpr uint8_t kXrcSendOnlyInv = 0xB7;
+// The RC opcode an XRC opcode is the XRC form of (the same low five bits).
+constexpr uint8_t rc_of_xrc(uint8_t xrc_opcode) { return static_cast<uint8_t>(xrc_opcode & 0x1F); }
 
 // UD
 inline constexpr uint8_t kUdSendOnly = 0x64;

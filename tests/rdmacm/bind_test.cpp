@@ -1,7 +1,7 @@
 // rdma_bind_addr and rdma_getaddrinfo as libfabric's verbs provider uses them to find the RDMA device
 // behind each interface (vrb_ifa_rdma_info) and its default source (vrb_get_rai_id): a local interface
 // address attaches the id to that address's device; the wildcard and loopback addresses attach none
-// (id->verbs NULL, the kernel's cma_any_addr); rdma_getaddrinfo without node and service takes the
+// (id->verbs NULL; the kernel would attach a device holding 127.0.0.1, see docs/rdmacm.md); rdma_getaddrinfo without node and service takes the
 // addresses from the hints (rdma_getaddrinfo(3)). No datagram leaves this host: nothing here connects.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -70,6 +70,9 @@ TEST(RdmaCmBind, InterfaceAddressAttachesItsDevice) {
     ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);
     ASSERT_EQ(rdma_bind_addr(id, rai->ai_src_addr), 0) << strerror(errno);
     ASSERT_NE(id->verbs, nullptr);
+    // As librdmacm: the device's default PD comes with it (pyverbs' CMID builds its objects on it).
+    ASSERT_NE(id->pd, nullptr);
+    EXPECT_EQ(id->pd->context, id->verbs);
     const std::string dev = ibv_get_device_name(id->verbs->device);
     EXPECT_NE(std::find(names.begin(), names.end(), dev), names.end()) << dev << " is not in ibv_get_device_list";
     ibv_gid gid{};
@@ -83,9 +86,9 @@ TEST(RdmaCmBind, InterfaceAddressAttachesItsDevice) {
   }
 }
 
-// The wildcard and any 127/8 address bind (an ephemeral port is taken) but attach no device, as the
-// kernel's rdma_cm does. libfabric binds "localhost" for an endpoint without a source address and gives
-// every device its own address only when id->verbs is NULL; with softrdma_lo attached (a device libfabric
+// The wildcard and any 127/8 address bind (an ephemeral port is taken) but attach no device (for 127/8
+// a departure from the kernel, docs/rdmacm.md). libfabric binds "localhost" for an endpoint without a
+// source address and gives every device its own address only when id->verbs is NULL; with softrdma_lo attached (a device libfabric
 // never offers for FI_EP_MSG, lo being a loopback interface) fi_getinfo(FI_EP_MSG) found nothing.
 TEST(RdmaCmBind, WildcardAndLoopbackAttachNoDevice) {
   for (const char* ip : {"0.0.0.0", "127.0.0.1", "127.0.0.2"}) {

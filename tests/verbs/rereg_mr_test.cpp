@@ -306,5 +306,24 @@ TEST_F(Rereg, RepeatedChangesAreSeenAtOnce) {
   }
 }
 
+// A device-memory MR is not an IBV_MR_TYPE_MR: libibverbs refuses to re-register it.
+TEST_F(Rereg, DeviceMemoryMrIsRefused) {
+  ibv_alloc_dm_attr attr{};
+  attr.length = 4096;
+  ibv_dm* dm = ibv_alloc_dm(dev_b.ctx, &attr);
+  if (!dm) GTEST_SKIP() << "no device memory";
+  ibv_pd* pd = ibv_alloc_pd(dev_b.ctx);
+  ASSERT_NE(pd, nullptr);
+  ibv_mr* mr = ibv_reg_dm_mr(pd, dm, 0, 4096, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_LOCAL_WRITE),
+            IBV_REREG_MR_ERR_INPUT);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+  EXPECT_EQ(ibv_free_dm(dm), 0);
+}
+
 }  // namespace
 }  // namespace softrdma::verbs_test

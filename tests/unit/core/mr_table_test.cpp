@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+
 #include <map>
 #include <random>
 #include <vector>
@@ -75,6 +77,42 @@ TEST(MrTable, AccessChecks) {
   table.remove(r);
   EXPECT_EQ(table.check_remote(r.rkey, 3, 0x1000, 8, kRemoteWrite, &host), AccessResult::BadKey);
   EXPECT_EQ(table.count(), 0u);
+}
+
+// On-demand regions: the pages a check covers are faulted in, and a check over memory that is not
+// mapped, or not writable for a write, fails instead of handing out a pointer that would fault.
+TEST(MrTable, OnDemandChecksFaultInOrFail) {
+  Arena arena(64 << 20);
+  MrTable table(arena);
+  constexpr uint64_t kPage = 4096;
+  auto* mem = static_cast<uint8_t*>(mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(mem, MAP_FAILED);
+  ASSERT_EQ(mprotect(mem + kPage, kPage, PROT_READ), 0);  // page 1: read-only
+  ASSERT_EQ(munmap(mem + 2 * kPage, kPage), 0);          // page 2: a hole
+  const auto base = reinterpret_cast<uint64_t>(mem);
+  MrRegion implicit{0, 0, ~uint64_t{0}, kLocalWrite | kRemoteWrite | kRemoteRead | kOnDemand, 1, 0, 0, 0};
+  MrRegion pinned{base, base, 4 * kPage, kLocalWrite | kRemoteWrite | kRemoteRead, 1, 0, 0, 0};
+  ASSERT_TRUE(table.add(implicit));
+  ASSERT_TRUE(table.add(pinned));
+  uint8_t* host = nullptr;
+  EXPECT_EQ(table.check_remote(implicit.rkey, 1, base, kPage, kRemoteWrite, &host), AccessResult::Ok);
+  EXPECT_EQ(host, mem);
+  EXPECT_EQ(table.check_remote(implicit.rkey, 1, base + kPage, 8, kRemoteRead, &host), AccessResult::Ok);
+  EXPECT_EQ(table.check_remote(implicit.rkey, 1, base + kPage, 8, kRemoteWrite, &host), AccessResult::NotMapped);
+  EXPECT_EQ(table.check_local(implicit.lkey, 1, base + kPage, 8, false, &host), AccessResult::Ok);
+  EXPECT_EQ(table.check_local(implicit.lkey, 1, base + kPage, 8, true, &host), AccessResult::NotMapped);
+  EXPECT_EQ(table.check_remote(implicit.rkey, 1, base + 2 * kPage - 4, 8, kRemoteRead, &host), AccessResult::NotMapped);
+  EXPECT_EQ(table.check_remote(implicit.rkey, 1, base + 3 * kPage, kPage, kRemoteWrite, &host), AccessResult::Ok);
+  // The top of the address space: in the region's range, mapped nowhere.
+  EXPECT_EQ(table.check_remote(implicit.rkey, 1, ~uint64_t{0} - 16, 16, kRemoteRead, &host), AccessResult::NotMapped);
+  EXPECT_EQ(table.check_remote(implicit.rkey, 1, 1ull << 63, 16, kRemoteRead, &host), AccessResult::NotMapped);
+  EXPECT_EQ(table.check_remote(implicit.rkey, 2, base, 8, kRemoteRead, &host), AccessResult::BadPd);
+  // An ordinary region is not probed: its pages were checked when it was registered.
+  EXPECT_EQ(table.check_remote(pinned.rkey, 1, base + 2 * kPage, 8, kRemoteRead, &host), AccessResult::Ok);
+  table.remove(implicit);
+  table.remove(pinned);
+  munmap(mem, 2 * kPage);
+  munmap(mem + 3 * kPage, kPage);
 }
 
 }  // namespace

@@ -229,7 +229,7 @@ TEST(QpStateTest, AttributeOnlyModifyStaysInState) {
 }
 
 TEST(QpStateTest, UnsupportedQpTypes) {
-    for (ibv_qp_type t : {IBV_QPT_RAW_PACKET, IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV, IBV_QPT_DRIVER}) {
+    for (ibv_qp_type t : {IBV_QPT_RAW_PACKET, IBV_QPT_DRIVER}) {
         SCOPED_TRACE(static_cast<int>(t));
         EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RESET, IBV_QPS_INIT,
                                  IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
@@ -237,6 +237,31 @@ TEST(QpStateTest, UnsupportedQpTypes) {
         ibv_qp_attr attr{};
         EXPECT_EQ(EINVAL, validate_modify_qp_values(t, IBV_QPS_RESET, attr, 0, {16, 16}));
     }
+}
+
+// XRC (IBTA 11.2.5, the XRC columns): the initiator needs RC's requester attributes, the target its
+// responder ones plus the ACK timeout at RTS; neither knows SQE.
+TEST(QpStateTest, XrcTransitions) {
+    const int init = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    const int rtr = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+    const int resp = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    const int req = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+    for (ibv_qp_type t : {IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV}) {
+        SCOPED_TRACE(static_cast<int>(t));
+        EXPECT_EQ(0, modify(t, IBV_QPS_RESET, IBV_QPS_INIT, init));
+        EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT));
+        EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RTS, IBV_QPS_SQE, 0));
+        EXPECT_EQ(0, modify(t, IBV_QPS_RTS, IBV_QPS_ERR, 0));
+    }
+    EXPECT_EQ(0, modify(IBV_QPT_XRC_SEND, IBV_QPS_INIT, IBV_QPS_RTR, rtr));
+    EXPECT_EQ(EINVAL, modify(IBV_QPT_XRC_SEND, IBV_QPS_INIT, IBV_QPS_RTR, rtr | resp));
+    EXPECT_EQ(0, modify(IBV_QPT_XRC_SEND, IBV_QPS_RTR, IBV_QPS_RTS, req));
+    EXPECT_EQ(EINVAL, modify(IBV_QPT_XRC_SEND, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_TIMEOUT | IBV_QP_SQ_PSN));
+    EXPECT_EQ(EINVAL, modify(IBV_QPT_XRC_RECV, IBV_QPS_INIT, IBV_QPS_RTR, rtr));
+    EXPECT_EQ(0, modify(IBV_QPT_XRC_RECV, IBV_QPS_INIT, IBV_QPS_RTR, rtr | resp));
+    EXPECT_EQ(0, modify(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_TIMEOUT | IBV_QP_SQ_PSN));
+    EXPECT_EQ(EINVAL, modify(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN));
+    EXPECT_EQ(EINVAL, modify(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, req));
 }
 
 TEST(QpStateTest, StateNames) {

@@ -32,6 +32,7 @@ Packet sample(uint8_t opcode, uint32_t payload_len) {
   std::memcpy(&p.imm_data_be, imm, 4);
   p.ieth_rkey = 0x0BADF00D;
   p.deth = {0x80010203, 0x00C0FFEE};
+  p.xrc_srqn = 0x00BEEF12;
   return p;
 }
 
@@ -122,10 +123,12 @@ TEST(Headers, RoundTripEveryValidOpcode) {
       } else {
         EXPECT_EQ(out.deth.qkey, 0u);
       }
+      EXPECT_EQ(out.xrc_srqn, (h & kHdrXrceth) ? in.xrc_srqn : 0u);
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 32 * 10 + 5);  // 32 payload-carrying opcodes, 5 without
+  // 32 payload-carrying opcodes and 5 without in RC/UC/UD, and XRC's 18 and 5.
+  EXPECT_EQ(checked, (32 + 18) * 10 + 5 + 5);
 }
 
 TEST(Headers, BthByteLayout) {
@@ -237,6 +240,26 @@ TEST(Headers, ErrorBadVersion) {
     Packet out;
     EXPECT_EQ(parse_packet(buf.data(), buf.size(), out), ParseError::BadVersion);
   }
+}
+
+TEST(Headers, XrcethFollowsTheBthAndPrecedesTheReth) {
+  Packet p{};
+  p.bth.opcode = 0xAA;  // XRC_RDMA_WRITE_ONLY
+  p.bth.dest_qp = 0x123456;
+  p.xrc_srqn = 0xABCDEF;
+  p.reth = {0x1122334455667788ull, 0x99AABBCC, 4};
+  uint8_t buf[64] = {};
+  ASSERT_EQ(write_headers(p, buf), kBthLen + kXrcethLen + kRethLen);
+  const uint8_t xrceth[4] = {0x00, 0xAB, 0xCD, 0xEF};
+  EXPECT_EQ(0, memcmp(buf + kBthLen, xrceth, 4));
+  EXPECT_EQ(buf[kBthLen + 4], 0x11);  // the RETH's VA comes next
+  std::memcpy(buf + kBthLen + kXrcethLen + kRethLen, "data", 4);
+  Packet out;
+  ASSERT_EQ(parse_packet(buf, kBthLen + kXrcethLen + kRethLen + 4 + kIcrcLen, out), ParseError::Ok);
+  EXPECT_EQ(out.xrc_srqn, 0xABCDEFu);
+  EXPECT_EQ(out.reth.va, 0x1122334455667788ull);
+  EXPECT_EQ(out.reth.rkey, 0x99AABBCCu);
+  EXPECT_EQ(out.payload_len, 4u);
 }
 
 TEST(Headers, ErrorInvalidOpcode) {

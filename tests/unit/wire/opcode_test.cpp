@@ -39,6 +39,29 @@ constexpr Named kAll[] = {
     {kRcFetchAdd, "RC_FETCH_ADD"},
     {kRcSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE"},
     {kRcSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE"},
+    {0xA0, "XRC_SEND_FIRST"},
+    {0xA1, "XRC_SEND_MIDDLE"},
+    {0xA2, "XRC_SEND_LAST"},
+    {0xA3, "XRC_SEND_LAST_WITH_IMMEDIATE"},
+    {0xA4, "XRC_SEND_ONLY"},
+    {0xA5, "XRC_SEND_ONLY_WITH_IMMEDIATE"},
+    {0xA6, "XRC_RDMA_WRITE_FIRST"},
+    {0xA7, "XRC_RDMA_WRITE_MIDDLE"},
+    {0xA8, "XRC_RDMA_WRITE_LAST"},
+    {0xA9, "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE"},
+    {0xAA, "XRC_RDMA_WRITE_ONLY"},
+    {0xAB, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE"},
+    {0xAC, "XRC_RDMA_READ_REQUEST"},
+    {0xAD, "XRC_RDMA_READ_RESPONSE_FIRST"},
+    {0xAE, "XRC_RDMA_READ_RESPONSE_MIDDLE"},
+    {0xAF, "XRC_RDMA_READ_RESPONSE_LAST"},
+    {0xB0, "XRC_RDMA_READ_RESPONSE_ONLY"},
+    {0xB1, "XRC_ACKNOWLEDGE"},
+    {0xB2, "XRC_ATOMIC_ACKNOWLEDGE"},
+    {0xB3, "XRC_COMPARE_SWAP"},
+    {0xB4, "XRC_FETCH_ADD"},
+    {0xB6, "XRC_SEND_LAST_WITH_INVALIDATE"},
+    {0xB7, "XRC_SEND_ONLY_WITH_INVALIDATE"},
     {kUcSendFirst, "UC_SEND_FIRST"},
     {kUcSendMiddle, "UC_SEND_MIDDLE"},
     {kUcSendLast, "UC_SEND_LAST"},
@@ -104,6 +127,7 @@ TEST(Opcode, ClassComesFromTopBitsAndHeaderLenFromMask) {
     if (i.headers & kHdrImm) len += kImmLen;
     if (i.headers & kHdrIeth) len += kIethLen;
     if (i.headers & kHdrDeth) len += kDethLen;
+    if (i.headers & kHdrXrceth) len += kXrcethLen;
     EXPECT_EQ(i.header_len, len) << n.name;
     EXPECT_TRUE(i.first || i.middle || i.last) << n.name;
     EXPECT_FALSE(i.middle && (i.first || i.last)) << n.name;
@@ -114,6 +138,22 @@ TEST(Opcode, ClassComesFromTopBitsAndHeaderLenFromMask) {
     EXPECT_EQ(name.find("WITH_IMMEDIATE") != std::string::npos, (i.headers & kHdrImm) != 0) << n.name;
     EXPECT_EQ(name.find("WITH_INVALIDATE") != std::string::npos, (i.headers & kHdrIeth) != 0) << n.name;
   }
+}
+
+TEST(Opcode, XrcIsRcWithAnXrcethOnRequests) {
+  for (unsigned rc = 0; rc <= 0x17; ++rc) {
+    const OpcodeInfo& r = opcode_info(static_cast<uint8_t>(rc));
+    const OpcodeInfo& x = opcode_info(static_cast<uint8_t>(0xA0 | rc));
+    ASSERT_EQ(r.valid, x.valid) << rc;
+    if (!r.valid) continue;
+    EXPECT_EQ(x.qp_class, QpClass::XRC);
+    EXPECT_EQ(x.kind, r.kind);
+    EXPECT_EQ(rc_of_xrc(static_cast<uint8_t>(0xA0 | rc)), rc);
+    const bool response = r.kind == OpKind::ReadResponse || r.kind == OpKind::Ack || r.kind == OpKind::AtomicAck;
+    EXPECT_EQ(x.headers, response ? r.headers : (r.headers | kHdrXrceth)) << x.name;
+  }
+  EXPECT_EQ(opcode_info(kXrcSendOnly).header_len, 16);
+  EXPECT_EQ(opcode_info(kXrcAck).header_len, 16);
 }
 
 TEST(Opcode, IbtaHeaderSets) {
