@@ -4,6 +4,7 @@
 // one process (the intra-host direct path on softrdma, packets with SOFTRDMA_DIRECT=0).
 #include "helpers.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -149,6 +150,56 @@ TEST(ResizeCqTwoContexts, ResizeWhileMessagesArrive) {
     auto sends = poll_wcs(a.scq, kMsgs / 8);
     for (const ibv_wc& w : sends) EXPECT_EQ(w.status, IBV_WC_SUCCESS);
   }
+}
+
+// An armed CQ that is resized still raises its event when a peer's message arrives (an intra-host
+// peer finds the arm state where it was), and a CQ armed after a resize too.
+TEST(ResizeCqTwoContexts, ArmedCqStillRaisesItsEventAfterResize) {
+  Device dev_a, dev_b;
+  ASSERT_TRUE(dev_a.ok() && dev_b.ok());
+  ibv_comp_channel* ch = ibv_create_comp_channel(dev_b.ctx);
+  ASSERT_NE(ch, nullptr);
+  {
+    Side a, b;
+    QpConfig q;
+    q.recv_cqe = 8;
+    QpConfig qb = q;
+    qb.recv_channel = ch;
+    ConnConfig conn;
+    ASSERT_TRUE(a.create(dev_a, q) && b.create(dev_b, qb));
+    ASSERT_EQ(bring_up(a.qp, a.psn, b.qpn(), b.psn, dev_b.gid, conn, dev_a.attr), 0);
+    ASSERT_EQ(bring_up(b.qp, b.psn, a.qpn(), a.psn, dev_a.gid, conn, dev_b.attr), 0);
+    VT_BUF(src, a, 64);
+    VT_BUF(dst, b, 64);
+    for (int round = 0; round < 4; ++round) {
+      ASSERT_EQ(post_recv(b.qp, 10 + round, {dst->sge(0, 64)}), 0);
+      const int size = round % 2 ? 8 : 1000;
+      if (round < 2) {
+        ASSERT_EQ(ibv_req_notify_cq(b.rcq, 0), 0);
+        ASSERT_EQ(ibv_resize_cq(b.rcq, size), 0);  // armed, then resized
+      } else {
+        ASSERT_EQ(ibv_resize_cq(b.rcq, size), 0);  // resized, then armed
+        ASSERT_EQ(ibv_req_notify_cq(b.rcq, 0), 0);
+      }
+      fill_pattern(src->data, 64, 40 + round);
+      SendWr s(round, IBV_WR_SEND, {src->sge(0, 64)});
+      ASSERT_EQ(post_send(a.qp, s), 0);
+      pollfd pf{ch->fd, POLLIN, 0};
+      ASSERT_EQ(poll(&pf, 1, kWaitSeconds * 1000), 1) << "no completion event, round " << round;
+      ibv_cq* ev_cq = nullptr;
+      void* ev_ctx = nullptr;
+      ASSERT_EQ(ibv_get_cq_event(ch, &ev_cq, &ev_ctx), 0);
+      EXPECT_EQ(ev_cq, b.rcq);
+      ibv_ack_cq_events(b.rcq, 1);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_wc(b.rcq, &wc));
+      expect_wc(wc, {.wr_id = 10u + round, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
+      EXPECT_EQ(check_pattern(dst->data, 64, 40 + round), 64u);
+      ASSERT_TRUE(poll_wc(a.scq, &wc));
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    }
+  }
+  EXPECT_EQ(ibv_destroy_comp_channel(ch), 0);
 }
 
 }  // namespace
