@@ -832,6 +832,8 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
 namespace {
 // What the QP's transport service can carry (work_request.h); a UD datagram needs its destination.
 bool op_allowed(const Qp& qp, const SendWqe& w) {
+  // XRC carries the RC operations up to SEND with invalidate (opcodes 0xA0..0xB7): no ATOMIC WRITE.
+  if (w.op == WrOp::AtomicWrite && qp.cfg.xrc != XrcRole::None) return false;
   return work_request(w.op, qp.cfg.type).allowed && (qp.cfg.type != QpType::Ud || w.ud_dest_ip_be != 0);
 }
 }  // namespace

@@ -23,8 +23,10 @@ using core::WcStatus;
 
 using core::QpState;
 
+// BindMw and LocalInv are local: executed in order, no packets. AtomicWrite (IBTA 1.5): 8 bytes written
+// atomically at the responder, from the WQE's gather list or inline data.
 enum class WrOp : uint8_t { Send, SendImm, SendInv, Write, WriteImm, Read, CompareSwap, FetchAdd,
-                            BindMw, LocalInv };  // the last two are local: executed in order, no packets
+                            BindMw, LocalInv, AtomicWrite };
 enum WqeFlags : uint32_t { kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8 };
 
 struct Sge {
@@ -162,6 +164,7 @@ struct ReplayEntry {
   bool atomic = false;
   uint32_t psn = 0, npkts = 0;
   uint64_t atomic_orig = 0;
+  bool atomic_write = false;  // an ATOMIC WRITE: answered again by a zero-length READ RESPONSE, not re-executed
 };
 
 // A response the responder still owes, in PSN order (IBTA 9.5): READ response packets streamed out,

@@ -137,6 +137,8 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
     case IBV_WR_RDMA_READ: w.op = WrOp::Read; break;
     case IBV_WR_ATOMIC_CMP_AND_SWP: w.op = WrOp::CompareSwap; break;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: w.op = WrOp::FetchAdd; break;
+    // The 8 bytes come from the gather list (or inline data); wr.rdma names the target.
+    case IBV_WR_ATOMIC_WRITE: w.op = WrOp::AtomicWrite; break;
     case IBV_WR_BIND_MW:
     case IBV_WR_LOCAL_INV:
       // Local operations on memory windows: no data, no packets (RC and UC, ibv_bind_mw(3)).
@@ -289,7 +291,7 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   uint64_t ops = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
                  IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_BIND_MW |
-                 IBV_QP_EX_WITH_LOCAL_INV;
+                 IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_ATOMIC_WRITE;
   if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~ops)) {
     errno = EOPNOTSUPP;
     return nullptr;
@@ -592,7 +594,19 @@ void qpx_install(SoftQp* q) {
     }
     w->xrc_srqn = srqn;
   };
-  x.wr_atomic_write = [](ibv_qp_ex* x, uint32_t, uint64_t, const void*) { of(x)->staged_error = EOPNOTSUPP; };
+  // The 8 bytes are copied now, as inline data: atomic_wr may be reused once this returns.
+  x.wr_atomic_write = [](ibv_qp_ex* x, uint32_t rkey, uint64_t addr, const void* atomic_wr) {
+    SendWqe* w = stage(x, WrOp::AtomicWrite);
+    w->rkey = rkey;
+    w->remote_addr = addr;
+    if (!atomic_wr) {
+      of(x)->staged_error = EINVAL;
+      return;
+    }
+    std::memcpy(w->inline_data, atomic_wr, 8);
+    w->length = 8;
+    w->flags |= transport::kInline;
+  };
 }
 
 }  // namespace

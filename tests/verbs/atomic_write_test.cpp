@@ -1,0 +1,152 @@
+// RDMA ATOMIC WRITE (IBTA 1.5; ibv_wr_atomic_write, IBV_WR_ATOMIC_WRITE): 8 bytes written at an 8-byte
+// aligned remote address as one store, checked against the target's REMOTE_WRITE rights, completing
+// with IBV_WC_ATOMIC_WRITE. Errors: a misaligned address is an invalid request, a bad key or missing
+// right a remote access error, a gather list of other than 8 bytes a local length error.
+#include "helpers.h"
+
+#include <cstring>
+
+namespace softrdma::verbs_test {
+namespace {
+
+class AtomicWrite : public RcPair {
+ protected:
+  void SetUp() override {
+    RcPair::SetUp();
+    qcfg.extended = true;
+    qcfg.send_ops_flags |= IBV_QP_EX_WITH_ATOMIC_WRITE;
+  }
+  // One ibv_wr_atomic_write of the 8 bytes at value, signaled; ibv_wr_complete's result.
+  int atomic_write(uint64_t wr_id, uint32_t rkey, uint64_t raddr, const void* value) {
+    ibv_wr_start(a.qpx);
+    a.qpx->wr_id = wr_id;
+    a.qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_atomic_write(a.qpx, rkey, raddr, value);
+    return ibv_wr_complete(a.qpx);
+  }
+  // The single completion of a failed request, and the requester's QP in error afterwards.
+  void expect_failure(uint64_t wr_id, ibv_wc_status status) {
+    auto wcs = poll_wcs(a.scq, 1);
+    ASSERT_EQ(wcs.size(), 1u);
+    expect_wc(wcs[0], {.wr_id = wr_id, .status = status, .qp_num = a.qpn()});
+    EXPECT_TRUE(wait_qp_state(a.qp, IBV_QPS_ERR));
+  }
+};
+
+TEST_F(AtomicWrite, ExtendedApiWritesEightBytesAndCompletes) {
+  ASSERT_TRUE(connect());
+  VT_BUF(remote, b, 4096);
+  std::memset(remote->data, 0xEE, 64);
+  const uint64_t v1 = 0x0123456789ABCDEFull, v2 = 0xFEDCBA9876543210ull;
+  uint64_t value = v1;
+  ASSERT_EQ(atomic_write(1, remote->rkey(), remote->addr(8), &value), 0);
+  value = 0;  // the 8 bytes were taken at post time
+  auto wcs = poll_wcs(a.scq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  expect_wc(wcs[0], {.wr_id = 1, .opcode = IBV_WC_ATOMIC_WRITE, .qp_num = a.qpn()});
+  EXPECT_EQ(remote->u64(8), v1);
+  // Exactly those 8 bytes: the neighbours are untouched.
+  EXPECT_EQ(remote->u64(0), 0xEEEEEEEEEEEEEEEEull);
+  EXPECT_EQ(remote->u64(16), 0xEEEEEEEEEEEEEEEEull);
+
+  // A batch: ATOMIC WRITEs and a READ behind them, which sees the last value (requests execute in order).
+  VT_BUF(local, a, 4096);
+  const uint64_t vals[3] = {v2, v1 ^ v2, v2};
+  ibv_wr_start(a.qpx);
+  for (int i = 0; i < 3; ++i) {
+    a.qpx->wr_id = 10 + i;
+    a.qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_atomic_write(a.qpx, remote->rkey(), remote->addr(64 + 8 * (i % 2)), &vals[i]);
+  }
+  a.qpx->wr_id = 13;
+  a.qpx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_read(a.qpx, remote->rkey(), remote->addr(64));
+  ibv_wr_set_sge(a.qpx, local->lkey(), local->addr(0), 16);
+  ASSERT_EQ(ibv_wr_complete(a.qpx), 0);
+  wcs = poll_wcs(a.scq, 4);
+  ASSERT_EQ(wcs.size(), 4u);
+  for (int i = 0; i < 3; ++i)
+    expect_wc(wcs[i], {.wr_id = uint64_t(10 + i), .opcode = IBV_WC_ATOMIC_WRITE, .qp_num = a.qpn()});
+  expect_wc(wcs[3], {.wr_id = 13, .opcode = IBV_WC_RDMA_READ, .byte_len = 16, .qp_num = a.qpn()});
+  EXPECT_EQ(remote->u64(64), v2);
+  EXPECT_EQ(remote->u64(72), v1 ^ v2);
+  EXPECT_EQ(local->u64(0), v2);
+  EXPECT_EQ(local->u64(8), v1 ^ v2);
+}
+
+// The classic API: IBV_WR_ATOMIC_WRITE takes its 8 bytes from the gather list, wr.rdma names the target.
+TEST_F(AtomicWrite, PostSendTakesTheGatherList) {
+  ASSERT_TRUE(connect());
+  VT_BUF(remote, b, 4096);
+  VT_BUF(local, a, 4096);
+  local->u64(0) = 0x1122334455667788ull;
+  SendWr w(5, IBV_WR_ATOMIC_WRITE, {local->sge(0, 4), local->sge(4, 4)});
+  w.rdma(remote->addr(128), remote->rkey());
+  ASSERT_EQ(post_send(a.qp, w), 0);
+  auto wcs = poll_wcs(a.scq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  expect_wc(wcs[0], {.wr_id = 5, .opcode = IBV_WC_ATOMIC_WRITE, .qp_num = a.qpn()});
+  EXPECT_EQ(remote->u64(128), 0x1122334455667788ull);
+}
+
+TEST_F(AtomicWrite, MisalignedAddressIsAnInvalidRequest) {
+  ASSERT_TRUE(connect());
+  VT_BUF(remote, b, 4096);
+  std::memset(remote->data, 0, 64);
+  uint64_t value = ~0ull;
+  ASSERT_EQ(atomic_write(2, remote->rkey(), remote->addr(4), &value), 0);
+  expect_failure(2, IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_EQ(remote->u64(0), 0u);
+  EXPECT_EQ(remote->u64(8), 0u);
+}
+
+TEST_F(AtomicWrite, WrongKeyIsARemoteAccessError) {
+  ASSERT_TRUE(connect());
+  VT_BUF(remote, b, 4096);
+  uint64_t value = 7;
+  ASSERT_EQ(atomic_write(3, remote->rkey() ^ 0x100, remote->addr(0), &value), 0);
+  expect_failure(3, IBV_WC_REM_ACCESS_ERR);
+}
+
+TEST_F(AtomicWrite, PastTheEndOfTheRegionIsARemoteAccessError) {
+  ASSERT_TRUE(connect());
+  VT_BUF(remote, b, 4096);
+  uint64_t value = 7;
+  ASSERT_EQ(atomic_write(4, remote->rkey(), remote->addr(4096), &value), 0);
+  expect_failure(4, IBV_WC_REM_ACCESS_ERR);
+}
+
+// The right checked is REMOTE_WRITE, on the region and on the responder QP.
+TEST_F(AtomicWrite, RegionWithoutRemoteWriteIsARemoteAccessError) {
+  ASSERT_TRUE(connect());
+  VT_BUF(remote, b, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+  remote->u64(0) = 1;
+  uint64_t value = 9;
+  ASSERT_EQ(atomic_write(5, remote->rkey(), remote->addr(0), &value), 0);
+  expect_failure(5, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(remote->u64(0), 1u);
+}
+
+TEST_F(AtomicWrite, QpWithoutRemoteWriteIsARemoteAccessError) {
+  conn.access = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  ASSERT_TRUE(connect());
+  VT_BUF(remote, b, 4096);
+  remote->u64(0) = 1;
+  uint64_t value = 9;
+  ASSERT_EQ(atomic_write(6, remote->rkey(), remote->addr(0), &value), 0);
+  expect_failure(6, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(remote->u64(0), 1u);
+}
+
+TEST_F(AtomicWrite, GatherListOfOtherThanEightBytesIsALocalLengthError) {
+  ASSERT_TRUE(connect());
+  VT_BUF(remote, b, 4096);
+  VT_BUF(local, a, 4096);
+  SendWr w(7, IBV_WR_ATOMIC_WRITE, {local->sge(0, 16)});
+  w.rdma(remote->addr(0), remote->rkey());
+  ASSERT_EQ(post_send(a.qp, w), 0);
+  expect_failure(7, IBV_WC_LOC_LEN_ERR);
+}
+
+}  // namespace
+}  // namespace softrdma::verbs_test
