@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "core/limits.h"
+#include "verbs/parent_domain.h"
 #include "verbs/soft_objects.h"
 
 using namespace softrdma;
@@ -212,6 +213,9 @@ ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
   v.close_xrcd = close_xrcd;
   v.get_srq_num = get_srq_num;
   v.open_qp = open_qp;
+  v.alloc_td = alloc_td;
+  v.dealloc_td = dealloc_td;
+  v.alloc_parent_domain = alloc_parent_domain;
   ibv_context& ctx = v.context;
   ctx.device = &c->device->dev;
   ctx.ops.poll_cq = poll_cq;
@@ -441,6 +445,7 @@ SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
 // Destroys the PD object, through the original or an import of it (ibv_import_pd(3)), and gives that
 // struct back; the original's memory stays while any struct refers to it.
 SOFTRDMA_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  if (is_parent_domain(pd)) return dealloc_parent_domain(pd);
   auto* self = reinterpret_cast<SoftPd*>(pd);
   SoftPd* o = to_pd(pd);
   ContextShared& sh = *to_ctx(pd->context)->shared;

@@ -8,6 +8,7 @@
 #include "core/limits.h"
 #include "transport/work_request.h"
 #include "verbs/ah.h"
+#include "verbs/parent_domain.h"
 #include "verbs/qp_state.h"
 #include "verbs/soft_objects.h"
 
@@ -53,7 +54,8 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrc
     errno = EINVAL;
     return nullptr;
   }
-  auto* q = new (std::nothrow) SoftQp{};
+  // In a parent domain with allocators, the QP object lives in the application's memory.
+  auto* q = pd_new<SoftQp>(pd, kResourceQp);
   if (!q) {
     errno = ENOMEM;
     return nullptr;
@@ -80,7 +82,9 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrc
   if (ia.srq) cfg.srq = to_srq(ia.srq)->tsrq;
   q->tqp = engine_of(ctx).create_qp(cfg);
   if (!q->tqp) {
-    delete q;
+    int e = errno;
+    pd_delete(pd, q, kResourceQp);
+    errno = e;
     return nullptr;
   }
   q->tqp->user = q;
@@ -411,13 +415,14 @@ SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
     ++q->xrcd->users;  // released once more below
   }
   engine_of(qp->context).destroy_qp(q->tqp);
-  if (qp->pd) --to_pd(qp->pd)->users;
   if (q->xrcd) --q->xrcd->users;
   if (qp->send_cq) --to_cq(qp->send_cq)->qp_refs;
   if (qp->recv_cq) --to_cq(qp->recv_cq)->qp_refs;
   pthread_cond_destroy(&qp->cond);
   pthread_mutex_destroy(&qp->mutex);
-  delete q;
+  ibv_pd* pd = qp->pd;  // none for an XRC target
+  pd_delete(pd, q, kResourceQp);
+  if (pd) --to_pd(pd)->users;  // last: a parent domain's free() may run only while it exists
   return 0;
 }
 
