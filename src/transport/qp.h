@@ -206,7 +206,15 @@ struct QpConfig {
   Srq* srq = nullptr;  // receive WQEs come from this shared receive queue; the QP's own RQ is unused
   XrcRole xrc = XrcRole::None;  // XRC QPs have type Rc
   uint32_t xrcd = 0;             // XRC_RECV: its XRC domain (nonzero)
+  // The send queue's ring in the creator's memory (sq_ring_bytes(max_send_wr), 64-byte aligned), which
+  // outlives the QP; nullptr: the engine's own. Private to the requester either way (no peer maps it).
+  void* sq_ring = nullptr;
 };
+
+// The bytes of a send queue ring for max_send_wr WQEs (QpConfig::sq_ring).
+inline size_t sq_ring_bytes(uint32_t max_send_wr) {
+  return sizeof(SqEntry) * WorkQueue<SqEntry>::capacity_for(std::max<uint32_t>(max_send_wr, 1));
+}
 
 // Request packets in flight without an acknowledgement. Far below the 2^23 PSN half-space, and
 // small enough that a burst fits the peer's socket buffer.

@@ -23,7 +23,7 @@ namespace softrdma::verbs {
 
 // resource_type passed to alloc()/free(): rdma_driver_id in the upper 32 bits (softrdma has none of
 // its own: 0, RDMA_DRIVER_UNKNOWN), the object in the lower.
-enum : uint64_t { kResourceQp = 1, kResourceCq = 2, kResourceSrq = 3 };
+enum : uint64_t { kResourceQp = 1, kResourceCq = 2, kResourceSrq = 3, kResourceSendQueue = 4 };
 
 // ibv_alloc_td / ibv_dealloc_td / ibv_alloc_parent_domain (verbs_context ops).
 ibv_td* alloc_td(ibv_context* ctx, ibv_td_init_attr* attr);

@@ -80,9 +80,20 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrc
     cfg.ud_mtu = core::mtu_bytes(pa.active_mtu);
   }
   if (ia.srq) cfg.srq = to_srq(ia.srq)->tsrq;
+  // A parent domain's allocator also gives the send queue's ring (the RQ ring stays in the arena,
+  // where intra-host peers read it).
+  if (is_parent_domain(pd)) {
+    cfg.sq_ring = pd_allocate(pd, transport::sq_ring_bytes(cfg.max_send_wr), 64, kResourceSendQueue);
+    if (!cfg.sq_ring) {
+      pd_delete(pd, q, kResourceQp);
+      errno = ENOMEM;
+      return nullptr;
+    }
+  }
   q->tqp = engine_of(ctx).create_qp(cfg);
   if (!q->tqp) {
     int e = errno;
+    if (cfg.sq_ring) pd_release(pd, cfg.sq_ring, kResourceSendQueue);
     pd_delete(pd, q, kResourceQp);
     errno = e;
     return nullptr;
@@ -414,6 +425,7 @@ SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
     qp = &owner->qpx.qp_base;
     ++q->xrcd->users;  // released once more below
   }
+  void* sq_ring = q->tqp->cfg.sq_ring;
   engine_of(qp->context).destroy_qp(q->tqp);
   if (q->xrcd) --q->xrcd->users;
   if (qp->send_cq) --to_cq(qp->send_cq)->qp_refs;
@@ -421,6 +433,7 @@ SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   pthread_cond_destroy(&qp->cond);
   pthread_mutex_destroy(&qp->mutex);
   ibv_pd* pd = qp->pd;  // none for an XRC target
+  if (sq_ring) pd_release(pd, sq_ring, kResourceSendQueue);
   pd_delete(pd, q, kResourceQp);
   if (pd) --to_pd(pd)->users;  // last: a parent domain's free() may run only while it exists
   return 0;
