@@ -141,9 +141,11 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
   if (size < sizeof(ibv_device_attr)) return EINVAL;
   ibv_device_attr_ex a{};
   fill_device_attr(*to_ctx(ctx)->device, a.orig_attr);
-  // The extended flags are a superset of the classic ones; no bit above 31 applies (no scatter-FCS,
-  // no end padding...).
-  a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+  // The extended flags are a superset of the classic ones. Above bit 31 only RDMA ATOMIC WRITE applies
+  // (the kernel's IB_UVERBS_DEVICE_ATOMIC_WRITE, bit 40, which the v44 verbs.h does not name); no
+  // scatter-FCS, no end padding...
+  constexpr uint64_t kDeviceAtomicWrite = uint64_t{1} << 40;
+  a.device_cap_flags_ex = a.orig_attr.device_cap_flags | kDeviceAtomicWrite;
   // Completion timestamps count CompletionQueue::clock_ns(): 64 valid bits at 1 GHz (in kHz here).
   a.completion_timestamp_mask = ~uint64_t{0};
   a.hca_core_clock = 1000000;

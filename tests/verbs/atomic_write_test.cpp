@@ -33,6 +33,13 @@ class AtomicWrite : public RcPair {
   }
 };
 
+// The device says so as the kernel does: IB_UVERBS_DEVICE_ATOMIC_WRITE (bit 40) in device_cap_flags_ex.
+TEST_F(AtomicWrite, DeviceReportsTheCapability) {
+  ibv_device_attr_ex ex{};
+  ASSERT_EQ(ibv_query_device_ex(dev.ctx, nullptr, &ex), 0);
+  EXPECT_NE(ex.device_cap_flags_ex & (uint64_t{1} << 40), 0u);
+}
+
 TEST_F(AtomicWrite, ExtendedApiWritesEightBytesAndCompletes) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096);
