@@ -40,6 +40,66 @@ TEST_F(AtomicWrite, DeviceReportsTheCapability) {
   EXPECT_NE(ex.device_cap_flags_ex & (uint64_t{1} << 40), 0u);
 }
 
+// An RC operation only: a UC or UD QP asking for it in send_ops_flags is refused at creation, and the
+// classic post on a UC QP is refused at post time.
+TEST_F(AtomicWrite, RcOnly) {
+  ibv_pd* pd = ibv_alloc_pd(dev.ctx);
+  ASSERT_NE(pd, nullptr);
+  ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  for (ibv_qp_type type : {IBV_QPT_UC, IBV_QPT_UD}) {
+    ibv_qp_init_attr_ex ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.cap = {4, 4, 1, 1, 0};
+    ia.qp_type = type;
+    ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ia.pd = pd;
+    ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE;
+    errno = 0;
+    ibv_qp* qp = ibv_create_qp_ex(dev.ctx, &ia);
+    EXPECT_EQ(qp, nullptr) << "type " << type;
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    if (qp) ibv_destroy_qp(qp);
+  }
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.cap = {4, 4, 1, 1, 0};
+  ia.qp_type = IBV_QPT_UC;
+  ibv_qp* uc = ibv_create_qp(pd, &ia);
+  ASSERT_NE(uc, nullptr);
+  // UC transitions (no RC-only attributes), connected to itself: only the post matters here.
+  ibv_qp_attr at{};
+  at.qp_state = IBV_QPS_INIT;
+  at.port_num = kPort;
+  at.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  ASSERT_EQ(ibv_modify_qp(uc, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), 0);
+  at = {};
+  at.qp_state = IBV_QPS_RTR;
+  at.path_mtu = IBV_MTU_1024;
+  at.dest_qp_num = uc->qp_num;
+  at.rq_psn = 1;
+  at.ah_attr.is_global = 1;
+  at.ah_attr.grh.dgid = dev.gid;
+  at.ah_attr.grh.sgid_index = sgid_index();
+  at.ah_attr.grh.hop_limit = 64;
+  at.ah_attr.port_num = kPort;
+  ASSERT_EQ(ibv_modify_qp(uc, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN), 0);
+  at = {};
+  at.qp_state = IBV_QPS_RTS;
+  at.sq_psn = 1;
+  ASSERT_EQ(ibv_modify_qp(uc, &at, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+  Buffer b(64);
+  ASSERT_TRUE(b.reg(pd, kAllAccess));
+  SendWr w(1, IBV_WR_ATOMIC_WRITE, {b.sge(0, 8)});
+  w.rdma(b.addr(8), b.rkey());
+  EXPECT_EQ(post_send(uc, w), EINVAL);
+  EXPECT_EQ(ibv_destroy_qp(uc), 0);
+  EXPECT_EQ(ibv_dereg_mr(b.mr), 0);
+  b.mr = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
 TEST_F(AtomicWrite, ExtendedApiWritesEightBytesAndCompletes) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096);
