@@ -14,6 +14,9 @@ namespace {
 // What the responder sends back for e besides ACKs: READ response data or an ATOMIC result.
 bool is_read(const SqEntry& e) { return work_request(e.wqe.op, QpType::Rc).read; }
 bool is_atomic(const SqEntry& e) { return work_request(e.wqe.op, QpType::Rc).atomic; }
+bool is_atomic_write(const SqEntry& e) { return e.wqe.op == WrOp::AtomicWrite; }
+// READ, ATOMIC, ATOMIC WRITE: completed by their response, never by an ACK (they hold a responder resource).
+bool awaits_response(const SqEntry& e) { return work_request(e.wqe.op, QpType::Rc).read_or_atomic(); }
 uint32_t last_psn(const SqEntry& e) { return wire::psn_add(e.first_psn, e.npkts - 1); }
 
 // Scatters len bytes at message offset off into the WQE's SGEs (READ responses).
@@ -53,7 +56,7 @@ void Engine::complete_in_order(Qp& qp) {
   while (tail < qp.sq.head.load(std::memory_order_acquire)) {
     SqEntry& e = qp.sq.at(tail);
     if (!e.started || !e.acked) break;
-    if (is_read(e) || is_atomic(e)) qp.req.reads_outstanding -= qp.req.reads_outstanding ? 1 : 0;
+    if (awaits_response(e)) qp.req.reads_outstanding -= qp.req.reads_outstanding ? 1 : 0;
     const WcStatus status = e.status;
     complete_sq_entry(qp, e, status);  // advances the tail
     ++tail;
@@ -76,7 +79,7 @@ void Engine::requester_error(Qp& qp, WcStatus status) {
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
   if (tail < qp.sq.head.load(std::memory_order_acquire)) {
     SqEntry& e = qp.sq.at(tail);
-    if (is_read(e) || is_atomic(e)) qp.req.reads_outstanding -= qp.req.reads_outstanding ? 1 : 0;
+    if (awaits_response(e)) qp.req.reads_outstanding -= qp.req.reads_outstanding ? 1 : 0;
     complete_sq_entry(qp, e, status);  // advances the tail
   }
   move_to_error(qp);
@@ -113,7 +116,7 @@ static void acknowledge_before(Qp& qp, uint32_t psn) {
   for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i < qp.sq.head.load(std::memory_order_acquire); ++i) {
     SqEntry& e = qp.sq.at(i);
     if (!e.started || wire::psn_diff(last_psn(e), psn) >= 0) break;
-    if (!is_read(e) && !is_atomic(e)) e.acked = true;
+    if (!awaits_response(e)) e.acked = true;
   }
 }
 
@@ -129,7 +132,7 @@ void Engine::rewind_to(Qp& qp, uint32_t psn) {
     if (is_read(e)) {
       // Ask again for what has not arrived: from the first missing response packet.
       qp.req.send_offset_pkts = e.read_received / qp.mtu;
-    } else if (is_atomic(e)) {
+    } else if (is_atomic(e) || is_atomic_write(e)) {
       qp.req.send_offset_pkts = 0;
     } else {
       qp.req.send_offset_pkts = static_cast<uint64_t>(d);
@@ -173,7 +176,7 @@ void Engine::check_timers(Qp& qp, uint64_t now) {
     if (!e.started) break;
     if (e.acked) continue;
     uint32_t from = e.first_psn;
-    if (!is_read(e) && !is_atomic(e) && wire::psn_diff(qp.comp.acked_psn, e.first_psn) > 0) from = qp.comp.acked_psn;
+    if (!awaits_response(e) && wire::psn_diff(qp.comp.acked_psn, e.first_psn) > 0) from = qp.comp.acked_psn;
     if (is_read(e)) from = wire::psn_add(e.first_psn, static_cast<uint32_t>(e.read_received / qp.mtu));
     rewind_to(qp, from);
     break;
@@ -293,6 +296,19 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
       if (e.host[0]) std::memcpy(e.host[0], &pkt.atomic_ack_orig, 8);
       e.acked = true;
       qp.comp.retries_left = qp.retry_cnt;  // new response data is forward progress, even below acked_psn
+    } else if (is_atomic_write(e)) {
+      // ATOMIC WRITE is answered by a zero-length READ RESPONSE ONLY (IBTA 1.5).
+      if (!info.first || !info.last) {
+        count(&qp, &core::Counters::drop_bad_opcode);
+        return;
+      }
+      if (pkt.payload_len != 0) {
+        requester_error(qp, WcStatus::BadRespErr);
+        return;
+      }
+      acknowledge_before(qp, psn);
+      e.acked = true;
+      qp.comp.retries_left = qp.retry_cnt;
     } else {
       if (!is_read(e)) {
         count(&qp, &core::Counters::drop_bad_opcode);

@@ -543,6 +543,22 @@ void copy_one_sided(const SendWqe& w, uint8_t* const* host, uint8_t* dst, uint64
         });
       }
       break;
+    case WrOp::AtomicWrite: {
+      // One aligned 8-byte store: no reader of the target sees a torn value (IBTA 1.5 ATOMIC WRITE).
+      uint64_t value = 0;
+      if (w.flags & kInline) {
+        std::memcpy(&value, w.inline_data, 8);
+      } else {
+        auto* out = reinterpret_cast<uint8_t*>(&value);
+        for_each_sge_piece(w.sge, host, w.num_sge, 0, 8, [&](uint8_t* p, uint64_t n) {
+          std::memcpy(out, p, n);
+          out += n;
+          return true;
+        });
+      }
+      __atomic_store_n(reinterpret_cast<uint64_t*>(dst), value, __ATOMIC_SEQ_CST);
+      break;
+    }
     case WrOp::Read: {
       const uint8_t* src = dst;
       for_each_sge_piece(w.sge, host, w.num_sge, 0, len, [&](uint8_t* p, uint64_t n) {
@@ -753,7 +769,8 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
       return Result::Fallback;
     }
   }
-  const bool atomic = wr.atomic;
+  // ATOMIC WRITE needs the atomicity of an aligned store in a shared mapping, as the ATOMICs do.
+  const bool atomic = wr.atomic || wr.atomic_write;
   const uint32_t need = wr.remote_access;
   const bool writable = !wr.read;
   const uint64_t len = atomic ? 8 : w.length;

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <new>
+#include <type_traits>
 
 #include "net/registry.h"
 #include "transport/direct_share.h"
@@ -731,8 +733,15 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
   auto qp = std::make_unique<Qp>();
   qp->cfg = cfg;
   uint32_t sq_depth = std::max<uint32_t>(cfg.max_send_wr, 1);
-  qp->sq_storage.resize(WorkQueue<SqEntry>::capacity_for(sq_depth));
-  qp->sq.init(qp->sq_storage.data(), sq_depth);
+  if (cfg.sq_ring) {
+    static_assert(std::is_trivially_destructible_v<SqEntry>, "the creator frees the ring without destructors");
+    auto* ring = static_cast<SqEntry*>(cfg.sq_ring);
+    for (uint32_t i = 0; i < WorkQueue<SqEntry>::capacity_for(sq_depth); ++i) new (&ring[i]) SqEntry();
+    qp->sq.init(ring, sq_depth);
+  } else {
+    qp->sq_storage.resize(WorkQueue<SqEntry>::capacity_for(sq_depth));
+    qp->sq.init(qp->sq_storage.data(), sq_depth);
+  }
   uint32_t rq_depth = std::max<uint32_t>(cfg.max_recv_wr, 1);
   qp->rq_bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(rq_depth);
   auto* rq_mem = static_cast<RecvWqe*>(arena_.allocate(qp->rq_bytes));
@@ -878,6 +887,8 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
 namespace {
 // What the QP's transport service can carry (work_request.h); a UD datagram needs its destination.
 bool op_allowed(const Qp& qp, const SendWqe& w) {
+  // XRC carries the RC operations up to SEND with invalidate (opcodes 0xA0..0xB7): no ATOMIC WRITE.
+  if (w.op == WrOp::AtomicWrite && qp.cfg.xrc != XrcRole::None) return false;
   return work_request(w.op, qp.cfg.type).allowed && (qp.cfg.type != QpType::Ud || w.ud_dest_ip_be != 0);
 }
 }  // namespace

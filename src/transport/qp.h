@@ -23,8 +23,10 @@ using core::WcStatus;
 
 using core::QpState;
 
+// BindMw and LocalInv are local: executed in order, no packets. AtomicWrite (IBTA 1.5): 8 bytes written
+// atomically at the responder, from the WQE's gather list or inline data.
 enum class WrOp : uint8_t { Send, SendImm, SendInv, Write, WriteImm, Read, CompareSwap, FetchAdd,
-                            BindMw, LocalInv };  // the last two are local: executed in order, no packets
+                            BindMw, LocalInv, AtomicWrite };
 enum WqeFlags : uint32_t { kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8 };
 
 struct Sge {
@@ -162,6 +164,7 @@ struct ReplayEntry {
   bool atomic = false;
   uint32_t psn = 0, npkts = 0;
   uint64_t atomic_orig = 0;
+  bool atomic_write = false;  // an ATOMIC WRITE: answered again by a zero-length READ RESPONSE, not re-executed
 };
 
 // A response the responder still owes, in PSN order (IBTA 9.5): READ response packets streamed out,
@@ -203,7 +206,15 @@ struct QpConfig {
   Srq* srq = nullptr;  // receive WQEs come from this shared receive queue; the QP's own RQ is unused
   XrcRole xrc = XrcRole::None;  // XRC QPs have type Rc
   uint32_t xrcd = 0;             // XRC_RECV: its XRC domain (nonzero)
+  // The send queue's ring in the creator's memory (sq_ring_bytes(max_send_wr), 64-byte aligned), which
+  // outlives the QP; nullptr: the engine's own. Private to the requester either way (no peer maps it).
+  void* sq_ring = nullptr;
 };
+
+// The bytes of a send queue ring for max_send_wr WQEs (QpConfig::sq_ring).
+inline size_t sq_ring_bytes(uint32_t max_send_wr) {
+  return sizeof(SqEntry) * WorkQueue<SqEntry>::capacity_for(std::max<uint32_t>(max_send_wr, 1));
+}
 
 // Request packets in flight without an acknowledgement. Far below the 2^23 PSN half-space, and
 // small enough that a burst fits the peer's socket buffer.

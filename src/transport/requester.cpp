@@ -69,13 +69,14 @@ bool Engine::prepare_wqe(Qp& qp, SqEntry& e) {
     e.status = WcStatus::LocLenErr;
     return false;
   }
-  if (wr.atomic && w.length != 8) {
+  if ((wr.atomic || wr.atomic_write) && w.length != 8) {
     e.status = WcStatus::LocLenErr;
     return false;
   }
   if (w.flags & kInline) return true;
-  // The HCA writes READ and ATOMIC results into the gather list: those SGEs need LOCAL_WRITE.
-  bool write = wr.read_or_atomic();
+  // The HCA writes READ and ATOMIC results into the gather list: those SGEs need LOCAL_WRITE (an ATOMIC
+  // WRITE only reads its 8 bytes from there).
+  bool write = wr.read || wr.atomic;
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     if (mrs_.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, write, &e.host[i]) !=
         core::AccessResult::Ok) {
@@ -115,7 +116,7 @@ void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
       uint64_t off = idx * qp.mtu;
       len = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, w.length - std::min(off, w.length)));
       pkt.bth.opcode = opcodes.at(first, last);
-      if (first && (w.op == WrOp::Write || w.op == WrOp::WriteImm))
+      if (first && (w.op == WrOp::Write || w.op == WrOp::WriteImm || w.op == WrOp::AtomicWrite))
         pkt.reth = {w.remote_addr, w.rkey, static_cast<uint32_t>(w.length)};
       if (last) {
         pkt.imm_data_be = w.imm_be;

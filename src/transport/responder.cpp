@@ -307,12 +307,19 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   if (d < 0) {
     count(&qp, &core::Counters::duplicates);
     if (info.kind == wire::OpKind::ReadRequest || info.kind == wire::OpKind::CompareSwap ||
-        info.kind == wire::OpKind::FetchAdd) {
-      bool atomic = info.kind != wire::OpKind::ReadRequest;
+        info.kind == wire::OpKind::FetchAdd || info.kind == wire::OpKind::AtomicWrite) {
+      const bool atomic_write = info.kind == wire::OpKind::AtomicWrite;
+      const bool atomic = info.kind != wire::OpKind::ReadRequest && !atomic_write;
       for (ReplayEntry& r : qp.resp.replay) {
         int32_t off = wire::psn_diff(psn, r.psn);
-        if (!r.valid || r.atomic != atomic || off < 0 || off >= static_cast<int32_t>(r.npkts)) continue;
-        if (atomic) {
+        if (!r.valid || r.atomic != atomic || r.atomic_write != atomic_write || off < 0 ||
+            off >= static_cast<int32_t>(r.npkts))
+          continue;
+        if (atomic_write) {
+          // Executed already: answered again, not written again (another WRITE may have followed it).
+          if (off == 0 && qp.resp.read_jobs.size() < 4 * qp.max_dest_rd_atomic + 16)
+            qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::Read, 0, true});
+        } else if (atomic) {
           if (off != 0) break;
           send_atomic_ack(qp, psn, r.atomic_orig);  // a replay: nothing waits for it, it waits for nothing
         } else {
@@ -416,6 +423,30 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
         send_atomic_ack(qp, psn, orig);
       else
         qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::AtomicAck, orig});
+      qp.resp.epsn = wire::psn_add(qp.resp.epsn, 1);
+      qp.resp.last_opcode = pkt.bth.opcode;
+      qp.resp.in_message = false;
+      return;
+    }
+    case wire::OpKind::AtomicWrite: {
+      // 8 bytes at an 8-byte aligned address, as the RETH says (IBTA 1.5); anything else is invalid.
+      if (pkt.payload_len != 8 || pkt.reth.dma_len != 8 || pkt.reth.va % 8 != 0) {
+        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
+        return;
+      }
+      uint8_t* host = nullptr;
+      if (Verdict r = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, 8, core::kRemoteWrite, &host); !r.ok()) {
+        rc_refuse(qp, r, psn);
+        return;
+      }
+      uint64_t value;
+      std::memcpy(&value, pkt.payload, 8);  // the bytes as they were in the requester's buffer
+      __atomic_store_n(reinterpret_cast<uint64_t*>(host), value, __ATOMIC_SEQ_CST);
+      ReplayEntry& r = qp.resp.replay[qp.resp.replay_next++ % qp.resp.replay.size()];
+      r = {true, false, psn, 1, 0, true};
+      qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+      // Its response is a zero-length READ RESPONSE ONLY, in PSN order behind those still owed.
+      qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::Read});
       qp.resp.epsn = wire::psn_add(qp.resp.epsn, 1);
       qp.resp.last_opcode = pkt.bth.opcode;
       qp.resp.in_message = false;

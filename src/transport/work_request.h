@@ -33,11 +33,15 @@ struct WorkRequest {
   bool atomic = false;            // CmpSwap, FetchAdd: 8 aligned bytes, the original value comes back
   bool local = false;             // Bind MW, Local Invalidate: executed in order, no packets, no PSN
   bool inline_data = false;       // may carry inline data (SEND and RDMA WRITE only)
+  // ATOMIC WRITE (IBTA 1.5): 8 bytes of payload written atomically at an 8-byte aligned address; the
+  // responder answers with a zero-length READ RESPONSE and keeps it in its replay cache like an ATOMIC.
+  bool atomic_write = false;
   uint32_t remote_access = 0;     // the access right the responder checks on the target memory (0: none)
   core::WcOpcode completion = core::WcOpcode::Send;
   RequestOpcodes opcodes;         // on this service; none when not allowed or local
-  // READ and ATOMIC hold a responder resource each: at most max_rd_atomic may be outstanding.
-  constexpr bool read_or_atomic() const { return read || atomic; }
+  // READ, ATOMIC and ATOMIC WRITE hold a responder resource each: at most max_rd_atomic may be
+  // outstanding, and each completes only when its response (not an ACK) arrives.
+  constexpr bool read_or_atomic() const { return read || atomic || atomic_write; }
 };
 
 namespace work_request_table {
@@ -89,8 +93,11 @@ inline constexpr Row kRows[] = {
     {true, true, false, false, false, false, true, false, 0, W::BindMw, kNone, kNone, kNone},
     // LocalInv
     {true, true, false, false, false, false, true, false, 0, W::LocalInv, kNone, kNone, kNone},
+    // AtomicWrite: RC only, one RC ATOMIC WRITE packet
+    {true, false, false, false, false, false, false, false, core::kRemoteWrite, W::AtomicWrite,
+     single(kRcAtomicWrite), kNone, kNone},
 };
-static_assert(std::size(kRows) == static_cast<size_t>(WrOp::LocalInv) + 1, "one row per WrOp, in order");
+static_assert(std::size(kRows) == static_cast<size_t>(WrOp::AtomicWrite) + 1, "one row per WrOp, in order");
 }  // namespace work_request_table
 
 constexpr WorkRequest work_request(WrOp op, QpType type) {
@@ -102,6 +109,7 @@ constexpr WorkRequest work_request(WrOp op, QpType type) {
   w.atomic = r.atomic;
   w.local = r.local;
   w.inline_data = r.inline_data;
+  w.atomic_write = op == WrOp::AtomicWrite;  // the only one: no column of its own
   w.remote_access = r.remote_access;
   w.completion = r.completion;
   if (w.allowed)

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <climits>
 
+#include "verbs/parent_domain.h"
 #include "verbs/soft_objects.h"
 
 using namespace softrdma;
@@ -92,10 +93,14 @@ ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* a) {
     errno = EINVAL;
     return nullptr;
   }
-  // A parent domain (thread domain, custom allocators) needs ibv_alloc_parent_domain, which there is not.
-  if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) && a->parent_domain) {
-    errno = EOPNOTSUPP;
-    return nullptr;
+  // IBV_CQ_INIT_ATTR_MASK_PD names a parent domain of this context (a plain PD is no parent domain).
+  ibv_pd* parent = nullptr;
+  if (a->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+    if (!a->parent_domain || !is_parent_domain(a->parent_domain) || a->parent_domain->context != ctx) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    parent = a->parent_domain;
   }
   uint32_t flags = (a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) ? a->flags : 0;
   if (flags & ~uint32_t{IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN}) {
@@ -115,7 +120,8 @@ ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* a) {
     errno = EINVAL;
     return nullptr;
   }
-  SoftCq* cq = create_cq(ctx, static_cast<int>(a->cqe), a->cq_context, a->channel, static_cast<int>(a->comp_vector));
+  SoftCq* cq = create_cq(ctx, static_cast<int>(a->cqe), a->cq_context, a->channel, static_cast<int>(a->comp_vector),
+                         parent);
   if (!cq) return nullptr;
   if (a->wc_flags & (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK))
     cq->queue->enable_timestamps();

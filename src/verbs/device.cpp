@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "core/limits.h"
+#include "verbs/parent_domain.h"
 #include "verbs/soft_objects.h"
 
 using namespace softrdma;
@@ -140,9 +141,11 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
   if (size < sizeof(ibv_device_attr)) return EINVAL;
   ibv_device_attr_ex a{};
   fill_device_attr(*to_ctx(ctx)->device, a.orig_attr);
-  // The extended flags are a superset of the classic ones; no bit above 31 applies (no scatter-FCS,
-  // no end padding...).
-  a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+  // The extended flags are a superset of the classic ones. Above bit 31 only RDMA ATOMIC WRITE applies
+  // (the kernel's IB_UVERBS_DEVICE_ATOMIC_WRITE, bit 40, which the v44 verbs.h does not name); no
+  // scatter-FCS, no end padding...
+  constexpr uint64_t kDeviceAtomicWrite = uint64_t{1} << 40;
+  a.device_cap_flags_ex = a.orig_attr.device_cap_flags | kDeviceAtomicWrite;
   // Completion timestamps count CompletionQueue::clock_ns(): 64 valid bits at 1 GHz (in kHz here).
   a.completion_timestamp_mask = ~uint64_t{0};
   a.hca_core_clock = 1000000;
@@ -212,6 +215,9 @@ ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
   v.close_xrcd = close_xrcd;
   v.get_srq_num = get_srq_num;
   v.open_qp = open_qp;
+  v.alloc_td = alloc_td;
+  v.dealloc_td = dealloc_td;
+  v.alloc_parent_domain = alloc_parent_domain;
   ibv_context& ctx = v.context;
   ctx.device = &c->device->dev;
   ctx.ops.poll_cq = poll_cq;
@@ -441,6 +447,7 @@ SOFTRDMA_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
 // Destroys the PD object, through the original or an import of it (ibv_import_pd(3)), and gives that
 // struct back; the original's memory stays while any struct refers to it.
 SOFTRDMA_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  if (is_parent_domain(pd)) return dealloc_parent_domain(pd);
   auto* self = reinterpret_cast<SoftPd*>(pd);
   SoftPd* o = to_pd(pd);
   ContextShared& sh = *to_ctx(pd->context)->shared;

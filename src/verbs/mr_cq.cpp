@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/limits.h"
+#include "verbs/parent_domain.h"
 #include "verbs/soft_objects.h"
 
 using namespace softrdma;
@@ -263,7 +264,8 @@ SOFTRDMA_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
 
 namespace softrdma::verbs {
 
-SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
+SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector,
+                  ibv_pd* parent_domain) {
   if (cqe < 1 || static_cast<uint32_t>(cqe) > core::DeviceLimits::kMaxCqe || comp_vector < 0 ||
       comp_vector >= ctx->num_comp_vectors) {
     errno = EINVAL;
@@ -273,12 +275,15 @@ SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel*
     errno = ENOMEM;
     return nullptr;
   }
-  auto* cq = new (std::nothrow) SoftCq{};
+  // With a parent domain that has allocators, the CQ object lives in the application's memory (the
+  // ring stays in the context's arena, where intra-host peers reach it).
+  auto* cq = pd_new<SoftCq>(parent_domain, kResourceCq);
   if (!cq) {
     --to_ctx(ctx)->cqs;
     errno = ENOMEM;
     return nullptr;
   }
+  cq->parent_domain = parent_domain;
   cq->channel = reinterpret_cast<SoftChannel*>(channel);
   core::CompletionQueue::EventFn notify;
   if (cq->channel) {
@@ -291,7 +296,7 @@ SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel*
   try {
     cq->queue = engine_of(ctx).create_cq(static_cast<uint32_t>(cqe), std::move(notify));
   } catch (const std::bad_alloc&) {
-    delete cq;
+    pd_delete(parent_domain, cq, kResourceCq);
     --to_ctx(ctx)->cqs;
     errno = ENOMEM;
     return nullptr;
@@ -312,6 +317,7 @@ SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel*
   pthread_mutex_init(&c.mutex, nullptr);
   pthread_cond_init(&c.cond, nullptr);
   if (channel) ++channel->refcnt;
+  if (parent_domain) ++to_pd(parent_domain)->users;
   return cq;
 }
 
@@ -343,7 +349,9 @@ SOFTRDMA_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   pthread_cond_destroy(&ibcq->cond);
   pthread_mutex_destroy(&ibcq->mutex);
   --to_ctx(ibcq->context)->cqs;
-  delete cq;
+  ibv_pd* pd = cq->parent_domain;
+  pd_delete(pd, cq, kResourceCq);
+  if (pd) --to_pd(pd)->users;  // last: a parent domain's free() may run only while it exists
   return 0;
 }
 

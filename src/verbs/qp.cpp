@@ -8,6 +8,7 @@
 #include "core/limits.h"
 #include "transport/work_request.h"
 #include "verbs/ah.h"
+#include "verbs/parent_domain.h"
 #include "verbs/qp_state.h"
 #include "verbs/soft_objects.h"
 
@@ -53,7 +54,8 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrc
     errno = EINVAL;
     return nullptr;
   }
-  auto* q = new (std::nothrow) SoftQp{};
+  // In a parent domain with allocators, the QP object lives in the application's memory.
+  auto* q = pd_new<SoftQp>(pd, kResourceQp);
   if (!q) {
     errno = ENOMEM;
     return nullptr;
@@ -78,9 +80,22 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrc
     cfg.ud_mtu = core::mtu_bytes(pa.active_mtu);
   }
   if (ia.srq) cfg.srq = to_srq(ia.srq)->tsrq;
+  // A parent domain's allocator also gives the send queue's ring (the RQ ring stays in the arena,
+  // where intra-host peers read it).
+  if (is_parent_domain(pd)) {
+    cfg.sq_ring = pd_allocate(pd, transport::sq_ring_bytes(cfg.max_send_wr), 64, kResourceSendQueue);
+    if (!cfg.sq_ring) {
+      pd_delete(pd, q, kResourceQp);
+      errno = ENOMEM;
+      return nullptr;
+    }
+  }
   q->tqp = engine_of(ctx).create_qp(cfg);
   if (!q->tqp) {
-    delete q;
+    int e = errno;
+    if (cfg.sq_ring) pd_release(pd, cfg.sq_ring, kResourceSendQueue);
+    pd_delete(pd, q, kResourceQp);
+    errno = e;
     return nullptr;
   }
   q->tqp->user = q;
@@ -137,6 +152,8 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
     case IBV_WR_RDMA_READ: w.op = WrOp::Read; break;
     case IBV_WR_ATOMIC_CMP_AND_SWP: w.op = WrOp::CompareSwap; break;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: w.op = WrOp::FetchAdd; break;
+    // The 8 bytes come from the gather list (or inline data); wr.rdma names the target.
+    case IBV_WR_ATOMIC_WRITE: w.op = WrOp::AtomicWrite; break;
     case IBV_WR_BIND_MW:
     case IBV_WR_LOCAL_INV:
       // Local operations on memory windows: no data, no packets (RC and UC, ibv_bind_mw(3)).
@@ -290,6 +307,8 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
                  IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_BIND_MW |
                  IBV_QP_EX_WITH_LOCAL_INV;
+  // ATOMIC WRITE is an RC operation only (no UC, UD or XRC opcode carries it).
+  if (a->qp_type == IBV_QPT_RC) ops |= IBV_QP_EX_WITH_ATOMIC_WRITE;
   if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~ops)) {
     errno = EOPNOTSUPP;
     return nullptr;
@@ -408,14 +427,17 @@ SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
     qp = &owner->qpx.qp_base;
     ++q->xrcd->users;  // released once more below
   }
+  void* sq_ring = q->tqp->cfg.sq_ring;
   engine_of(qp->context).destroy_qp(q->tqp);
-  if (qp->pd) --to_pd(qp->pd)->users;
   if (q->xrcd) --q->xrcd->users;
   if (qp->send_cq) --to_cq(qp->send_cq)->qp_refs;
   if (qp->recv_cq) --to_cq(qp->recv_cq)->qp_refs;
   pthread_cond_destroy(&qp->cond);
   pthread_mutex_destroy(&qp->mutex);
-  delete q;
+  ibv_pd* pd = qp->pd;  // none for an XRC target
+  if (sq_ring) pd_release(pd, sq_ring, kResourceSendQueue);
+  pd_delete(pd, q, kResourceQp);
+  if (pd) --to_pd(pd)->users;  // last: a parent domain's free() may run only while it exists
   return 0;
 }
 
@@ -592,7 +614,19 @@ void qpx_install(SoftQp* q) {
     }
     w->xrc_srqn = srqn;
   };
-  x.wr_atomic_write = [](ibv_qp_ex* x, uint32_t, uint64_t, const void*) { of(x)->staged_error = EOPNOTSUPP; };
+  // The 8 bytes are copied now, as inline data: atomic_wr may be reused once this returns.
+  x.wr_atomic_write = [](ibv_qp_ex* x, uint32_t rkey, uint64_t addr, const void* atomic_wr) {
+    SendWqe* w = stage(x, WrOp::AtomicWrite);
+    w->rkey = rkey;
+    w->remote_addr = addr;
+    if (!atomic_wr) {
+      of(x)->staged_error = EINVAL;
+      return;
+    }
+    std::memcpy(w->inline_data, atomic_wr, 8);
+    w->length = 8;
+    w->flags |= transport::kInline;
+  };
 }
 
 }  // namespace

@@ -82,6 +82,7 @@ struct SoftPd {
   int imports = 0;
   bool destroyed = false;
   bool released = false;  // the original's own struct was given back
+  bool parent_domain = false;  // made by ibv_alloc_parent_domain (verbs/parent_domain.h)
 };
 // The PD object itself: an imported PD resolves to the original.
 inline SoftPd* to_pd(ibv_pd* p) {
@@ -132,6 +133,7 @@ struct SoftCq {
   SoftChannel* channel = nullptr;
   std::atomic<int> qp_refs{0};
   std::atomic<uint32_t> events_delivered{0};
+  ibv_pd* parent_domain = nullptr;  // ibv_create_cq_ex's, whose allocator placed this object
   // ibv_create_cq_ex (cq_ex.cpp): the CQE between ibv_start_poll and ibv_end_poll that the
   // ibv_wc_read_* accessors read, and the lock that makes that span a critical section.
   core::Cqe current{};
@@ -216,7 +218,8 @@ int dealloc_mw(ibv_mw* mw);
 int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 int fill_mw_bind(transport::SendWqe& w, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info& info);
 // mr_cq.cpp: the CQ object behind ibv_create_cq and ibv_create_cq_ex (nullptr + errno on failure).
-SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector);
+SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector,
+                  ibv_pd* parent_domain = nullptr);
 // mr_cq.cpp: ibv_advise_mr on on-demand regions (0 or an errno value).
 int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge);
 // cq_ex.cpp

@@ -5,6 +5,7 @@
 
 #include "core/limits.h"
 #include "transport/srq.h"
+#include "verbs/parent_domain.h"
 #include "verbs/soft_objects.h"
 
 using namespace softrdma;
@@ -22,7 +23,9 @@ ibv_srq* create(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr, SoftXrcd* xrc
     errno = EINVAL;
     return nullptr;
   }
-  auto* s = new (std::nothrow) SoftSrq{};
+  // In a parent domain with allocators, the SRQ object lives in the application's memory (its ring
+  // stays in the context's arena).
+  auto* s = pd_new<SoftSrq>(pd, kResourceSrq);
   if (!s) {
     errno = ENOMEM;
     return nullptr;
@@ -30,7 +33,9 @@ ibv_srq* create(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr, SoftXrcd* xrc
   s->tsrq = engine_of(pd->context)
                 .create_srq(pd->handle, attr.max_wr, attr.max_sge, xrcd ? xrcd->id : 0, cq ? cq->queue.get() : nullptr);
   if (!s->tsrq) {
-    delete s;
+    int e = errno;
+    pd_delete(pd, s, kResourceSrq);
+    errno = e;
     return nullptr;
   }
   s->tsrq->user = &s->srq;
@@ -128,13 +133,14 @@ SOFTRDMA_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
 
 SOFTRDMA_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
   if (int rc = engine_of(srq->context).destroy_srq(to_srq(srq)->tsrq)) return rc;
-  --to_pd(srq->pd)->users;
   if (SoftSrq* s = to_srq(srq); s->xrcd) {
     --s->xrcd->users;
     --s->cq->qp_refs;
   }
   pthread_cond_destroy(&srq->cond);
   pthread_mutex_destroy(&srq->mutex);
-  delete to_srq(srq);
+  ibv_pd* pd = srq->pd;
+  pd_delete(pd, to_srq(srq), kResourceSrq);
+  --to_pd(pd)->users;  // last: a parent domain's free() may run only while it exists
   return 0;
 }

@@ -80,6 +80,7 @@ constexpr std::array<OpcodeInfo, 256> build_table() {
   set(0x14, entry("RC_FETCH_ADD", OpKind::FetchAdd, kOnly, kHdrAtomicEth, false));
   set(0x16, entry("RC_SEND_LAST_WITH_INVALIDATE", OpKind::Send, kLast, kHdrIeth, true));
   set(0x17, entry("RC_SEND_ONLY_WITH_INVALIDATE", OpKind::Send, kOnly, kHdrIeth, true));
+  set(0x1D, entry("RC_ATOMIC_WRITE", OpKind::AtomicWrite, kOnly, kHdrReth, true));
 
   set(0x20, entry("UC_SEND_FIRST", OpKind::Send, kFirst, 0, true));
   set(0x21, entry("UC_SEND_MIDDLE", OpKind::Send, kMiddle, 0, true));

@@ -18,7 +18,8 @@ enum : uint8_t {
   kHdrXrceth = 128,  // XRC requests: the destination XRC SRQ, right after the BTH
 };
 
-enum class OpKind : uint8_t { Send, Write, ReadRequest, ReadResponse, Ack, AtomicAck, CompareSwap, FetchAdd, Invalid };
+enum class OpKind : uint8_t { Send, Write, ReadRequest, ReadResponse, Ack, AtomicAck, CompareSwap, FetchAdd, AtomicWrite,
+                              Invalid };
 
 // Opcode bits 7..5.
 enum class QpClass : uint8_t { RC = 0, UC = 1, RD = 2, UD = 3, CNP = 4, XRC = 5 };
@@ -63,6 +64,9 @@ inline constexpr uint8_t kRcCompareSwap = 0x13;
 inline constexpr uint8_t kRcFetchAdd = 0x14;
 inline constexpr uint8_t kRcSendLastInv = 0x16;
 inline constexpr uint8_t kRcSendOnlyInv = 0x17;
+// IBTA 1.5 (9.4.7.1): an 8-byte RDMA WRITE the responder executes atomically; RETH + 8 bytes of payload,
+// answered by a zero-length RDMA READ RESPONSE ONLY.
+inline constexpr uint8_t kRcAtomicWrite = 0x1D;
 
 // UC
 inline constexpr uint8_t kUcSendFirst = 0x20;

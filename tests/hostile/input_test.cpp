@@ -121,6 +121,7 @@ const std::vector<ReqShape>& request_shapes() {
       {wire::kRcWriteOnly, 64, 64},          {wire::kRcWriteFirst, kMtu, 4 * kMtu},
       {wire::kRcWriteOnlyImm, 16, 16},       {wire::kRcReadRequest, 0, 8192},
       {wire::kRcCompareSwap, 0, 8},          {wire::kRcFetchAdd, 0, 8},
+      {wire::kRcAtomicWrite, 8, 8},
   };
   return v;
 }
@@ -655,6 +656,11 @@ TEST(HostileFatal, VaOutsideMrInWindow) {
       {"CMP_SWAP at the end", {}, wire::kRcCompareSwap, end, false, 0, 8, false, kAccess, "naks_sent_rem_access"},
       {"FETCH_ADD before the start", {}, wire::kRcFetchAdd, -8, false, 0, 8, false, kAccess, "naks_sent_rem_access"},
       {"FETCH_ADD misaligned", {}, wire::kRcFetchAdd, 4, false, 0, 8, false, kReqErr, "naks_sent_inv_req"},
+      {"ATOMIC_WRITE at the end", {}, wire::kRcAtomicWrite, end, false, 8, 8, false, kAccess, "naks_sent_rem_access"},
+      {"ATOMIC_WRITE misaligned", {}, wire::kRcAtomicWrite, 4, false, 8, 8, false, kReqErr, "naks_sent_inv_req"},
+      {"ATOMIC_WRITE of 4 bytes", {}, wire::kRcAtomicWrite, 0, false, 4, 4, false, kReqErr, "naks_sent_inv_req"},
+      {"ATOMIC_WRITE whose RETH says 16", {}, wire::kRcAtomicWrite, 0, false, 8, 16, false, kReqErr,
+       "naks_sent_inv_req"},
   };
   for (const auto& c : cases) run_fatal(c);
 }

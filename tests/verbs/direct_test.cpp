@@ -219,6 +219,31 @@ TEST_F(DirectPath, WriteReadAtomicsAcrossProcesses) {
   }
 }
 
+// ATOMIC WRITE to another process: one aligned 8-byte store into its memory, the bytes around it
+// untouched; on the direct path without a packet. A misaligned one goes by packets and is refused.
+TEST_F(DirectPath, AtomicWriteAcrossProcesses) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+  const uint64_t tx_before = my_counter(&core::Counters::tx_packets);
+  src->u64(0) = 0x0102030405060708ull;
+  SendWr aw(1, IBV_WR_ATOMIC_WRITE, {src->sge(0, 8)});
+  aw.rdma(peer.a_addr + 4096, peer.a_rkey);
+  expect_wc(one(aw), {.wr_id = 1, .opcode = IBV_WC_ATOMIC_WRITE, .qp_num = s.qpn()});
+  Contents c = contents();
+  uint64_t now;
+  std::memcpy(&now, c.a.data() + 4096, 8);
+  EXPECT_EQ(now, 0x0102030405060708ull);
+  EXPECT_EQ(check_pattern(c.a.data(), 4096, 11), 4096u) << "bytes before it";
+  EXPECT_EQ(check_pattern(c.a.data() + 4104, kALen - 4104, 11, 4104), kALen - 4104) << "bytes after it";
+  if (direct_expected()) {
+    EXPECT_EQ(my_counter(&core::Counters::direct_ops) - ops_before, 1u) << "on the direct path";
+    EXPECT_EQ(my_counter(&core::Counters::tx_packets), tx_before) << "and no packet";
+  }
+  SendWr bad(2, IBV_WR_ATOMIC_WRITE, {src->sge(0, 8)});
+  bad.rdma(peer.a_addr + 4100, peer.a_rkey);
+  expect_wc(one(bad), {.wr_id = 2, .status = IBV_WC_REM_INV_REQ_ERR, .qp_num = s.qpn()});
+}
+
 // Memory the target cannot share (a private file mapping) is still reached without packets for WRITE
 // and READ, by process_vm_writev/readv; an ATOMIC on it must be atomic with the target's own CPU
 // atomics and goes by packets. The data is the same either way.

@@ -329,7 +329,7 @@ TEST_F(QpEx, UnsupportedSendOpsRefused) {
   ASSERT_NE(pd, nullptr);
   ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
   ASSERT_NE(cq, nullptr);
-  for (uint64_t op : {uint64_t{IBV_QP_EX_WITH_TSO}, uint64_t{IBV_QP_EX_WITH_ATOMIC_WRITE}, uint64_t{1} << 20}) {
+  for (uint64_t op : {uint64_t{IBV_QP_EX_WITH_TSO}, uint64_t{1} << 20}) {
     ibv_qp_init_attr_ex ia{};
     ia.send_cq = ia.recv_cq = cq;
     ia.cap = {4, 4, 1, 1, 0};

@@ -241,6 +241,17 @@ TEST_F(Xrc, WriteReadAndAtomicsReachTheTargetMemory) {
   EXPECT_EQ(check_pattern(tbuf->data + 4096, 16, 7), 16u);
 }
 
+// No XRC opcode carries RDMA ATOMIC WRITE (an RC operation, IBTA 1.5): refused at post time.
+TEST_F(Xrc, AtomicWriteIsRefused) {
+  auto ibuf = std::make_unique<Buffer>(4096);
+  auto tbuf = std::make_unique<Buffer>(4096);
+  ASSERT_TRUE(ibuf->reg(ipd, kAllAccess) && tbuf->reg(tpd, kAllAccess));
+  SendWr w(1, IBV_WR_ATOMIC_WRITE, {ibuf->sge(0, 8)});
+  w.rdma(tbuf->addr(0), tbuf->rkey());
+  EXPECT_EQ(post(w, srq_num(srq_a)), EINVAL);
+  EXPECT_EQ(drain_cq(scq), 0);
+}
+
 TEST_F(Xrc, WrApiNamesTheSrqWithSetXrcSrqn) {
   auto ibuf = std::make_unique<Buffer>(4096);
   auto tbuf = std::make_unique<Buffer>(4096);

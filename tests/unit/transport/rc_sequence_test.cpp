@@ -231,6 +231,43 @@ TEST_F(RcSequence, DuplicateAtomicIsReplayedNotReexecuted) {
   EXPECT_EQ(acks, 2) << dump();
 }
 
+// ATOMIC WRITE (IBTA 1.5) is answered by a zero-length READ RESPONSE; when that is lost, the resent
+// request is answered again from the replay cache and not written again: a store made at the target
+// since then survives.
+TEST_F(RcSequence, DuplicateAtomicWriteIsAnsweredNotRewritten) {
+  connect();
+  auto src = register_region(pair.a.engine(), 1, 8, core::kLocalWrite);
+  auto word = register_region(pair.b.engine(), 1, 16, params.access);
+  const uint64_t v = 0x1122334455667788ull, later = 77;
+  std::memcpy(src->data(), &v, 8);
+  int responses = 0;
+  faults = [&](const Traced& t) {
+    net::MemoryNetwork::Fate fate;
+    if (!t.from_a && t.v.opcode == wire::kRcReadResponseOnly && responses++ == 0) {
+      fate.drop = true;  // the acknowledgement of the first execution is lost...
+      uint64_t now;
+      std::memcpy(&now, word->data() + 8, 8);
+      EXPECT_EQ(now, v) << "executed before it is answered";
+      std::memcpy(word->data() + 8, &later, 8);  // ...and the target stores something else meanwhile
+    }
+    return fate;
+  };
+  SendWqe w = write_wqe(9, *src, 0, 8, word->addr(8), word->mr.rkey);
+  w.op = WrOp::AtomicWrite;
+  ASSERT_EQ(post(pair.a, w), 0);
+  auto c = completions(1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::Success);
+  EXPECT_EQ(c[0].opcode, core::WcOpcode::AtomicWrite);
+  uint64_t now;
+  std::memcpy(&now, word->data() + 8, 8);
+  EXPECT_EQ(now, later) << "the duplicate was not written again\n" << dump();
+  int requests = 0;
+  for (const Traced& t : from(true)) requests += t.v.opcode == wire::kRcAtomicWrite;
+  EXPECT_EQ(requests, 2) << dump();
+  EXPECT_EQ(responses, 2) << dump();
+}
+
 TEST_F(RcSequence, DuplicateReadIsAnsweredFromTheReplayCache) {
   connect();
   auto dst = register_region(pair.a.engine(), 1, 5000, core::kLocalWrite);

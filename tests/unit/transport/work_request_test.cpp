@@ -14,7 +14,8 @@ namespace softrdma::transport {
 namespace {
 
 constexpr WrOp kOps[] = {WrOp::Send,     WrOp::SendImm,     WrOp::SendInv,  WrOp::Write,  WrOp::WriteImm,
-                         WrOp::Read,     WrOp::CompareSwap, WrOp::FetchAdd, WrOp::BindMw, WrOp::LocalInv};
+                         WrOp::Read,     WrOp::CompareSwap, WrOp::FetchAdd, WrOp::BindMw, WrOp::LocalInv,
+                         WrOp::AtomicWrite};
 constexpr QpType kTypes[] = {QpType::Rc, QpType::Uc, QpType::Ud};
 
 bool is_send(WrOp op) { return op == WrOp::Send || op == WrOp::SendImm || op == WrOp::SendInv; }
@@ -29,7 +30,7 @@ TEST(WorkRequest, RcCarriesEveryOperation) {
 }
 
 TEST(WorkRequest, UcHasNoReadAtomicOrSendWithInvalidate) {
-  for (WrOp op : {WrOp::Read, WrOp::CompareSwap, WrOp::FetchAdd, WrOp::SendInv})
+  for (WrOp op : {WrOp::Read, WrOp::CompareSwap, WrOp::FetchAdd, WrOp::SendInv, WrOp::AtomicWrite})
     EXPECT_FALSE(work_request(op, QpType::Uc).allowed) << int(op);
   for (WrOp op : {WrOp::Send, WrOp::SendImm, WrOp::Write, WrOp::WriteImm, WrOp::BindMw, WrOp::LocalInv})
     EXPECT_TRUE(work_request(op, QpType::Uc).allowed) << int(op);
@@ -54,10 +55,11 @@ TEST(WorkRequest, WhatEachOperationIs) {
       EXPECT_EQ(w.consumes_receive, is_send(op) || op == WrOp::WriteImm) << int(op);
       EXPECT_EQ(w.read, op == WrOp::Read) << int(op);
       EXPECT_EQ(w.atomic, atomic) << int(op);
-      EXPECT_EQ(w.read_or_atomic(), op == WrOp::Read || atomic) << int(op);
+      EXPECT_EQ(w.atomic_write, op == WrOp::AtomicWrite) << int(op);
+      EXPECT_EQ(w.read_or_atomic(), op == WrOp::Read || atomic || op == WrOp::AtomicWrite) << int(op);
       EXPECT_EQ(w.local, op == WrOp::BindMw || op == WrOp::LocalInv) << int(op);
       EXPECT_EQ(w.inline_data, is_send(op) || is_write(op)) << "ibv_post_send(3): SEND and RDMA WRITE";
-      EXPECT_EQ(w.remote_access, is_write(op)         ? uint32_t{core::kRemoteWrite}
+      EXPECT_EQ(w.remote_access, is_write(op) || op == WrOp::AtomicWrite ? uint32_t{core::kRemoteWrite}
                                  : op == WrOp::Read ? uint32_t{core::kRemoteRead}
                                  : atomic           ? uint32_t{core::kRemoteAtomic}
                                                     : 0u)
@@ -72,7 +74,7 @@ TEST(WorkRequest, CompletionOpcodes) {
       {WrOp::Send, W::Send},         {WrOp::SendImm, W::Send},         {WrOp::SendInv, W::Send},
       {WrOp::Write, W::RdmaWrite},   {WrOp::WriteImm, W::RdmaWrite},   {WrOp::Read, W::RdmaRead},
       {WrOp::CompareSwap, W::CompSwap}, {WrOp::FetchAdd, W::FetchAdd}, {WrOp::BindMw, W::BindMw},
-      {WrOp::LocalInv, W::LocalInv}};
+      {WrOp::LocalInv, W::LocalInv}, {WrOp::AtomicWrite, W::AtomicWrite}};
   for (QpType t : kTypes)
     for (auto [op, wc] : expect) EXPECT_EQ(work_request(op, t).completion, wc) << int(op);
 }
@@ -94,6 +96,7 @@ TEST(WorkRequest, RequestOpcodesMatchTheWireTable) {
                                 : is_write(op)           ? wire::OpKind::Write
                                 : op == WrOp::Read       ? wire::OpKind::ReadRequest
                                 : op == WrOp::FetchAdd   ? wire::OpKind::FetchAdd
+                                : op == WrOp::AtomicWrite ? wire::OpKind::AtomicWrite
                                                          : wire::OpKind::CompareSwap;
       const bool segmented = (is_send(op) || is_write(op)) && t != QpType::Ud;
       struct Pos {
@@ -120,7 +123,8 @@ TEST(WorkRequest, RequestOpcodesMatchTheWireTable) {
         const bool imm = (op == WrOp::SendImm || op == WrOp::WriteImm) && p.last;
         EXPECT_EQ((info.headers & wire::kHdrImm) != 0, imm);
         EXPECT_EQ((info.headers & wire::kHdrIeth) != 0, op == WrOp::SendInv && p.last);
-        EXPECT_EQ((info.headers & wire::kHdrReth) != 0, (is_write(op) && p.first) || op == WrOp::Read);
+        EXPECT_EQ((info.headers & wire::kHdrReth) != 0,
+                  (is_write(op) && p.first) || op == WrOp::Read || op == WrOp::AtomicWrite);
         EXPECT_EQ((info.headers & wire::kHdrAtomicEth) != 0, w.atomic);
         EXPECT_EQ((info.headers & wire::kHdrDeth) != 0, t == QpType::Ud);
       }

@@ -127,8 +127,8 @@ TEST(Headers, RoundTripEveryValidOpcode) {
       ++checked;
     }
   }
-  // 32 payload-carrying opcodes and 5 without in RC/UC/UD, and XRC's 18 and 5.
-  EXPECT_EQ(checked, (32 + 18) * 10 + 5 + 5);
+  // 33 payload-carrying opcodes (RC ATOMIC WRITE included) and 5 without in RC/UC/UD, and XRC's 18 and 5.
+  EXPECT_EQ(checked, (33 + 18) * 10 + 5 + 5);
 }
 
 TEST(Headers, BthByteLayout) {

@@ -39,6 +39,7 @@ constexpr Named kAll[] = {
     {kRcFetchAdd, "RC_FETCH_ADD"},
     {kRcSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE"},
     {kRcSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE"},
+    {kRcAtomicWrite, "RC_ATOMIC_WRITE"},
     {0xA0, "XRC_SEND_FIRST"},
     {0xA1, "XRC_SEND_MIDDLE"},
     {0xA2, "XRC_SEND_LAST"},
@@ -87,6 +88,7 @@ TEST(Opcode, ConstantsHaveIbtaValues) {
   EXPECT_EQ(kRcFetchAdd, 0x14);
   EXPECT_EQ(kRcSendLastInv, 0x16);
   EXPECT_EQ(kRcSendOnlyInv, 0x17);
+  EXPECT_EQ(kRcAtomicWrite, 0x1D);
   EXPECT_EQ(kUcSendFirst, 0x20);
   EXPECT_EQ(kUcWriteOnlyImm, 0x2B);
   EXPECT_EQ(kUdSendOnly, 0x64);
@@ -132,9 +134,12 @@ TEST(Opcode, ClassComesFromTopBitsAndHeaderLenFromMask) {
     EXPECT_TRUE(i.first || i.middle || i.last) << n.name;
     EXPECT_FALSE(i.middle && (i.first || i.last)) << n.name;
     const std::string name = n.name;
-    const bool payload_kind = i.kind == OpKind::Send || i.kind == OpKind::Write || i.kind == OpKind::ReadResponse;
+    const bool payload_kind = i.kind == OpKind::Send || i.kind == OpKind::Write || i.kind == OpKind::ReadResponse ||
+                              i.kind == OpKind::AtomicWrite;
     EXPECT_EQ(i.has_payload, payload_kind) << n.name;
-    EXPECT_EQ(name.find("ONLY") != std::string::npos || !i.has_payload, i.first && i.last) << n.name;
+    // ATOMIC WRITE is a single packet with payload, though its name says no ONLY.
+    const bool single = name.find("ONLY") != std::string::npos || !i.has_payload || i.kind == OpKind::AtomicWrite;
+    EXPECT_EQ(single, i.first && i.last) << n.name;
     EXPECT_EQ(name.find("WITH_IMMEDIATE") != std::string::npos, (i.headers & kHdrImm) != 0) << n.name;
     EXPECT_EQ(name.find("WITH_INVALIDATE") != std::string::npos, (i.headers & kHdrIeth) != 0) << n.name;
   }
@@ -180,6 +185,9 @@ TEST(Opcode, IbtaHeaderSets) {
   EXPECT_EQ(opcode_info(kRcAtomicAck).header_len, 24);
   EXPECT_EQ(opcode_info(kRcCompareSwap).headers, kHdrAtomicEth);
   EXPECT_EQ(opcode_info(kRcFetchAdd).header_len, 40);
+  EXPECT_EQ(opcode_info(kRcAtomicWrite).headers, kHdrReth);
+  EXPECT_EQ(opcode_info(kRcAtomicWrite).header_len, 28);
+  EXPECT_TRUE(opcode_info(kRcAtomicWrite).has_payload);
   EXPECT_EQ(opcode_info(kUdSendOnly).headers, kHdrDeth);
   EXPECT_EQ(opcode_info(kUdSendOnly).header_len, 20);
   EXPECT_EQ(opcode_info(kUdSendOnlyImm).headers, kHdrDeth | kHdrImm);
