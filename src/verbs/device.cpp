@@ -156,8 +156,10 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
   a.odp_caps.per_transport_caps.ud_odp_caps = kOdpRecv;
   a.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV | IBV_ODP_SUPPORT_WRITE |
                   IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
-  // Everything else is zero because it does not exist here: TSO, RSS, WQs, packet pacing,
-  // raw packet QPs, tag matching, CQ moderation, PCIe atomics.
+  // Raw packet QPs: RSS over WQs, IP checksums (raw.cpp). Everything else is zero because it does not
+  // exist here: TSO, packet pacing, VLAN stripping, scatter FCS, tag matching, CQ moderation, PCIe
+  // atomics.
+  fill_raw_caps(a);
   a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
   a.max_dm_size = kMaxDmSize;  // device memory: host memory of the context's process (dm.cpp)
   std::memcpy(attr, &a, std::min(size, sizeof a));
@@ -212,6 +214,7 @@ ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
   v.close_xrcd = close_xrcd;
   v.get_srq_num = get_srq_num;
   v.open_qp = open_qp;
+  install_raw_ops(v);
   ibv_context& ctx = v.context;
   ctx.device = &c->device->dev;
   ctx.ops.poll_cq = poll_cq;
