@@ -198,8 +198,11 @@ int Engine::modify_wq(Wq* wq, WqState state) {
   std::lock_guard lock(lock_);
   switch (state) {
     case WqState::Reset:
-      wq->rq.head.store(0);
-      wq->rq.tail.store(0);
+      // Back to empty: what was posted is dropped without completions (as a QP's reset does).
+      if (wq->state.load() != WqState::Reset) {
+        wq->rq.head.store(0);
+        wq->rq.tail.store(0);
+      }
       break;
     case WqState::Err: flush_wq(*wq); break;
     case WqState::Rdy: break;
@@ -218,11 +221,8 @@ void Engine::destroy_wq(Wq* wq) {
 }
 
 int Engine::post_wq_recv(Wq* wq, const RecvWqe* wqes, int n, int* bad) {
+  // WQEs may be posted in RESET already (they wait for RDY); in ERR they are flushed.
   const WqState st = wq->state.load(std::memory_order_acquire);
-  if (st == WqState::Reset) {
-    *bad = 0;
-    return EINVAL;
-  }
   int rc = 0;
   {
     std::lock_guard lock(wq->rq.producer_lock);
