@@ -26,7 +26,7 @@ using core::QpState;
 
 enum class WrOp : uint8_t { Send, SendImm, SendInv, Write, WriteImm, Read, CompareSwap, FetchAdd,
                             BindMw, LocalInv };  // the last two are local: executed in order, no packets
-enum WqeFlags : uint32_t { kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8 };
+enum WqeFlags : uint32_t { kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8, kIpCsum = 16 };
 
 struct Sge {
   uint64_t addr;

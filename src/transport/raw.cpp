@@ -11,6 +11,7 @@
 #include "transport/engine.h"
 #include "transport/srq.h"
 #include "transport/work_request.h"
+#include "wire/ethernet.h"
 
 namespace softrdma::transport {
 
@@ -287,6 +288,15 @@ bool Engine::raw_requester_run(Qp& qp) {
           return true;
         });
         frame = whole ? raw_buf_.data() : nullptr;
+      }
+      if (frame && (e.wqe.flags & kIpCsum)) {
+        // The device fills in the IPv4 and TCP/UDP checksums: on a copy, never in the caller's buffer.
+        if (frame != raw_buf_.data()) {
+          raw_buf_.resize(std::max<size_t>(raw_buf_.size(), len));
+          std::memcpy(raw_buf_.data(), frame, len);
+          frame = raw_buf_.data();
+        }
+        wire::fill_ipv4_checksums(raw_buf_.data(), len);
       }
       if (!frame) {
         e.status = WcStatus::LocProtErr;  // its memory was deregistered meanwhile

@@ -87,6 +87,8 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT |
                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
                        IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
+  a.device_cap_flags |= IBV_DEVICE_RAW_IP_CSUM;  // raw packet QPs' IBV_SEND_IP_CSUM (raw.cpp)
+  a.max_raw_ethy_qp = L::kMaxQp;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
   a.max_cq = L::kMaxCq;

@@ -147,6 +147,8 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
   if (wr.send_flags & IBV_SEND_SIGNALED) w.flags |= transport::kSignaled;
   if (wr.send_flags & IBV_SEND_FENCE) w.flags |= transport::kFence;
   if (wr.send_flags & IBV_SEND_SOLICITED) w.flags |= transport::kSolicited;
+  // Checksum offload: raw packet frames only (IBV_DEVICE_RAW_IP_CSUM).
+  if ((wr.send_flags & IBV_SEND_IP_CSUM) && cfg.type == transport::QpType::Raw) w.flags |= transport::kIpCsum;
   w.imm_be = wr.imm_data;
   switch (wr.opcode) {
     case IBV_WR_SEND: w.op = WrOp::Send; break;

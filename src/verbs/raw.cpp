@@ -364,6 +364,9 @@ void fill_raw_caps(ibv_device_attr_ex& a) {
   a.rss_caps.rx_hash_fields_mask = kHashFields;
   a.rss_caps.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
   a.max_wq_type_rq = L::kMaxQp;
+  // IBV_SEND_IP_CSUM on raw packet QPs: the IPv4 header and TCP/UDP checksums, in software.
+  a.raw_packet_caps = IBV_RAW_PACKET_CAP_IP_CSUM;
+  // (IBV_DEVICE_RAW_IP_CSUM is among the classic flags, device.cpp.)
 }
 
 void install_raw_ops(verbs_context& v) {

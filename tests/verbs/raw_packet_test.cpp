@@ -323,6 +323,41 @@ TEST_F(RawPacket, ReceiveBufferTooSmall) {
   EXPECT_TRUE(wait_qp_state(rx.qp, IBV_QPS_ERR));
 }
 
+// IBV_SEND_IP_CSUM: the frame arrives with valid IPv4 header and UDP checksums; the sender's buffer
+// keeps its zeros.
+TEST_F(RawPacket, IpChecksumOffload) {
+  if (!(tx.dev.attr.device_cap_flags & IBV_DEVICE_RAW_IP_CSUM)) GTEST_SKIP() << "no IBV_DEVICE_RAW_IP_CSUM";
+  const Mac mac = our_mac(9);
+  FlowAttr fa;
+  fa.add(eth_spec(mac));
+  ASSERT_NE(rx.flow(fa), nullptr);
+  ASSERT_EQ(rx.recv(60, 2048), 0);
+  auto f = udp_frame(mac, 0xC0A80001, 4000, 333, 9);  // odd UDP length: the last byte is padded
+  ASSERT_EQ(tx.send(8, f, IBV_SEND_SIGNALED | IBV_SEND_IP_CSUM), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(tx.cq, &wc));
+  expect_wc(wc, {.wr_id = 8, .opcode = IBV_WC_SEND});
+  EXPECT_EQ(tx.buf->data[24], 0);
+  EXPECT_EQ(tx.buf->data[25], 0);
+  ASSERT_TRUE(poll_wc(rx.cq, &wc));
+  expect_wc(wc, {.wr_id = 60, .opcode = IBV_WC_RECV, .byte_len = 333});
+  const uint8_t* ip = rx.buf->data + kRxOff + 14;
+  auto sum16 = [](const uint8_t* p, size_t n, uint32_t s) {
+    for (size_t i = 0; i < n; i += 2) s += uint32_t{p[i]} << 8 | (i + 1 < n ? p[i + 1] : 0);
+    while (s >> 16) s = (s & 0xFFFF) + (s >> 16);
+    return s;
+  };
+  EXPECT_EQ(sum16(ip, 20, 0), 0xFFFFu) << "IPv4 header checksum";
+  const size_t udp_len = 333 - 34;
+  EXPECT_EQ(sum16(ip + 20, udp_len, sum16(ip + 12, 8, 17 + static_cast<uint32_t>(udp_len))), 0xFFFFu)
+      << "UDP checksum";
+  EXPECT_NE(ip[26] | ip[27], 0) << "a UDP checksum was written";
+  // Apart from the checksums the frame is as sent.
+  std::vector<uint8_t> got(rx.buf->data + kRxOff, rx.buf->data + kRxOff + 333);
+  got[24] = got[25] = got[40] = got[41] = 0;
+  EXPECT_EQ(got, f);
+}
+
 TEST_F(RawPacket, FlowRules) {
   FlowAttr bad_port;
   bad_port.add(eth_spec(our_mac(7)));
