@@ -20,7 +20,7 @@ constexpr int PACKET_IGNORE_OUTGOING = 23;
 #endif
 }  // namespace
 
-RawPort::RawPort(int ifindex) : ifindex_(ifindex) {
+RawPort::RawPort(int ifindex, bool loopback) : ifindex_(ifindex), loopback_(loopback) {
   // Protocol 0: the socket receives nothing until set_rules() has installed its filter.
   fd_ = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "AF_PACKET socket");
@@ -62,10 +62,10 @@ int RawPort::set_rules(const std::vector<FrameRule>& rules) {
   if (setsockopt(fd_, SOL_SOCKET, SO_ATTACH_FILTER, &fprog, sizeof fprog) < 0) return errno;
   rules_ = rules;
   if (!bound_rx_ && !rules.empty()) {
-    // The filter is in place before the socket sees its first frame. Frames this host sends are seen
-    // once, as they come back in (on loopback), not a second time on their way out.
+    // The filter is in place before the socket sees its first frame. On loopback a frame sent is
+    // seen once, as it comes back in, not a second time on its way out.
     int one = 1;
-    setsockopt(fd_, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
+    if (loopback_) setsockopt(fd_, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
     setsockopt(fd_, SOL_PACKET, PACKET_AUXDATA, &one, sizeof one);
     sockaddr_ll sll{};
     sll.sll_family = AF_PACKET;
@@ -95,7 +95,7 @@ const FrameView* RawPort::receive(uint64_t* filtered) {
       if (errno == EINTR) continue;
       return nullptr;
     }
-    if (from.sll_pkttype == PACKET_OUTGOING || (msg.msg_flags & MSG_TRUNC)) continue;
+    if ((loopback_ && from.sll_pkttype == PACKET_OUTGOING) || (msg.msg_flags & MSG_TRUNC)) continue;
     view_ = FrameView{buf_.data(), static_cast<uint32_t>(n), false, 0};
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_PACKET || c->cmsg_type != PACKET_AUXDATA) continue;

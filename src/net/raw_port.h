@@ -13,7 +13,10 @@ namespace softrdma::net {
 class RawPort {
  public:
   // Throws std::system_error (EPERM without CAP_NET_RAW, ENODEV for an unknown interface).
-  explicit RawPort(int ifindex);
+  // Frames sent on the interface by other sockets of the host are received too, as a NIC loops a
+  // port's frames back to its other QPs: on loopback as they come back in, on any other interface
+  // as they go out.
+  RawPort(int ifindex, bool loopback);
   ~RawPort();
   RawPort(const RawPort&) = delete;
   RawPort& operator=(const RawPort&) = delete;
@@ -35,6 +38,7 @@ class RawPort {
  private:
   int fd_ = -1;
   int ifindex_;
+  bool loopback_;
   bool bound_rx_ = false;
   std::vector<FrameRule> rules_;
   std::vector<uint8_t> buf_;

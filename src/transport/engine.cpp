@@ -713,7 +713,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
   if (cfg.type == QpType::Raw) {
     // Whole frames on the device's interface: an AF_PACKET socket, which needs CAP_NET_RAW (EPERM).
     try {
-      qp->raw.port = std::make_unique<net::RawPort>(iface_.ifindex);
+      qp->raw.port = std::make_unique<net::RawPort>(iface_.ifindex, iface_.loopback);
     } catch (const std::system_error& e) {
       arena_.release(rq_mem, qp->rq_bytes);
       errno = e.code().value() ? e.code().value() : EPERM;
