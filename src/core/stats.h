@@ -22,7 +22,8 @@ namespace softrdma::core {
   X(drop_bad_opcode) X(drop_bad_state) X(drop_stale_response) X(forwarded)                     \
   X(ud_drop_qkey) X(ud_drop_no_recv) X(ud_send_over_mtu) X(uc_msg_dropped)                                              \
   X(direct_ops) X(direct_bytes) X(direct_fallbacks) X(direct_late_events) X(direct_channel_wakes) X(icrc_solved_ip_id) X(drop_icrc_ip_id) \
-  X(icrc_moved_segment) X(peer_port_learned) X(xrc_bad_srqn)
+  X(icrc_moved_segment) X(peer_port_learned) X(xrc_bad_srqn) X(raw_drop_no_recv) X(raw_drop_filtered)  \
+  X(raw_drop_bad_state) X(raw_send_errors)
 
 struct Counters {
 #define SOFTRDMA_FIELD(name) uint64_t name;
@@ -43,7 +44,7 @@ class StatsPage {
  public:
   static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
   // Bumped whenever Counters or the page layout changes; readers skip other versions.
-  static constexpr uint32_t kVersion = 5;
+  static constexpr uint32_t kVersion = 6;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
   // Creates /dev/shm/softrdma-stats-<pid>-<n>; falls back to private memory if that fails.

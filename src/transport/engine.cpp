@@ -298,6 +298,8 @@ bool Engine::progress_once() {
     }
   }
   if (!mcast_.empty()) mcast_receive(did);
+  if (raw_rx_qps_)
+    for (Qp* qp : qp_list_) raw_receive(*qp, did);
   for (Qp* qp : qp_list_) {
     if (qp->state.load(std::memory_order_relaxed) == QpState::Err) {
       if (qp->sq.count() || qp->rq.count() || qp->resp.recv_active || (qp->srq && !qp->resp.last_wqe_reached)) {
@@ -756,6 +758,20 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     errno = ENOMEM;
     return nullptr;
   }
+  if (cfg.type == QpType::Raw) {
+    // Whole frames on the device's interface: an AF_PACKET socket, which needs CAP_NET_RAW (EPERM).
+    try {
+      qp->raw.port = std::make_unique<net::RawPort>(iface_.ifindex, iface_.loopback);
+    } catch (const std::system_error& e) {
+      arena_.release(rq_mem, qp->rq_bytes);
+      errno = e.code().value() ? e.code().value() : EPERM;
+      return nullptr;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = qp->raw.port->fd();
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, qp->raw.port->fd(), &ev);
+  }
   qp->qpn = net::Registry::instance().allocate_qpn(iface_.ip_be, port_->port());
   if (qp->qpn == 0) {
     arena_.release(rq_mem, qp->rq_bytes);
@@ -788,6 +804,10 @@ void Engine::destroy_qp(Qp* qp) {
     qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
     ack_owed_.erase(std::remove(ack_owed_.begin(), ack_owed_.end(), qp), ack_owed_.end());
     mcast_forget_qp(qp);  // a destroyed QP leaves its multicast groups
+    if (qp->raw.port) {
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, qp->raw.port->fd(), nullptr);
+      if (!qp->raw.flows.empty()) --raw_rx_qps_;
+    }
     mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
@@ -864,6 +884,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           if (direct_) direct_->detach(*qp);
           break;
         case QpState::Rtr:
+          if (qp->cfg.type == QpType::Raw) break;  // no peer: frames carry their own addresses
           resolve_destination(*qp);
           attach_direct(*qp);
           break;

@@ -25,6 +25,7 @@
 #include "transport/direct.h"
 #include "transport/icrc_gate.h"
 #include "transport/qp.h"
+#include "transport/raw.h"
 #include "wire/headers.h"
 #include "wire/opcode.h"
 
@@ -152,6 +153,15 @@ class Engine {
   // Returns 0 or an errno.
   int attach_mcast(Qp* qp, uint32_t group_ip_be);
   int detach_mcast(Qp* qp, uint32_t group_ip_be);
+  // RAW_PACKET flow steering (raw.cpp): the QP receives the frames some rule of its matches. 0 or an errno.
+  int attach_flow(Qp* qp, const net::FrameRule& rule, uint32_t* handle);
+  int detach_flow(Qp* qp, uint32_t handle);
+  // Receive work queues for RSS QPs (raw.cpp). create_wq returns nullptr (errno set) on failure;
+  // destroy_wq needs the WQ to be in no indirection table any more (the verbs layer counts).
+  Wq* create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, uint32_t max_sge);
+  int modify_wq(Wq* wq, WqState state);
+  void destroy_wq(Wq* wq);
+  int post_wq_recv(Wq* wq, const RecvWqe* wqes, int n, int* bad);
 
  private:
   // port_state.cpp: reads the link monitor; a change of the port's state raises PORT_ERR/PORT_ACTIVE.
@@ -212,6 +222,18 @@ class Engine {
   void uc_receive(Qp& qp, const wire::Packet& pkt);
   void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                       uint16_t dest_port);
+  // raw.cpp: RAW_PACKET sends (each WQE is one frame) and the frames its port receives.
+  bool raw_requester_run(Qp& qp);
+  void raw_receive(Qp& qp, bool& did);
+  void raw_deliver(Qp& qp, const net::FrameView& f);
+  // Places a frame into the next WQE of rq and completes it into cq as qp_num; false: none posted.
+  bool raw_place(WorkQueue<RecvWqe>& rq, uint32_t pd, core::CompletionQueue* cq, uint32_t qp_num,
+                 const net::FrameView& f, Qp* counted, WcStatus* status);
+  void flush_wq(Wq& wq);
+  std::vector<Wq*> wqs_;
+  uint32_t next_wqn_ = 1;
+  uint32_t raw_rx_qps_ = 0;  // raw QPs with flows (progress passes look at their ports)
+  std::vector<uint8_t> raw_buf_;
   // requester.cpp
   bool requester_run(Qp& qp, uint64_t now_ns);
   bool prepare_wqe(Qp& qp, SqEntry& e);

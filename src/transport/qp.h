@@ -16,6 +16,7 @@
 #include "core/qp_state.h"
 #include "core/spin_lock.h"
 #include "core/stats.h"
+#include "net/raw_port.h"
 
 namespace softrdma::transport {
 
@@ -27,7 +28,7 @@ using core::QpState;
 // atomically at the responder, from the WQE's gather list or inline data.
 enum class WrOp : uint8_t { Send, SendImm, SendInv, Write, WriteImm, Read, CompareSwap, FetchAdd,
                             BindMw, LocalInv, AtomicWrite };
-enum WqeFlags : uint32_t { kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8 };
+enum WqeFlags : uint32_t { kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8, kIpCsum = 16 };
 
 struct Sge {
   uint64_t addr;
@@ -189,7 +190,8 @@ struct ReadResponseJob {
 struct Srq;  // transport/srq.h
 
 // Transport service of a QP (numerically enum ibv_qp_type).
-enum class QpType : uint8_t { Rc = 2, Uc = 3, Ud = 4 };
+enum class QpType : uint8_t { Rc = 2, Uc = 3, Ud = 4, Raw = 8 };
+struct Wq;  // transport/raw.h
 // XRC (IBTA 9.2, 10.2.10): an XRC QP is an RC QP of one direction. The initiator (XRC_SEND) has a
 // requester only and names a remote XRC SRQ in each request's XRCETH; the target (XRC_RECV) has a
 // responder only, which takes receive WQEs, CQ and PD from that SRQ, if it is of the target's domain.
@@ -209,6 +211,11 @@ struct QpConfig {
   // The send queue's ring in the creator's memory (sq_ring_bytes(max_send_wr), 64-byte aligned), which
   // outlives the QP; nullptr: the engine's own. Private to the requester either way (no peer maps it).
   void* sq_ring = nullptr;
+  // RAW_PACKET with receive-side scaling (raw.cpp): received frames go to the WQ of this indirection
+  // table that the Toeplitz hash of rss_fields selects; the QP has no queues of its own.
+  std::vector<Wq*> rss_table;
+  std::vector<uint8_t> rss_key;
+  uint64_t rss_fields = 0;  // enum ibv_rx_hash_fields bits
 };
 
 // The bytes of a send queue ring for max_send_wr WQEs (QpConfig::sq_ring).
@@ -336,6 +343,13 @@ struct Qp {
     int peer_wake_fd = -1;         // the wake-up pipe of the peer QP's receive CQ channel (initiator side)
     DirectRecvView recv;
   } direct;
+
+  // RAW_PACKET (raw.cpp): the frame port, and the flows that steer frames to this QP.
+  struct RawState {
+    std::unique_ptr<net::RawPort> port;
+    std::vector<std::pair<uint32_t, net::FrameRule>> flows;  // (handle, rule)
+    uint32_t next_flow = 1;
+  } raw;
 };
 
 // The successful receive CQE of a message that arrived on a connected QP (RC, UC): from its peer QP,

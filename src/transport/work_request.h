@@ -103,7 +103,8 @@ static_assert(std::size(kRows) == static_cast<size_t>(WrOp::AtomicWrite) + 1, "o
 constexpr WorkRequest work_request(WrOp op, QpType type) {
   const work_request_table::Row& r = work_request_table::kRows[static_cast<size_t>(op)];
   WorkRequest w;
-  w.allowed = type == QpType::Rc ? r.rc : type == QpType::Uc ? r.uc : r.ud;
+  // RAW_PACKET sends whole frames (IBV_WR_SEND) and nothing else; no request packets of ours.
+  w.allowed = type == QpType::Raw ? op == WrOp::Send : type == QpType::Rc ? r.rc : type == QpType::Uc ? r.uc : r.ud;
   w.consumes_receive = r.consumes_receive;
   w.read = r.read;
   w.atomic = r.atomic;
@@ -112,7 +113,7 @@ constexpr WorkRequest work_request(WrOp op, QpType type) {
   w.atomic_write = op == WrOp::AtomicWrite;  // the only one: no column of its own
   w.remote_access = r.remote_access;
   w.completion = r.completion;
-  if (w.allowed)
+  if (w.allowed && type != QpType::Raw)
     w.opcodes = type == QpType::Rc ? r.rc_opcodes : type == QpType::Uc ? r.uc_opcodes : r.ud_opcodes;
   return w;
 }

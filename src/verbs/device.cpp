@@ -88,6 +88,8 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT |
                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
                        IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
+  a.device_cap_flags |= IBV_DEVICE_RAW_IP_CSUM;  // raw packet QPs' IBV_SEND_IP_CSUM (raw.cpp)
+  a.max_raw_ethy_qp = L::kMaxQp;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
   a.max_cq = L::kMaxCq;
@@ -159,8 +161,10 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
   a.odp_caps.per_transport_caps.ud_odp_caps = kOdpRecv;
   a.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV | IBV_ODP_SUPPORT_WRITE |
                   IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
-  // Everything else is zero because it does not exist here: TSO, RSS, WQs, packet pacing,
-  // raw packet QPs, tag matching, CQ moderation, PCIe atomics.
+  // Raw packet QPs: RSS over WQs, IP checksums (raw.cpp). Everything else is zero because it does not
+  // exist here: TSO, packet pacing, VLAN stripping, scatter FCS, tag matching, CQ moderation, PCIe
+  // atomics.
+  fill_raw_caps(a);
   a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
   a.max_dm_size = kMaxDmSize;  // device memory: host memory of the context's process (dm.cpp)
   std::memcpy(attr, &a, std::min(size, sizeof a));
@@ -218,6 +222,7 @@ ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
   v.alloc_td = alloc_td;
   v.dealloc_td = dealloc_td;
   v.alloc_parent_domain = alloc_parent_domain;
+  install_raw_ops(v);
   ibv_context& ctx = v.context;
   ctx.device = &c->device->dev;
   ctx.ops.poll_cq = poll_cq;

@@ -24,19 +24,27 @@ namespace {
 
 void qpx_install(SoftQp* q);
 
-ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrcd* xrcd = nullptr) {
+ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrcd* xrcd = nullptr,
+               const RssSetup* rss = nullptr) {
   const bool xrc_send = ia.qp_type == IBV_QPT_XRC_SEND, xrc_recv = ia.qp_type == IBV_QPT_XRC_RECV;
-  if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD && !xrc_send && !xrc_recv) {
-    errno = EOPNOTSUPP;  // raw packet: not offered
+  if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD &&
+      ia.qp_type != IBV_QPT_RAW_PACKET && !xrc_send && !xrc_recv) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (ia.qp_type == IBV_QPT_RAW_PACKET && ia.srq) {
+    errno = EOPNOTSUPP;  // raw packet QPs receive into their own RQ (or an RSS QP's WQs)
     return nullptr;
   }
   // XRC (ibv_create_qp_ex(3)): an XRC_SEND QP has a PD and a send CQ, no receive side; an XRC_RECV QP
-  // has an XRC domain and nothing else: its receives land in the XRC SRQs of the domain.
-  ibv_cq* send_cq = xrc_recv ? nullptr : ia.send_cq;
-  ibv_cq* recv_cq = xrc_send || xrc_recv ? nullptr : ia.recv_cq;
+  // has an XRC domain and nothing else: its receives land in the XRC SRQs of the domain. An RSS QP
+  // only receives, into the WQs of its indirection table: it has no CQs or queues of its own.
+  ibv_cq* send_cq = xrc_recv || rss ? nullptr : ia.send_cq;
+  ibv_cq* recv_cq = xrc_send || xrc_recv || rss ? nullptr : ia.recv_cq;
   if (xrc_recv ? (!xrcd || xrcd->xrcd.context != ctx)
-               : (!pd || pd->context != ctx || !send_cq || send_cq->context != ctx ||
-                  (!xrc_send && (!recv_cq || recv_cq->context != ctx)))) {
+               : (!pd || pd->context != ctx ||
+                  (!rss && (!send_cq || send_cq->context != ctx ||
+                            (!xrc_send && (!recv_cq || recv_cq->context != ctx)))))) {
     errno = EINVAL;
     return nullptr;
   }
@@ -49,6 +57,7 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrc
   ibv_qp_cap cap = ia.cap;
   if (ia.srq || xrc_send || xrc_recv) cap.max_recv_wr = cap.max_recv_sge = 0;
   if (xrc_recv) cap.max_send_wr = cap.max_send_sge = cap.max_inline_data = 0;
+  if (rss) cap = ibv_qp_cap{};
   if (cap.max_send_wr > L::kMaxQpWr || cap.max_recv_wr > L::kMaxQpWr || cap.max_send_sge > L::kMaxSge ||
       cap.max_recv_sge > L::kMaxSge || cap.max_inline_data > L::kMaxInline) {
     errno = EINVAL;
@@ -64,6 +73,11 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrc
   cfg.pd = xrc_recv ? 0 : pd->handle;
   cfg.send_cq = send_cq ? to_cq(send_cq)->queue.get() : nullptr;
   cfg.recv_cq = recv_cq ? to_cq(recv_cq)->queue.get() : nullptr;
+  if (rss) {
+    for (SoftWq* w : rss->table->wqs) cfg.rss_table.push_back(w->twq);
+    cfg.rss_key = rss->key;
+    cfg.rss_fields = rss->fields;
+  }
   cfg.max_send_wr = cap.max_send_wr;
   cfg.max_recv_wr = cap.max_recv_wr;
   cfg.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
@@ -100,10 +114,16 @@ ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrc
   }
   q->tqp->user = q;
   q->init = ia;
+  if (rss) {
+    q->init.send_cq = q->init.recv_cq = nullptr;
+    q->ind_table = rss->table;
+    ++rss->table->qp_refs;
+  }
   q->init.cap.max_send_sge = cfg.max_send_sge;
   q->init.cap.max_recv_wr = cap.max_recv_wr;
   q->init.cap.max_recv_sge = ia.srq || xrc_send || xrc_recv ? 0 : cfg.max_recv_sge;
   q->init.cap.max_inline_data = xrc_recv ? 0 : cfg.max_inline;
+  if (rss) q->init.cap = ibv_qp_cap{};
   q->init.send_cq = send_cq;
   q->init.recv_cq = recv_cq;
   if (xrc_recv) {
@@ -142,6 +162,8 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
   if (wr.send_flags & IBV_SEND_SIGNALED) w.flags |= transport::kSignaled;
   if (wr.send_flags & IBV_SEND_FENCE) w.flags |= transport::kFence;
   if (wr.send_flags & IBV_SEND_SOLICITED) w.flags |= transport::kSolicited;
+  // Checksum offload: raw packet frames only (IBV_DEVICE_RAW_IP_CSUM).
+  if ((wr.send_flags & IBV_SEND_IP_CSUM) && cfg.type == transport::QpType::Raw) w.flags |= transport::kIpCsum;
   w.imm_be = wr.imm_data;
   switch (wr.opcode) {
     case IBV_WR_SEND: w.op = WrOp::Send; break;
@@ -215,7 +237,7 @@ namespace softrdma::verbs {
 
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   SoftQp* q = to_qp(qp);
-  if (q->tqp->cfg.xrc == transport::XrcRole::Recv) {  // an XRC target has no send queue
+  if (q->tqp->cfg.xrc == transport::XrcRole::Recv || q->ind_table) {  // an XRC target or an RSS QP has no send queue
     *bad = wr;
     return EINVAL;
   }
@@ -257,7 +279,7 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
 
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   SoftQp* q = to_qp(qp);
-  if (q->tqp->cfg.xrc != transport::XrcRole::None) {  // XRC QPs have no receive queue (XRC SRQs do)
+  if (q->tqp->cfg.xrc != transport::XrcRole::None || q->ind_table) {  // no receive queue: XRC QPs (their SRQs), RSS QPs (their WQs)
     *bad = wr;
     return EINVAL;
   }
@@ -285,7 +307,12 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return 0;
 }
 
+ibv_qp* create_qp_with(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, const RssSetup* rss) {
+  return create(ctx, pd, ia, nullptr, rss);
+}
+
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
+  if (a->comp_mask & (IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH)) return create_rss_qp(ctx, a);
   uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS |
                    IBV_QP_INIT_ATTR_XRCD;
   // An XRC_RECV QP comes with an XRC domain and no PD; every other QP with a PD.
@@ -412,6 +439,7 @@ SOFTRDMA_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp
 
 SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   SoftQp* q = to_qp(qp);
+  if (q->tqp && !q->tqp->raw.flows.empty()) return EBUSY;  // its flows first (ibv_destroy_flow)
   if (q->xrcd) {
     // An XRC target's handle (ibv_open_qp(3)): the QP goes with its last handle.
     SoftQp* owner = nullptr;
@@ -432,6 +460,7 @@ SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   if (q->xrcd) --q->xrcd->users;
   if (qp->send_cq) --to_cq(qp->send_cq)->qp_refs;
   if (qp->recv_cq) --to_cq(qp->recv_cq)->qp_refs;
+  if (q->ind_table) --q->ind_table->qp_refs;
   pthread_cond_destroy(&qp->cond);
   pthread_mutex_destroy(&qp->mutex);
   ibv_pd* pd = qp->pd;  // none for an XRC target

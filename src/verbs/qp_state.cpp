@@ -16,7 +16,7 @@ struct TransitionMasks {
 
 // XRC QPs are RC of one direction: the initiator (XRC_SEND) has RC's requester attributes, the target
 // (XRC_RECV) its responder ones (IBTA 11.2.5 with the XRC columns; as Linux's qp_state_table).
-enum class Service { kRc, kUc, kUd, kXrcSend, kXrcRecv };
+enum class Service { kRc, kUc, kUd, kXrcSend, kXrcRecv, kRaw };
 bool reliable(Service s) { return s == Service::kRc || s == Service::kXrcSend || s == Service::kXrcRecv; }
 
 std::optional<Service> service_of(ibv_qp_type qp_type) {
@@ -26,7 +26,8 @@ std::optional<Service> service_of(ibv_qp_type qp_type) {
         case IBV_QPT_UD: return Service::kUd;
         case IBV_QPT_XRC_SEND: return Service::kXrcSend;
         case IBV_QPT_XRC_RECV: return Service::kXrcRecv;
-        default: return std::nullopt;  // RAW_PACKET, DRIVER: not offered by softrdma
+        case IBV_QPT_RAW_PACKET: return Service::kRaw;
+        default: return std::nullopt;  // DRIVER: not offered by softrdma
     }
 }
 
@@ -46,6 +47,7 @@ int port_binding(Service svc) {
 // Attributes that may be changed while sending (RTR->RTS, RTS->RTS, SQD->RTS).
 int send_side_tunables(Service svc) {
     switch (svc) {
+        case Service::kRaw: return 0;
         case Service::kUd: return IBV_QP_CUR_STATE | IBV_QP_QKEY;
         case Service::kUc:
         case Service::kXrcSend:
@@ -65,6 +67,16 @@ std::optional<TransitionMasks> transition(Service svc, ibv_qp_state from, ibv_qp
     if (reliable(svc) && (from == IBV_QPS_SQE || to == IBV_QPS_SQE)) return std::nullopt;
     // Reset and Error are reachable from every state, with nothing else to say.
     if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) return TransitionMasks{0, 0};
+    if (svc == Service::kRaw) {
+        // A raw packet QP has a port and nothing else: no peer, no PSNs, no keys (frames carry their
+        // own addresses). It has no SQD or SQE states.
+        if (from == IBV_QPS_RESET && to == IBV_QPS_INIT) return TransitionMasks{IBV_QP_PORT, 0};
+        if (from == IBV_QPS_INIT && to == IBV_QPS_INIT) return TransitionMasks{0, IBV_QP_PORT};
+        if ((from == IBV_QPS_INIT && to == IBV_QPS_RTR) || (from == IBV_QPS_RTR && to == IBV_QPS_RTS) ||
+            (from == IBV_QPS_RTS && to == IBV_QPS_RTS))
+            return TransitionMasks{0, 0};
+        return std::nullopt;
+    }
 
     switch (from) {
         case IBV_QPS_RESET:
@@ -104,6 +116,7 @@ std::optional<TransitionMasks> transition(Service svc, ibv_qp_state from, ibv_qp
             if (to == IBV_QPS_SQD) {
                 // With the send queue drained, path and requester parameters may be re-programmed.
                 switch (svc) {
+                    case Service::kRaw: break;  // (handled above: no SQD)
                     case Service::kUd: return TransitionMasks{0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY};
                     case Service::kUc:
                         return TransitionMasks{0, IBV_QP_AV | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |

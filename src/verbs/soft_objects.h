@@ -164,6 +164,19 @@ struct SoftQp {
   std::vector<transport::SendWqe> staged;  // ibv_wr_start .. ibv_wr_complete
   int staged_error = 0;
   std::mutex wr_mutex;  // held from ibv_wr_start to ibv_wr_complete/abort (ibv_wr_post(3) CONCURRENCY)
+  struct SoftRwqIndTable* ind_table = nullptr;  // an RSS QP's (raw.cpp)
+};
+
+// RAW_PACKET receive-side scaling (raw.cpp): work queues and the indirection tables that group them.
+struct SoftWq {
+  ibv_wq wq;  // first: applications hold &wq
+  transport::Wq* twq = nullptr;
+  std::atomic<int> ind_refs{0};  // indirection tables holding it: destroy is refused while any remain
+};
+struct SoftRwqIndTable {
+  ibv_rwq_ind_table table;  // first
+  std::vector<SoftWq*> wqs;
+  std::atomic<int> qp_refs{0};
 };
 
 struct SoftSrq {
@@ -229,5 +242,16 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
 int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t size);
 int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
                     size_t size);
+// raw.cpp: RAW_PACKET flow steering, WQs, indirection tables, RSS QPs (installed in verbs_context).
+void install_raw_ops(verbs_context& v);
+ibv_qp* create_rss_qp(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
+// qp.cpp: a QP of any offered type; rss (RAW_PACKET only) makes it a receive-only RSS QP.
+struct RssSetup {
+  SoftRwqIndTable* table = nullptr;
+  std::vector<uint8_t> key;
+  uint64_t fields = 0;
+};
+ibv_qp* create_qp_with(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, const RssSetup* rss);
+void fill_raw_caps(ibv_device_attr_ex& a);
 
 }  // namespace softrdma::verbs

@@ -229,7 +229,7 @@ TEST(QpStateTest, AttributeOnlyModifyStaysInState) {
 }
 
 TEST(QpStateTest, UnsupportedQpTypes) {
-    for (ibv_qp_type t : {IBV_QPT_RAW_PACKET, IBV_QPT_DRIVER}) {
+    for (ibv_qp_type t : {IBV_QPT_DRIVER}) {
         SCOPED_TRACE(static_cast<int>(t));
         EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RESET, IBV_QPS_INIT,
                                  IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
@@ -262,6 +262,25 @@ TEST(QpStateTest, XrcTransitions) {
     EXPECT_EQ(0, modify(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_TIMEOUT | IBV_QP_SQ_PSN));
     EXPECT_EQ(EINVAL, modify(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN));
     EXPECT_EQ(EINVAL, modify(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, req));
+}
+
+// A raw packet QP is bound to its port and has nothing else to set: no keys, peer, PSNs or timers.
+TEST(QpStateTest, RawPacketHasOnlyThePort) {
+    const ibv_qp_type t = IBV_QPT_RAW_PACKET;
+    EXPECT_EQ(0, modify(t, IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PORT));
+    EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RESET, IBV_QPS_INIT, 0));
+    EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PORT | IBV_QP_PKEY_INDEX));
+    EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PORT | IBV_QP_QKEY));
+    EXPECT_EQ(0, modify(t, IBV_QPS_INIT, IBV_QPS_INIT, IBV_QP_PORT));
+    EXPECT_EQ(0, modify(t, IBV_QPS_INIT, IBV_QPS_RTR, 0));
+    EXPECT_EQ(EINVAL, modify(t, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QP_DEST_QPN));
+    EXPECT_EQ(0, modify(t, IBV_QPS_RTR, IBV_QPS_RTS, 0));
+    EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN));
+    EXPECT_EQ(0, modify(t, IBV_QPS_RTS, IBV_QPS_RTS, 0));
+    EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RTS, IBV_QPS_SQD, 0));
+    EXPECT_EQ(EINVAL, modify(t, IBV_QPS_RESET, IBV_QPS_RTS, 0));
+    EXPECT_EQ(0, modify(t, IBV_QPS_RTS, IBV_QPS_ERR, 0));
+    EXPECT_EQ(0, modify(t, IBV_QPS_ERR, IBV_QPS_RESET, 0));
 }
 
 TEST(QpStateTest, StateNames) {
