@@ -636,9 +636,11 @@ void Engine::forget_pointers_into(const core::MrRegion& region) {
   // memory. Local SGEs name their MR by lkey: one resolved through another MR of the same pages stays
   // valid (MR caches such as libfabric's register a larger range and drop the smaller one while it is
   // in use).
-  const uint8_t* lo = reinterpret_cast<const uint8_t*>(region.addr);
-  const uint8_t* hi = lo + region.length;
-  auto inside = [&](const uint8_t* p) { return p && p >= lo && p < hi; };
+  // Addresses as integers: an implicit ODP region starts at 0 and spans the address space, where
+  // pointer arithmetic would be undefined.
+  const uint64_t lo = region.addr;
+  const uint64_t len = region.length;
+  auto inside = [&](const uint8_t* p) { return p && reinterpret_cast<uintptr_t>(p) - lo < len; };
   for (Qp* qp : qp_list_) {
     if (qp->resp.write_remaining && inside(qp->resp.write_dst)) qp->resp.write_dst = nullptr;
     if (qp->resp.recv_active) {
@@ -647,7 +649,8 @@ void Engine::forget_pointers_into(const core::MrRegion& region) {
         if (w.sge[i].lkey == region.lkey && inside(qp->resp.recv_host[i])) qp->resp.recv_host[i] = nullptr;
     }
     std::erase_if(qp->resp.read_jobs, [&](const ReadResponseJob& j) {
-      return j.kind == ReadResponseJob::Kind::Read && j.remaining && j.src < hi && j.src + j.remaining > lo;
+      const uint64_t src = reinterpret_cast<uintptr_t>(j.src);
+      return j.kind == ReadResponseJob::Kind::Read && j.remaining && src < lo + len && src + j.remaining > lo;
     });
     for (uint64_t i = qp->sq.tail.load(); i < qp->sq.head.load(std::memory_order_acquire); ++i) {
       SqEntry& e = qp->sq.at(i);
