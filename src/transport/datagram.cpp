@@ -191,14 +191,7 @@ void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_b
   c.status = WcStatus::Success;
   uint64_t need = uint64_t{kGrhLen} + pkt.payload_len;
   uint8_t* host[core::DeviceLimits::kMaxSge] = {};
-  if (need > w.length) {
-    c.status = WcStatus::LocLenErr;
-  } else {
-    for (uint32_t i = 0; i < w.num_sge && c.status == WcStatus::Success; ++i)
-      if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &host[i]) !=
-          core::AccessResult::Ok)
-        c.status = WcStatus::LocProtErr;
-  }
+  c.status = resolve_recv_sges(w, pd, need, host);
   if (c.status == WcStatus::Success) {
     uint8_t grh[kGrhLen];
     build_grh(grh, src_ip_be, dst_ip_be, udp_len);
@@ -305,6 +298,15 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
   if (no_receive && info.last) count(&qp, &core::Counters::ud_drop_no_recv);
   qp.resp.last_opcode = pkt.bth.opcode;
   qp.resp.in_message = !info.last;
+}
+
+WcStatus Engine::resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const {
+  if (need > w.length) return WcStatus::LocLenErr;
+  for (uint32_t i = 0; i < w.num_sge; ++i)
+    if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &host[i]) !=
+        core::AccessResult::Ok)
+      return WcStatus::LocProtErr;
+  return WcStatus::Success;
 }
 
 // ---- Multicast (IBTA 10.5; RoCE v2: the group's IPv4 multicast address, destination QPN 0xFFFFFF) ----

@@ -993,22 +993,8 @@ int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
   int rc = 0;
   {
     std::lock_guard lock(qp->rq.producer_lock);
-    uint64_t head = qp->rq.head.load(std::memory_order_relaxed);
-    for (int i = 0; i < n; ++i) {
-      const RecvWqe& w = wqes[i];
-      if (w.num_sge > qp->cfg.max_recv_sge || head - qp->rq.tail.load(std::memory_order_acquire) >= qp->rq.max_wr) {
-        *bad = i;
-        rc = w.num_sge > qp->cfg.max_recv_sge ? EINVAL : ENOMEM;
-        break;
-      }
-      RecvWqe& slot = qp->rq.at(head);
-      slot.wr_id = w.wr_id;
-      slot.num_sge = w.num_sge;
-      slot.length = w.length;
-      std::memcpy(slot.sge, w.sge, sizeof(Sge) * w.num_sge);
-      ++head;
-    }
-    qp->rq.head.store(head, std::memory_order_release);
+    uint64_t head;
+    rc = push_recv_wqes(qp->rq, wqes, n, qp->cfg.max_recv_sge, bad, &head);
     if (direct_) direct_->publish_rq_head(*qp, head);
   }
   if (qp->state.load() == QpState::Err) doorbell();

@@ -349,6 +349,10 @@ class Engine {
   std::vector<McastGroup> mcast_;
   bool mcast_if_set_ = false;  // port_ sends multicast out of the device's interface
   void mcast_receive(bool& did);
+  // A receive WQE's buffers for a datagram or frame of need bytes (UD, raw packet): LOC_LEN_ERR when
+  // they are too short, LOC_PROT_ERR when an SGE fails its key check (pd, LOCAL_WRITE), else Success
+  // with each SGE's host pointer in host[].
+  WcStatus resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const;
   void mcast_forget_qp(Qp* qp);
   void mcast_close_all();
 };

@@ -5,6 +5,7 @@
 // the SQ/RQ producer sides, which applications fill under the queues' own locks.
 #pragma once
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -118,6 +119,32 @@ struct WorkQueue {
   Slot& at(uint64_t index) { return slots[index & mask]; }
   uint64_t count() const { return head.load(std::memory_order_acquire) - tail.load(std::memory_order_acquire); }
 };
+
+// Appends receive WQEs to a receive ring (a QP's RQ, an SRQ, a WQ); the caller holds its producer lock.
+// Stops at the first WQE with more than max_sge SGEs (EINVAL) or that finds the ring full (ENOMEM),
+// with *bad its index. The new head is published either way and returned in *new_head.
+inline int push_recv_wqes(WorkQueue<RecvWqe>& q, const RecvWqe* wqes, int n, uint32_t max_sge, int* bad,
+                          uint64_t* new_head) {
+  int rc = 0;
+  uint64_t head = q.head.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    const RecvWqe& w = wqes[i];
+    if (w.num_sge > max_sge || head - q.tail.load(std::memory_order_acquire) >= q.max_wr) {
+      *bad = i;
+      rc = w.num_sge > max_sge ? EINVAL : ENOMEM;
+      break;
+    }
+    RecvWqe& slot = q.at(head);
+    slot.wr_id = w.wr_id;
+    slot.num_sge = w.num_sge;
+    slot.length = w.length;
+    std::copy_n(w.sge, w.num_sge, slot.sge);
+    ++head;
+  }
+  q.head.store(head, std::memory_order_release);
+  *new_head = head;
+  return rc;
+}
 
 // The send-queue slots the application has got back. A WR occupies its SQ slot until its completion,
 // or a later one of the same SQ, has been polled (ibv_post_send(3): unsignaled WRs are freed by a

@@ -227,23 +227,8 @@ int Engine::post_wq_recv(Wq* wq, const RecvWqe* wqes, int n, int* bad) {
   int rc = 0;
   {
     std::lock_guard lock(wq->rq.producer_lock);
-    uint64_t head = wq->rq.head.load(std::memory_order_relaxed);
-    for (int i = 0; i < n; ++i) {
-      const RecvWqe& w = wqes[i];
-      const bool too_many_sges = w.num_sge > wq->max_sge;
-      if (too_many_sges || head - wq->rq.tail.load(std::memory_order_acquire) >= wq->rq.max_wr) {
-        *bad = i;
-        rc = too_many_sges ? EINVAL : ENOMEM;
-        break;
-      }
-      RecvWqe& slot = wq->rq.at(head);
-      slot.wr_id = w.wr_id;
-      slot.num_sge = w.num_sge;
-      slot.length = w.length;
-      std::memcpy(slot.sge, w.sge, sizeof(Sge) * w.num_sge);
-      ++head;
-    }
-    wq->rq.head.store(head, std::memory_order_release);
+    uint64_t head;
+    rc = push_recv_wqes(wq->rq, wqes, n, wq->max_sge, bad, &head);
   }
   if (st == WqState::Err) {
     // A WQ in error completes what is posted to it with a flush error.
@@ -336,14 +321,7 @@ bool Engine::raw_place(WorkQueue<RecvWqe>& rq, uint32_t pd, core::CompletionQueu
   c.status = WcStatus::Success;
   const uint32_t len = net::RawPort::wire_length(f);
   uint8_t* host[core::DeviceLimits::kMaxSge] = {};
-  if (len > w.length) {
-    c.status = WcStatus::LocLenErr;
-  } else {
-    for (uint32_t i = 0; i < w.num_sge && c.status == WcStatus::Success; ++i)
-      if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &host[i]) !=
-          core::AccessResult::Ok)
-        c.status = WcStatus::LocProtErr;
-  }
+  c.status = resolve_recv_sges(w, pd, len, host);
   if (c.status == WcStatus::Success) {
     const uint8_t* src = f.data;
     if (f.has_vlan) {

@@ -118,26 +118,9 @@ void Engine::query_srq(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& 
 }
 
 int Engine::post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
-  int rc = 0;
   std::lock_guard lock(srq->rq.producer_lock);
-  WorkQueue<RecvWqe>& q = srq->rq;
-  uint64_t head = q.head.load(std::memory_order_relaxed);
-  for (int i = 0; i < n; ++i) {
-    const RecvWqe& w = wqes[i];
-    if (w.num_sge > srq->max_sge || head - q.tail.load(std::memory_order_acquire) >= q.max_wr) {
-      *bad = i;
-      rc = w.num_sge > srq->max_sge ? EINVAL : ENOMEM;
-      break;
-    }
-    RecvWqe& slot = q.at(head);
-    slot.wr_id = w.wr_id;
-    slot.num_sge = w.num_sge;
-    slot.length = w.length;
-    std::memcpy(slot.sge, w.sge, sizeof(Sge) * w.num_sge);
-    ++head;
-  }
-  q.head.store(head, std::memory_order_release);
-  return rc;
+  uint64_t head;
+  return push_recv_wqes(srq->rq, wqes, n, srq->max_sge, bad, &head);
 }
 
 RecvWqe* Engine::next_recv_wqe(Qp& qp) {
