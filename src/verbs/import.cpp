@@ -42,6 +42,20 @@ bool is_command_fd(int fd) {
   target[n] = 0;
   return strstr(target, kCmdFdName) != nullptr;
 }
+// Gives back one handle on a shared object: an imported copy is freed at once; the original is only
+// marked released. The object goes once it is destroyed, released and no import refers to it.
+template <typename T>
+void release_handle(T* self, T* o, ContextShared& sh) {
+  std::lock_guard lock(sh.mu);
+  if (self != o) {
+    --o->imports;
+    delete self;
+  } else {
+    o->released = true;
+  }
+  if (o->destroyed && o->released && o->imports == 0) delete o;
+}
+
 }  // namespace
 
 namespace softrdma::verbs {
@@ -128,17 +142,7 @@ SOFTRDMA_EXPORT ibv_pd* ibv_import_pd(ibv_context* ctx, uint32_t handle) {
 // stays while the object lives (its handle table points there) or imports refer to it.
 SOFTRDMA_EXPORT void ibv_unimport_pd(ibv_pd* pd) {
   if (!pd) return;
-  auto* self = reinterpret_cast<SoftPd*>(pd);
-  SoftPd* o = to_pd(pd);
-  ContextShared& sh = *to_ctx(pd->context)->shared;
-  std::lock_guard lock(sh.mu);
-  if (self != o) {
-    --o->imports;
-    delete self;
-  } else {
-    o->released = true;
-  }
-  if (o->destroyed && o->released && o->imports == 0) delete o;
+  release_handle(reinterpret_cast<SoftPd*>(pd), to_pd(pd), *to_ctx(pd->context)->shared);
 }
 
 // The MR by handle, with its keys; the PD it is given is the ibv_mr's pd (the object keeps its own).
@@ -169,14 +173,5 @@ SOFTRDMA_EXPORT ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t handle) {
 SOFTRDMA_EXPORT void ibv_unimport_mr(ibv_mr* mr) {
   if (!mr) return;
   auto* self = reinterpret_cast<SoftMr*>(mr);
-  SoftMr* o = self->origin ? self->origin : self;
-  ContextShared& sh = *to_ctx(mr->context)->shared;
-  std::lock_guard lock(sh.mu);
-  if (self != o) {
-    --o->imports;
-    delete self;
-  } else {
-    o->released = true;
-  }
-  if (o->destroyed && o->released && o->imports == 0) delete o;
+  release_handle(self, self->origin ? self->origin : self, *to_ctx(mr->context)->shared);
 }
