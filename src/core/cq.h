@@ -17,12 +17,17 @@ enum class WcStatus : uint32_t {
   Success = 0, LocLenErr, LocQpOpErr, LocEecOpErr, LocProtErr, WrFlushErr, MwBindErr, BadRespErr,
   LocAccessErr, RemInvReqErr, RemAccessErr, RemOpErr, RetryExcErr, RnrRetryExcErr, LocRddViolErr,
   RemInvRdReqErr, RemAbortErr, InvEecnErr, InvEecStateErr, FatalErr, RespTimeoutErr, GeneralErr,
+  TmErr, TmRndvIncomplete,
 };
 enum class WcOpcode : uint32_t {
   Send = 0, RdmaWrite = 1, RdmaRead = 2, CompSwap = 3, FetchAdd = 4, BindMw = 5, LocalInv = 6, AtomicWrite = 9,
   Recv = 128, RecvRdmaWithImm = 129,
+  TmAdd = 130, TmDel = 131, TmSync = 132, TmRecv = 133, TmNoTag = 134,  // tag-matching SRQs
 };
-enum WcFlags : uint32_t { kWcGrh = 1, kWcWithImm = 2, kWcIpCsumOk = 4, kWcWithInv = 8 };
+enum WcFlags : uint32_t {
+  kWcGrh = 1, kWcWithImm = 2, kWcIpCsumOk = 4, kWcWithInv = 8,
+  kWcTmSyncReq = 16, kWcTmMatch = 32, kWcTmDataValid = 64,
+};
 // What a UD receive over RoCE reports as its SL: the L3 header type of the packet, as ConnectX NICs do
 // (bits 2:0; UCX reads it to find the destination address in the GRH area). RoCE v2 over IPv4: 2.
 constexpr uint8_t kRoceSlIpv4 = 2;
@@ -44,6 +49,9 @@ struct Cqe {
   uint32_t sq_ref;
   uint32_t sq_index;
   uint8_t sl;  // receive CQEs of UD QPs: kRoceSlIpv4; 0 otherwise
+  // Tag-matching receive CQEs with kWcTmMatch: the message's tag and app_ctx (its TMH), host order.
+  uint32_t tm_priv;
+  uint64_t tm_tag;
 };
 
 class CompletionQueue {
