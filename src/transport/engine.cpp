@@ -826,6 +826,7 @@ void Engine::destroy_qp(Qp* qp) {
       if (!qp->raw.flows.empty()) --raw_rx_qps_;
     }
     mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
+    tm_drop_sq(*qp);
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
     if (direct_) {
@@ -894,6 +895,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
     if (m.mask & kModState) {
       switch (m.state) {
         case QpState::Reset:
+          tm_drop_sq(*qp);
           reset_transport_state(*qp);
           // Its completions not yet polled go too (IBTA allows either; mlx4/mlx5 clean them, and
           // rdma-core's tests count on it: a QP recovered through RESET must not return the flush

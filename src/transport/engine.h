@@ -296,6 +296,8 @@ class Engine {
   // An SQ entry at index completed (or was flushed) with status: true when it was the engine's own
   // (kTmRead, kTmFin), whose completion is a tag-matching CQE or nothing, never an SQ CQE.
   bool tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status);
+  // The QP's SQ is dropped without completions (reset, destroy): its rendezvous entries are released.
+  void tm_drop_sq(Qp& qp);
   // The application's share of the SQ in use (under sq.producer_lock): the engine's own WQEs whose
   // slots are not given back yet do not count.
   static uint64_t tm_app_sq_used(Qp& qp, uint64_t head);

@@ -248,6 +248,16 @@ Engine::Verdict Engine::tm_rendezvous(Qp& qp, tm::Tag& t, const wire::Packet& pk
   return {};
 }
 
+void Engine::tm_drop_sq(Qp& qp) {
+  if (!qp.srq || !qp.srq->tm) return;
+  // Rendezvous READs that will never complete (the QP is reset or destroyed): their entries are free.
+  std::vector<tm::Tag>& tags = qp.srq->tm->tags;
+  for (uint64_t i = qp.sq.tail.load(); i != qp.sq.head.load(std::memory_order_acquire); ++i) {
+    const SendWqe& w = qp.sq.at(i).wqe;
+    if ((w.flags & kTmRead) && w.imm_be < tags.size()) tags[w.imm_be].used = tags[w.imm_be].busy = false;
+  }
+}
+
 bool Engine::tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status) {
   if (!(e.wqe.flags & (kTmRead | kTmFin))) return false;
   if ((e.wqe.flags & kTmRead) && qp.srq && qp.srq->tm) {
