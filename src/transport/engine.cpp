@@ -576,7 +576,7 @@ void Engine::flush_queues(Qp& qp) {
     c.status = WcStatus::WrFlushErr;
     c.opcode = core::WcOpcode::Recv;
     c.qp_num = qp.qpn;
-    post_cqe(qp.cfg.recv_cq, c, false);
+    post_cqe(receive_cq(qp), c, false);
   }
   for (uint64_t i = qp.rq.tail.load(); i != qp.rq.head.load(std::memory_order_acquire); ++i) {
     core::Cqe c{};

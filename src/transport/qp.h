@@ -393,6 +393,9 @@ struct Qp {
   } raw;
 };
 
+// Where a QP's receive completions go: its receive CQ, or a tag-matching SRQ's CQ (tag_matching.cpp).
+core::CompletionQueue* receive_cq(const Qp& qp);
+
 // The successful receive CQE of a message that arrived on a connected QP (RC, UC): from its peer QP,
 // with the immediate data (network order) when the message carried one.
 inline core::Cqe connected_receive_cqe(const Qp& qp, uint64_t wr_id, core::WcOpcode opcode, uint64_t byte_len,

@@ -92,7 +92,7 @@ void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus re
     c.qp_num = qp.qpn;
     retire_recv_wqe(qp);
     qp.resp.recv_active = false;
-    post_cqe(qp.cfg.recv_cq, c, false);
+    post_cqe(receive_cq(qp), c, false);
   }
   // Errors that consumed no receive WQE are reported through the async event stream (IBTA 11.6.3).
   AsyncEventType ev = nak_code == wire::kNakRemoteAccess ? AsyncEventType::QpAccessErr
@@ -221,10 +221,8 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
   if (!info.last) return {};
   core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
                                       (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
-  core::CompletionQueue* cq = qp.cfg.recv_cq;
   if (tm_kind != TmKind::None) {
-    // Tag-matching SRQ: its CQ takes the completion, which says what the TMH made of the message.
-    cq = qp.srq->tm->cq;
+    // Tag-matching SRQ: the completion says what the TMH made of the message.
     if (tm_kind == TmKind::NoTag) c.opcode = core::WcOpcode::TmNoTag;
     if (tm_kind == TmKind::Expected || tm_kind == TmKind::Unexpected) c.opcode = core::WcOpcode::TmRecv;
     if (tm_kind == TmKind::Expected) {
@@ -245,7 +243,7 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
   retire_recv_wqe(qp);
   qp.resp.recv_active = false;
   qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-  post_cqe(cq, c, pkt.bth.solicited);
+  post_cqe(receive_cq(qp), c, pkt.bth.solicited);
   return {};
 }
 
@@ -274,7 +272,7 @@ Engine::Verdict Engine::execute_write(Qp& qp, const wire::OpcodeInfo& info, cons
                                         qp.resp.write_total, true, pkt.imm_data_be);
     retire_recv_wqe(qp);
     qp.resp.recv_active = false;
-    post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+    post_cqe(receive_cq(qp), c, pkt.bth.solicited);
   }
   return {};
 }

@@ -51,6 +51,10 @@ tm::Tag* find_match(tm::State& st, uint64_t tag) {
 bool at_or_after(uint64_t a, uint64_t b) { return ((a - b) & SqCredit::kMask) < (SqCredit::kMask >> 1); }
 }  // namespace
 
+core::CompletionQueue* receive_cq(const Qp& qp) {
+  return qp.srq && qp.srq->tm ? qp.srq->tm->cq : qp.cfg.recv_cq;
+}
+
 int Engine::enable_tag_matching(Srq* srq, uint32_t max_num_tags, core::CompletionQueue* cq) {
   if (max_num_tags == 0 || max_num_tags > tm::kMaxNumTags || !cq) return EINVAL;
   auto st = std::make_unique<tm::State>();
