@@ -139,8 +139,9 @@ Engine::Verdict Engine::tm_classify(Qp& qp, const wire::OpcodeInfo& info, const 
   }
   if ((op != tm::kEager && op != tm::kRndv) ||
       (op == tm::kRndv && pkt.payload_len < tm::kTmhBytes + tm::kRvhBytes)) {
-    // No TMH this SRQ acts on (too short, FIN, an unknown opcode): an ordinary receive.
-    count(&qp, &core::Counters::tm_no_header);
+    // No TMH this SRQ acts on: an ordinary receive. A FIN (the answer to a rendezvous this side sent)
+    // is one by design; a message too short for its header, or an unknown opcode, is counted.
+    if (op != tm::kFin) count(&qp, &core::Counters::tm_no_header);
     return check_receive(qp, info);
   }
   const uint32_t priv = load_be32(p + 4);
