@@ -3,6 +3,7 @@
 #include <infiniband/tm_types.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "transport/srq.h"
 #include "verbs/soft_objects.h"
@@ -72,12 +73,16 @@ int post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad) {
   transport::Engine& eng = engine_of(srq->context);
   for (ibv_ops_wr* cur = wr; cur; cur = cur->next) {
     stm::Op op;
-    op.opcode = static_cast<stm::OpCode>(cur->opcode);
+    // The opcode as the application stored it: any value, so not loaded as the enum (no valid range).
+    uint32_t opcode;
+    static_assert(sizeof cur->opcode == sizeof opcode);
+    std::memcpy(&opcode, &cur->opcode, sizeof opcode);
+    op.opcode = static_cast<stm::OpCode>(opcode);
     op.flags = static_cast<uint32_t>(cur->flags);
     op.wr_id = cur->wr_id;
     op.unexpected_cnt = cur->tm.unexpected_cnt;
     op.handle = cur->tm.handle;
-    if (cur->opcode == IBV_WR_TAG_ADD) {
+    if (opcode == IBV_WR_TAG_ADD) {
       const int n = cur->tm.add.num_sge;
       if (n < 0 || static_cast<uint32_t>(n) > stm::kMaxSge || (n && !cur->tm.add.sg_list)) {
         *bad = cur;
@@ -97,7 +102,7 @@ int post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad) {
       *bad = cur;
       return rc;
     }
-    if (cur->opcode == IBV_WR_TAG_ADD) cur->tm.handle = op.handle;
+    if (opcode == IBV_WR_TAG_ADD) cur->tm.handle = op.handle;
   }
   return 0;
 }

@@ -189,10 +189,11 @@ class TagMatching : public ::testing::Test {
     }
     EXPECT_EQ(wc.flags & (IBV_WC_TM_SYNC_REQ | IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID), flags);
   }
-  int simple_op(ibv_ops_wr_opcode op, uint64_t wr_id, uint32_t handle, uint32_t unexpected, int flags) {
+  int simple_op(uint32_t op, uint64_t wr_id, uint32_t handle, uint32_t unexpected, int flags) {
     ibv_ops_wr wr{};
     wr.wr_id = wr_id;
-    wr.opcode = op;
+    static_assert(sizeof wr.opcode == sizeof op);
+    std::memcpy(&wr.opcode, &op, sizeof op);  // any value, also one outside the enum
     wr.flags = flags;
     wr.tm.handle = handle;
     wr.tm.unexpected_cnt = unexpected;
@@ -420,7 +421,7 @@ TEST_F(TagMatching, RendezvousWithABadRkeyCompletesInError) {
 
 TEST_F(TagMatching, BadListOperationsAreRefused) {
   // An opcode that does not exist.
-  EXPECT_EQ(simple_op(static_cast<ibv_ops_wr_opcode>(7), 1, 0, 0, IBV_OPS_SIGNALED), EINVAL);
+  EXPECT_EQ(simple_op(7, 1, 0, 0, IBV_OPS_SIGNALED), EINVAL);
   // A DEL of a handle this SRQ never gave out.
   EXPECT_EQ(simple_op(IBV_WR_TAG_DEL, 2, 1u << 30, 0, IBV_OPS_SIGNALED), EINVAL);
   // An ADD with more SGEs than tm_caps.max_sge.
