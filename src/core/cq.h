@@ -13,16 +13,21 @@
 namespace softrdma::core {
 
 // Numerically identical to enum ibv_wc_status / ibv_wc_opcode / ibv_wc_flags (checked in verbs/).
-enum class WcStatus : uint32_t {
+enum class WcStatus : uint8_t {
   Success = 0, LocLenErr, LocQpOpErr, LocEecOpErr, LocProtErr, WrFlushErr, MwBindErr, BadRespErr,
   LocAccessErr, RemInvReqErr, RemAccessErr, RemOpErr, RetryExcErr, RnrRetryExcErr, LocRddViolErr,
   RemInvRdReqErr, RemAbortErr, InvEecnErr, InvEecStateErr, FatalErr, RespTimeoutErr, GeneralErr,
+  TmErr, TmRndvIncomplete,
 };
-enum class WcOpcode : uint32_t {
+enum class WcOpcode : uint8_t {
   Send = 0, RdmaWrite = 1, RdmaRead = 2, CompSwap = 3, FetchAdd = 4, BindMw = 5, LocalInv = 6, AtomicWrite = 9,
   Recv = 128, RecvRdmaWithImm = 129,
+  TmAdd = 130, TmDel = 131, TmSync = 132, TmRecv = 133, TmNoTag = 134,  // tag-matching SRQs
 };
-enum WcFlags : uint32_t { kWcGrh = 1, kWcWithImm = 2, kWcIpCsumOk = 4, kWcWithInv = 8 };
+enum WcFlags : uint32_t {
+  kWcGrh = 1, kWcWithImm = 2, kWcIpCsumOk = 4, kWcWithInv = 8,
+  kWcTmSyncReq = 16, kWcTmMatch = 32, kWcTmDataValid = 64,
+};
 // What a UD receive over RoCE reports as its SL: the L3 header type of the packet, as ConnectX NICs do
 // (bits 2:0; UCX reads it to find the destination address in the GRH area). RoCE v2 over IPv4: 2.
 constexpr uint8_t kRoceSlIpv4 = 2;
@@ -31,20 +36,24 @@ struct Cqe {
   uint64_t wr_id;
   WcStatus status;
   WcOpcode opcode;
+  uint8_t sl;  // receive CQEs of UD QPs: kRoceSlIpv4; 0 otherwise
+  uint32_t wc_flags;
   uint32_t vendor_err;
   uint32_t byte_len;
   uint32_t imm_or_inv;  // immediate data (network order) or invalidated rkey
   uint32_t qp_num;
   uint32_t src_qp;
-  uint32_t wc_flags;
+  // Tag-matching receive CQEs with kWcTmMatch: the message's app_ctx and tag (its TMH), host order.
+  uint32_t tm_priv;
   uint64_t timestamp_ns;  // CompletionQueue::clock_ns() when written, on CQs with timestamps enabled
   // Send-queue CQEs: which SQ slots polling this CQE gives back to the application (transport::SqCredit).
   // sq_ref = 0 for receive CQEs, else the QP's credit slot + 1 | its generation << 16; sq_index = the
   // low 32 bits of the WQE's SQ index.
   uint32_t sq_ref;
   uint32_t sq_index;
-  uint8_t sl;  // receive CQEs of UD QPs: kRoceSlIpv4; 0 otherwise
+  uint64_t tm_tag;
 };
+static_assert(sizeof(Cqe) == 64, "one cache line per CQE");
 
 class CompletionQueue {
  public:

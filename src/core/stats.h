@@ -23,7 +23,7 @@ namespace softrdma::core {
   X(ud_drop_qkey) X(ud_drop_no_recv) X(ud_send_over_mtu) X(uc_msg_dropped)                                              \
   X(direct_ops) X(direct_bytes) X(direct_fallbacks) X(direct_late_events) X(direct_channel_wakes) X(icrc_solved_ip_id) X(drop_icrc_ip_id) \
   X(icrc_moved_segment) X(peer_port_learned) X(xrc_bad_srqn) X(raw_drop_no_recv) X(raw_drop_filtered)  \
-  X(raw_drop_bad_state) X(raw_send_errors)
+  X(raw_drop_bad_state) X(raw_send_errors) X(tm_expected) X(tm_unexpected) X(tm_rendezvous) X(tm_no_header)
 
 struct Counters {
 #define SOFTRDMA_FIELD(name) uint64_t name;

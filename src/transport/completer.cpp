@@ -30,6 +30,14 @@ void scatter(SqEntry& e, uint64_t off, const uint8_t* src, uint32_t len) {
 }  // namespace
 
 void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
+  if (e.wqe.flags & (kTmRead | kTmFin)) {
+    // The engine's own rendezvous WQE (tag_matching.cpp): its CQE, if any, is a tag-matching one.
+    const uint64_t index = qp.sq.tail.load(std::memory_order_relaxed);
+    const SqEntry done = e;
+    qp.sq.tail.store(index + 1, std::memory_order_release);
+    tm_sq_done(qp, done, index, status);
+    return;
+  }
   bool signaled = qp.cfg.sq_sig_all || (e.wqe.flags & kSignaled);
   // Errors always complete, signaled or not (IBTA 10.7.2.2).
   bool report = signaled || status != WcStatus::Success;

@@ -553,6 +553,10 @@ void Engine::flush_queues(Qp& qp) {
   direct_receive(qp);
   for (uint64_t i = qp.sq.tail.load(); i != qp.sq.head.load(std::memory_order_acquire); ++i) {
     SqEntry& e = qp.sq.at(i);
+    if (tm_sq_done(qp, e, i, WcStatus::WrFlushErr)) {
+      qp.sq.tail.store(i + 1, std::memory_order_release);
+      continue;
+    }
     core::Cqe c{};
     c.wr_id = e.wqe.wr_id;
     c.status = WcStatus::WrFlushErr;
@@ -572,7 +576,7 @@ void Engine::flush_queues(Qp& qp) {
     c.status = WcStatus::WrFlushErr;
     c.opcode = core::WcOpcode::Recv;
     c.qp_num = qp.qpn;
-    post_cqe(qp.cfg.recv_cq, c, false);
+    post_cqe(receive_cq(qp), c, false);
   }
   for (uint64_t i = qp.rq.tail.load(); i != qp.rq.head.load(std::memory_order_acquire); ++i) {
     core::Cqe c{};
@@ -737,15 +741,25 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
   }
   auto qp = std::make_unique<Qp>();
   qp->cfg = cfg;
+  // A tag-matching SRQ takes RC QPs only (IBV_TM_CAP_RC).
+  if (cfg.srq && cfg.srq->tm && cfg.type != QpType::Rc) {
+    errno = EINVAL;
+    return nullptr;
+  }
   uint32_t sq_depth = std::max<uint32_t>(cfg.max_send_wr, 1);
-  if (cfg.sq_ring) {
+  // On a tag-matching SRQ the engine queues rendezvous READs and FINs too: room for them beyond max_wr
+  // (in its own storage: a parent domain's ring is sized for max_wr alone).
+  const bool tm_sq = cfg.srq && cfg.srq->tm;
+  if (cfg.sq_ring && !tm_sq) {
     static_assert(std::is_trivially_destructible_v<SqEntry>, "the creator frees the ring without destructors");
     auto* ring = static_cast<SqEntry*>(cfg.sq_ring);
     for (uint32_t i = 0; i < WorkQueue<SqEntry>::capacity_for(sq_depth); ++i) new (&ring[i]) SqEntry();
     qp->sq.init(ring, sq_depth);
   } else {
-    qp->sq_storage.resize(WorkQueue<SqEntry>::capacity_for(sq_depth));
-    qp->sq.init(qp->sq_storage.data(), sq_depth);
+    uint32_t sq_ring = sq_depth + (tm_sq ? tm::kSqSlots : 0);
+    qp->sq_storage.resize(WorkQueue<SqEntry>::capacity_for(sq_ring));
+    qp->sq.init(qp->sq_storage.data(), sq_ring);
+    qp->sq.max_wr = sq_depth;
   }
   uint32_t rq_depth = std::max<uint32_t>(cfg.max_recv_wr, 1);
   qp->rq_bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(rq_depth);
@@ -812,6 +826,7 @@ void Engine::destroy_qp(Qp* qp) {
       if (!qp->raw.flows.empty()) --raw_rx_qps_;
     }
     mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
+    tm_drop_sq(*qp);
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
     if (direct_) {
@@ -833,6 +848,10 @@ void reset_transport_state(Qp& qp) {
   qp.sq.head.store(0);
   qp.sq.tail.store(0);
   qp.sq_credit->renew();
+  {
+    std::lock_guard producer(qp.sq.producer_lock);
+    qp.tm_sq_internal.clear();
+  }
   qp.rq.head.store(0);
   qp.rq.tail.store(0);
   qp.req = {};
@@ -876,6 +895,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
     if (m.mask & kModState) {
       switch (m.state) {
         case QpState::Reset:
+          tm_drop_sq(*qp);
           reset_transport_state(*qp);
           // Its completions not yet polled go too (IBTA allows either; mlx4/mlx5 clean them, and
           // rdma-core's tests count on it: a QP recovered through RESET must not return the flush
@@ -934,7 +954,8 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     };
     if (whole_batch) {
       // Polling only frees slots, so room found now is still there below.
-      uint64_t room = qp->sq.max_wr - ((head - qp->sq_credit->polled()) & SqCredit::kMask);
+      uint64_t used = tm_app_sq_used(*qp, head);
+      uint64_t room = used >= qp->sq.max_wr ? 0 : qp->sq.max_wr - used;
       for (int i = 0; i < n; ++i) {
         if (is_bad(wqes[i]) || static_cast<uint64_t>(i) >= room) {
           *bad = i;
@@ -946,7 +967,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
       const SendWqe& w = wqes[i];
       bool bad_wqe = is_bad(w);
       // A slot is free once its completion (or a later one) was polled, whatever path completed it.
-      if (bad_wqe || ((head - qp->sq_credit->polled()) & SqCredit::kMask) >= qp->sq.max_wr) {
+      if (bad_wqe || tm_app_sq_used(*qp, head) >= qp->sq.max_wr) {
         *bad = i;
         rc = bad_wqe ? EINVAL : ENOMEM;
         break;

@@ -26,6 +26,7 @@
 #include "transport/icrc_gate.h"
 #include "transport/qp.h"
 #include "transport/raw.h"
+#include "transport/srq.h"
 #include "wire/headers.h"
 #include "wire/opcode.h"
 
@@ -128,6 +129,11 @@ class Engine {
   int modify_srq(Srq* srq, int mask, uint32_t max_wr, uint32_t limit);
   void query_srq(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit);
   int post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad);
+  // Tag matching (tag_matching.cpp). enable_tag_matching makes a new SRQ, before any QP attaches, an
+  // IBV_SRQT_TM one whose list operations and tag-matching receives complete into cq. post_srq_op
+  // executes one list operation (ADD sets op.handle); 0 or an errno (nothing done).
+  int enable_tag_matching(Srq* srq, uint32_t max_num_tags, core::CompletionQueue* cq);
+  int post_srq_op(Srq* srq, tm::Op& op);
   // ibv_poll_cq: when the CQ is empty, drives progress inline (no wake-up of the progress thread needed).
   int poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n);
   // ibv_req_notify_cq: arms the CQ, then places what intra-host initiators left for it while it was
@@ -283,6 +289,18 @@ class Engine {
   void send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig);
   void responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status);
   void flush_owed_acks();
+  // tag_matching.cpp: the first packet of a SEND to a QP on a tag-matching SRQ, classified by its TMH
+  // and given its destination (check_receive's part for such QPs); a rendezvous that matched.
+  Verdict tm_classify(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  Verdict tm_rendezvous(Qp& qp, tm::Tag& t, const wire::Packet& pkt, uint64_t tag, uint32_t priv);
+  // An SQ entry at index completed (or was flushed) with status: true when it was the engine's own
+  // (kTmRead, kTmFin), whose completion is a tag-matching CQE or nothing, never an SQ CQE.
+  bool tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status);
+  // The QP's SQ is dropped without completions (reset, destroy): its rendezvous entries are released.
+  void tm_drop_sq(Qp& qp);
+  // The application's share of the SQ in use (under sq.producer_lock): the engine's own WQEs whose
+  // slots are not given back yet do not count.
+  static uint64_t tm_app_sq_used(Qp& qp, uint64_t head);
 
   net::Interface iface_;
   core::Arena arena_;

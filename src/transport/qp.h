@@ -29,7 +29,12 @@ using core::QpState;
 // atomically at the responder, from the WQE's gather list or inline data.
 enum class WrOp : uint8_t { Send, SendImm, SendInv, Write, WriteImm, Read, CompareSwap, FetchAdd,
                             BindMw, LocalInv, AtomicWrite };
-enum WqeFlags : uint32_t { kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8, kIpCsum = 16 };
+enum WqeFlags : uint32_t {
+  kSignaled = 1, kFence = 2, kSolicited = 4, kInline = 8, kIpCsum = 16,
+  // Posted by the engine for a tag-matching rendezvous (tag_matching.cpp), never by an application:
+  // the READ of the sender's data into the tagged buffer, and the FIN SEND after it. No SQ CQE.
+  kTmRead = 32, kTmFin = 64,
+};
 
 struct Sge {
   uint64_t addr;
@@ -347,7 +352,16 @@ struct Qp {
     // The responder hit a fatal error behind READ/ATOMIC responses still owed: its NAK is queued after
     // them (read_jobs), and nothing more is accepted until it is sent and the QP is in error.
     bool pending_fatal_nak = false;
+    // Tag-matching SRQ (tag_matching.cpp): what the SEND being received was classified as by its TMH.
+    enum class TmKind : uint8_t { None, Plain, NoTag, Expected, Unexpected, Discard };
+    TmKind tm_kind = TmKind::None;
+    uint64_t tm_tag = 0;
+    uint32_t tm_priv = 0;
+    bool tm_ack_now = false;         // a rendezvous matched: acknowledge this packet at once
   } resp;
+  // Sq indices of the engine's own WQEs (kTmRead, kTmFin) whose slots no polled CQE has given back yet
+  // (ascending; under sq.producer_lock): they do not count against the application's max_send_wr.
+  std::vector<uint64_t> tm_sq_internal;
 
   // What the requester knows of its peer's receive queue (initiator side, direct.cpp): valid while the
   // peer's generation is unchanged and no SEND of ours went by packets (its responder took a WQE).
@@ -378,6 +392,9 @@ struct Qp {
     uint32_t next_flow = 1;
   } raw;
 };
+
+// Where a QP's receive completions go: its receive CQ, or a tag-matching SRQ's CQ (tag_matching.cpp).
+core::CompletionQueue* receive_cq(const Qp& qp);
 
 // The successful receive CQE of a message that arrived on a connected QP (RC, UC): from its peer QP,
 // with the immediate data (network order) when the message carried one.

@@ -92,7 +92,7 @@ void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus re
     c.qp_num = qp.qpn;
     retire_recv_wqe(qp);
     qp.resp.recv_active = false;
-    post_cqe(qp.cfg.recv_cq, c, false);
+    post_cqe(receive_cq(qp), c, false);
   }
   // Errors that consumed no receive WQE are reported through the async event stream (IBTA 11.6.3).
   AsyncEventType ev = nak_code == wire::kNakRemoteAccess ? AsyncEventType::QpAccessErr
@@ -192,10 +192,23 @@ Engine::Verdict Engine::check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t 
 }
 
 Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  using TmKind = Qp::ResponderState::TmKind;
+  const TmKind tm_kind = qp.resp.tm_kind;
+  if (tm_kind == TmKind::Discard) {
+    // A rendezvous request on a tag-matching SRQ: its header was acted on, its READ does the rest.
+    if (info.last) {
+      qp.resp.tm_kind = TmKind::None;
+      qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+    }
+    return {};
+  }
+  // A message that matched a tagged buffer places what follows its TMH.
+  const uint32_t skip = info.first && tm_kind == TmKind::Expected ? tm::kTmhBytes : 0;
+  const uint32_t len = pkt.payload_len - skip;
   RecvWqe& w = active_recv_wqe(qp);
-  if (qp.resp.recv_offset + pkt.payload_len > w.length) return {Verdict::InvalidRequest, WcStatus::LocLenErr};
-  const uint8_t* src = pkt.payload;
-  bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, pkt.payload_len,
+  if (qp.resp.recv_offset + len > w.length) return {Verdict::InvalidRequest, WcStatus::LocLenErr};
+  const uint8_t* src = pkt.payload + skip;
+  bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, len,
                                    [&](uint8_t* p, uint64_t n) {
                                      if (!p) return false;
                                      std::memcpy(p, src, n);
@@ -204,10 +217,21 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
                                    });
   // The receive buffer's MR was deregistered while this message arrived.
   if (!placed) return {Verdict::RemoteOp, WcStatus::LocProtErr};
-  qp.resp.recv_offset += pkt.payload_len;
+  qp.resp.recv_offset += len;
   if (!info.last) return {};
   core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
                                       (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
+  if (tm_kind != TmKind::None) {
+    // Tag-matching SRQ: the completion says what the TMH made of the message.
+    if (tm_kind == TmKind::NoTag) c.opcode = core::WcOpcode::TmNoTag;
+    if (tm_kind == TmKind::Expected || tm_kind == TmKind::Unexpected) c.opcode = core::WcOpcode::TmRecv;
+    if (tm_kind == TmKind::Expected) {
+      c.wc_flags |= core::kWcTmMatch | core::kWcTmDataValid;
+      c.tm_tag = qp.resp.tm_tag;
+      c.tm_priv = qp.resp.tm_priv;
+    }
+    qp.resp.tm_kind = TmKind::None;
+  }
   if (info.headers & wire::kHdrIeth) {
     // Send with Invalidate: only a type 2 window bound through this QP can be invalidated;
     // any other key is a Class J error (the receive WQE completes in error, QP to error).
@@ -219,7 +243,7 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
   retire_recv_wqe(qp);
   qp.resp.recv_active = false;
   qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-  post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+  post_cqe(receive_cq(qp), c, pkt.bth.solicited);
   return {};
 }
 
@@ -248,7 +272,7 @@ Engine::Verdict Engine::execute_write(Qp& qp, const wire::OpcodeInfo& info, cons
                                         qp.resp.write_total, true, pkt.imm_data_be);
     retire_recv_wqe(qp);
     qp.resp.recv_active = false;
-    post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+    post_cqe(receive_cq(qp), c, pkt.bth.solicited);
   }
   return {};
 }
@@ -359,7 +383,10 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   if (!opcode_in_sequence(qp, info)) v = {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
   if (v.ok() && qp.cfg.xrc == XrcRole::Recv) v = xrc_target_srq(qp, pkt.xrc_srqn, info);
   if (v.ok()) v = check_length(qp, info, pkt);
-  if (v.ok()) v = check_receive(qp, info);
+  if (v.ok()) {
+    const bool tagged = qp.srq && qp.srq->tm && info.kind == wire::OpKind::Send && info.first;
+    v = tagged ? tm_classify(qp, info, pkt) : check_receive(qp, info);
+  }
   if (!v.ok()) {
     rc_refuse(qp, v, psn);
     return;
@@ -459,6 +486,16 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   qp.resp.epsn = wire::psn_add(qp.resp.epsn, 1);
   qp.resp.last_opcode = pkt.bth.opcode;
   qp.resp.in_message = !info.last;
+  if (qp.resp.tm_ack_now) {
+    // A matched rendezvous: its request is acknowledged before the READ and the FIN it starts go out,
+    // so the sender sees its SEND complete first, as a ConnectX's sender does.
+    qp.resp.tm_ack_now = false;
+    if (!ack_must_wait(qp, psn)) {
+      responder_send_ack(qp, wire::aeth_ack(), psn);
+      qp.resp.ack_owed = false;
+      return;
+    }
+  }
   if (pkt.bth.ack_req) {
     if (!qp.resp.ack_owed) ack_owed_.push_back(&qp);
     qp.resp.ack_owed = true;

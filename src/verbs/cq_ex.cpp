@@ -13,10 +13,10 @@ using namespace softrdma::verbs;
 
 namespace {
 
-// What a CQE can carry. There is no VLAN stripping, flow steering or tag matching, so CVLAN, FLOW_TAG
-// and TM_INFO are refused at creation rather than answered with made-up values.
+// What a CQE can carry. There is no VLAN stripping or flow steering, so CVLAN and FLOW_TAG are refused
+// at creation rather than answered with made-up values. TM_INFO: tag-matching SRQs (tag_matching.cpp).
 constexpr uint64_t kSupportedWcFlags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
-                                       IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+                                       IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK | IBV_WC_EX_WITH_TM_INFO;
 
 SoftCq* of(ibv_cq_ex* x) { return reinterpret_cast<SoftCq*>(x); }
 const core::Cqe& cur(ibv_cq_ex* x) { return of(x)->current; }
@@ -81,7 +81,14 @@ void install(ibv_cq_ex& c) {
   // Refused at creation; present so a stray call reads zeros instead of jumping through NULL.
   c.read_cvlan = [](ibv_cq_ex*) -> uint16_t { return 0; };
   c.read_flow_tag = [](ibv_cq_ex*) -> uint32_t { return 0; };
-  c.read_tm_info = [](ibv_cq_ex*, ibv_wc_tm_info* tm) { *tm = ibv_wc_tm_info{}; };
+  // The TMH's tag and app_ctx of a completion with IBV_WC_TM_MATCH; zeros for any other.
+  c.read_tm_info = [](ibv_cq_ex* x, ibv_wc_tm_info* tm) {
+    *tm = ibv_wc_tm_info{};
+    if (cur(x).wc_flags & IBV_WC_TM_MATCH) {
+      tm->tag = cur(x).tm_tag;
+      tm->priv = cur(x).tm_priv;
+    }
+  };
 }
 
 }  // namespace

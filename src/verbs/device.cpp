@@ -162,11 +162,12 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
   a.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV | IBV_ODP_SUPPORT_WRITE |
                   IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
   // Raw packet QPs: RSS over WQs, IP checksums (raw.cpp). Everything else is zero because it does not
-  // exist here: TSO, packet pacing, VLAN stripping, scatter FCS, tag matching, CQ moderation, PCIe
+  // exist here: TSO, packet pacing, VLAN stripping, scatter FCS, CQ moderation, PCIe
   // atomics.
   fill_raw_caps(a);
   a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
   a.max_dm_size = kMaxDmSize;  // device memory: host memory of the context's process (dm.cpp)
+  a.tm_caps = tm_caps();  // tag-matching SRQs (tm.cpp)
   std::memcpy(attr, &a, std::min(size, sizeof a));
   return 0;
 }
@@ -223,6 +224,7 @@ ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
   v.dealloc_td = dealloc_td;
   v.alloc_parent_domain = alloc_parent_domain;
   install_raw_ops(v);
+  v.post_srq_ops = post_srq_ops;
   ibv_context& ctx = v.context;
   ctx.device = &c->device->dev;
   ctx.ops.poll_cq = poll_cq;

@@ -182,8 +182,8 @@ struct SoftRwqIndTable {
 struct SoftSrq {
   ibv_srq srq;  // first: applications hold &srq (transport::Srq::user points here)
   transport::Srq* tsrq = nullptr;
-  SoftXrcd* xrcd = nullptr;  // an XRC SRQ: its domain and the CQ of its receive completions
-  SoftCq* cq = nullptr;
+  SoftXrcd* xrcd = nullptr;  // an XRC SRQ: its domain
+  SoftCq* cq = nullptr;      // XRC and tag-matching SRQs: the CQ of their completions (held: qp_refs)
 };
 inline SoftSrq* to_srq(ibv_srq* s) { return reinterpret_cast<SoftSrq*>(s); }
 
@@ -214,6 +214,10 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // srq.cpp
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
+// tm.cpp: tag-matching SRQs (IBV_SRQT_TM), their list operations and the device's tm_caps.
+ibv_srq* create_tm_srq(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
+int post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad);
+ibv_tm_caps tm_caps();
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
 // xrc.cpp: XRC domains (context ops) and SRQ numbers.

@@ -63,9 +63,9 @@ ibv_srq* create(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr, SoftXrcd* xrc
 namespace softrdma::verbs {
 
 ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* a) {
+  if ((a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && a->srq_type == IBV_SRQT_TM) return create_tm_srq(ctx, a);
   // The inline ibv_create_srq_ex sends a basic SRQ with a PD to ibv_create_srq; what reaches here
-  // asks for more: an XRC SRQ (IBV_SRQT_XRC, with an XRCD and a CQ), or tag matching, which softrdma
-  // does not implement.
+  // asks for more: an XRC SRQ (IBV_SRQT_XRC, with an XRCD and a CQ); tag matching went to tm.cpp.
   const bool xrc = (a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && a->srq_type == IBV_SRQT_XRC;
   if ((a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && a->srq_type != IBV_SRQT_BASIC && !xrc) {
     errno = EOPNOTSUPP;
@@ -133,10 +133,9 @@ SOFTRDMA_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
 
 SOFTRDMA_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
   if (int rc = engine_of(srq->context).destroy_srq(to_srq(srq)->tsrq)) return rc;
-  if (SoftSrq* s = to_srq(srq); s->xrcd) {
-    --s->xrcd->users;
-    --s->cq->qp_refs;
-  }
+  SoftSrq* s = to_srq(srq);
+  if (s->xrcd) --s->xrcd->users;
+  if (s->cq) --s->cq->qp_refs;
   pthread_cond_destroy(&srq->cond);
   pthread_mutex_destroy(&srq->mutex);
   ibv_pd* pd = srq->pd;

@@ -232,7 +232,6 @@ TEST_F(CqEx, CreateRefusesWhatItCannotReport) {
   } cases[] = {
       {IBV_WC_EX_WITH_CVLAN, 0, 0, EOPNOTSUPP},
       {IBV_WC_EX_WITH_FLOW_TAG, 0, 0, EOPNOTSUPP},
-      {IBV_WC_EX_WITH_TM_INFO, 0, 0, EOPNOTSUPP},
       {kAllWcFlags | IBV_WC_EX_WITH_CVLAN, 0, 0, EOPNOTSUPP},
       {uint64_t{1} << 40, 0, 0, EOPNOTSUPP},
       {0, IBV_CQ_INIT_ATTR_MASK_FLAGS, IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN, EOPNOTSUPP},
