@@ -201,6 +201,11 @@ def render(args, dev, modes, results, meta):
                  'namespace and veth; `--hugepages N` reserves 2 MiB huge pages for the run and restores the '
                  'previous count after).')
     lines.append('')
+    lines.append('Why a veth and not `softrdma_lo`: the suite\'s rdma_cm tests bind the device\'s address, and '
+                 'pyverbs\' `CMID.bind_addr` expects a device attached after binding a specific address; '
+                 'softrdma attaches none to 127/8 addresses, which libfabric needs (docs/rdmacm.md). Every '
+                 'other module gives the same results on `softrdma_lo`.')
+    lines.append('')
     for mode in modes:
         per_module = results[mode]
         total = {'ran': 0, 'pass': 0, 'skip': 0, 'fail': 0}
