@@ -3,7 +3,8 @@
 //  - the verdict equals one computed independently from the header contract in wire/headers.h;
 //  - on success: payload points right after the headers, header_len + payload_len + pad + ICRC == len,
 //    and write_headers() reproduces the header bytes, except the reserved bits parse_packet drops
-//    (BTH byte 4 bits 5..0 = resv6, byte 8 bits 6..0 = resv7, DETH byte 4 = reserved);
+//    (BTH byte 4 bits 5..0 = resv6, byte 8 bits 6..0 = resv7, DETH byte 4 = reserved, XRCETH byte 0 =
+//    reserved);
 //  - the ICRC written by append_icrc checks, and flipping a covered byte makes the check fail.
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,7 @@ ParseError expected_verdict(const uint8_t* buf, size_t len) {
 // Sum of the extension header sizes the mask names: an independent check of the opcode table.
 size_t header_len_from_mask(uint8_t h) {
   size_t n = kBthLen;
+  if (h & kHdrXrceth) n += kXrcethLen;
   if (h & kHdrDeth) n += kDethLen;
   if (h & kHdrReth) n += kRethLen;
   if (h & kHdrAtomicEth) n += kAtomicEthLen;
@@ -68,12 +70,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (hl + pkt.payload_len + pkt.bth.pad_count + kIcrcLen != size) fail("lengths do not add up to len");
   if (!info.has_payload && pkt.payload_len != 0) fail("payload on an opcode without payload");
 
-  uint8_t out[kBthLen + kDethLen + kRethLen + kAtomicEthLen + kAethLen + kAtomicAckEthLen + kImmLen + kIethLen];
+  uint8_t out[kBthLen + kXrcethLen + kDethLen + kRethLen + kAtomicEthLen + kAethLen + kAtomicAckEthLen + kImmLen + kIethLen];
   if (write_headers(pkt, out) != hl) fail("write_headers length differs from header_len");
   std::vector<uint8_t> want(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(hl));
   want[4] &= 0xC0;  // FECN, BECN kept; resv6 dropped
   want[8] &= 0x80;  // AckReq kept; resv7 dropped
   if (info.headers & kHdrDeth) want[kBthLen + 4] = 0;  // DETH reserved byte
+  if (info.headers & kHdrXrceth) want[kBthLen] = 0;   // XRCETH reserved byte (before the 24-bit SRQ number)
   if (std::memcmp(out, want.data(), hl) != 0) fail("write_headers(parse_packet(x)) != header bytes of x");
 
   // ICRC: what append_icrc writes must check, over the same bytes; a changed covered byte must not.
