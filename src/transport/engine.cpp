@@ -761,17 +761,10 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     qp->sq.init(qp->sq_storage.data(), sq_ring);
     qp->sq.max_wr = sq_depth;
   }
-  uint32_t rq_depth = std::max<uint32_t>(cfg.max_recv_wr, 1);
-  qp->rq_bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(rq_depth);
-  auto* rq_mem = static_cast<RecvWqe*>(arena_.allocate(qp->rq_bytes));
-  if (!rq_mem) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  qp->rq.init(rq_mem, rq_depth);
+  if (!alloc_recv_ring(qp->rq, cfg.max_recv_wr, &qp->rq_bytes)) return nullptr;
   std::lock_guard lock(lock_);
   if (qps_.size() >= L::kMaxQp) {
-    arena_.release(rq_mem, qp->rq_bytes);
+    arena_.release(qp->rq.slots, qp->rq_bytes);
     errno = ENOMEM;
     return nullptr;
   }
@@ -780,7 +773,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     try {
       qp->raw.port = std::make_unique<net::RawPort>(iface_.ifindex, iface_.loopback);
     } catch (const std::system_error& e) {
-      arena_.release(rq_mem, qp->rq_bytes);
+      arena_.release(qp->rq.slots, qp->rq_bytes);
       errno = e.code().value() ? e.code().value() : EPERM;
       return nullptr;
     }
@@ -791,7 +784,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
   }
   qp->qpn = net::Registry::instance().allocate_qpn(iface_.ip_be, port_->port());
   if (qp->qpn == 0) {
-    arena_.release(rq_mem, qp->rq_bytes);
+    arena_.release(qp->rq.slots, qp->rq_bytes);
     errno = ENOSPC;
     return nullptr;
   }

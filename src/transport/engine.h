@@ -371,6 +371,9 @@ class Engine {
   // they are too short, LOC_PROT_ERR when an SGE fails its key check (pd, LOCAL_WRITE), else Success
   // with each SGE's host pointer in host[].
   WcStatus resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const;
+  // A receive ring of max(max_wr, 1) WQEs in the context's arena (QP RQ, SRQ, WQ), with its size in
+  // *bytes for the release; false (errno ENOMEM) when the arena is full.
+  bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes);
   void mcast_forget_qp(Qp* qp);
   void mcast_close_all();
 };

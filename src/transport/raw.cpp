@@ -169,14 +169,7 @@ Wq* Engine::create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, u
   wq->pd = pd;
   wq->cq = cq;
   wq->max_sge = std::max<uint32_t>(max_sge, 1);
-  const uint32_t depth = std::max<uint32_t>(max_wr, 1);
-  wq->rq_bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(depth);
-  auto* mem = static_cast<RecvWqe*>(arena_.allocate(wq->rq_bytes));
-  if (!mem) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  wq->rq.init(mem, depth);
+  if (!alloc_recv_ring(wq->rq, max_wr, &wq->rq_bytes)) return nullptr;
   std::lock_guard lock(lock_);
   wq->wqn = next_wqn_++ & 0xFFFFFF;
   wqs_.push_back(wq.get());

@@ -29,18 +29,13 @@ Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t
   srq->xrcd = xrcd;
   srq->cq = cq;
   srq->max_sge = std::max<uint32_t>(max_sge, 1);
-  uint32_t depth = std::max<uint32_t>(max_wr, 1);
-  srq->rq_bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(depth);
-  auto* ring = static_cast<RecvWqe*>(arena_.allocate(srq->rq_bytes));
-  if (!ring) {
+  if (!alloc_recv_ring(srq->rq, max_wr, &srq->rq_bytes)) {
     delete srq;
-    errno = ENOMEM;
     return nullptr;
   }
-  srq->rq.init(ring, depth);
   std::lock_guard lock(lock_);
   if (srqs_.size() >= L::kMaxSrq) {
-    arena_.release(ring, srq->rq_bytes);
+    arena_.release(srq->rq.slots, srq->rq_bytes);
     delete srq;
     errno = ENOMEM;
     return nullptr;
@@ -121,6 +116,18 @@ int Engine::post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
   std::lock_guard lock(srq->rq.producer_lock);
   uint64_t head;
   return push_recv_wqes(srq->rq, wqes, n, srq->max_sge, bad, &head);
+}
+
+bool Engine::alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes) {
+  const uint32_t depth = std::max<uint32_t>(max_wr, 1);
+  *bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(depth);
+  auto* ring = static_cast<RecvWqe*>(arena_.allocate(*bytes));
+  if (!ring) {
+    errno = ENOMEM;
+    return false;
+  }
+  q.init(ring, depth);
+  return true;
 }
 
 RecvWqe* Engine::next_recv_wqe(Qp& qp) {
