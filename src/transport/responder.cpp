@@ -191,6 +191,12 @@ Engine::Verdict Engine::check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t 
   return {};
 }
 
+namespace {
+// Whether a replayed READ or ATOMIC WRITE may queue its response again. Bounded: a requester that
+// keeps re-issuing cannot grow the queue without limit.
+bool replay_room(const Qp& qp) { return qp.resp.read_jobs.size() < 4 * qp.max_dest_rd_atomic + 16; }
+}  // namespace
+
 Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
   using TmKind = Qp::ResponderState::TmKind;
   const TmKind tm_kind = qp.resp.tm_kind;
@@ -341,7 +347,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
           continue;
         if (atomic_write) {
           // Executed already: answered again, not written again (another WRITE may have followed it).
-          if (off == 0 && qp.resp.read_jobs.size() < 4 * qp.max_dest_rd_atomic + 16)
+          if (off == 0 && replay_room(qp))
             qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::Read, 0, true});
         } else if (atomic) {
           if (off != 0) break;
@@ -362,8 +368,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
                                                      wire::psn_diff(j.last_psn, wire::psn_add(psn, n - 1)) <= 0;
                                             }),
                              qp.resp.read_jobs.end());
-          // Bounded: a requester that keeps re-issuing cannot grow the queue without limit.
-          if (qp.resp.read_jobs.size() < 4 * qp.max_dest_rd_atomic + 16)
+          if (replay_room(qp))
             qp.resp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len,
                                     ReadResponseJob::Kind::Read, 0, true});
         }
