@@ -17,7 +17,7 @@ src/core              core
 src/transport         transport core net wire cm
 src/verbs             verbs transport core net
 src/cm                cm net wire
-src/rdmacm            rdmacm cm
+src/rdmacm            rdmacm cm verbs
 src/stubs             -
 tools                 core
 tests/unit/wire       wire

@@ -24,6 +24,7 @@
 #include "net/udp_port.h"
 #include "transport/direct.h"
 #include "transport/icrc_gate.h"
+#include "transport/iwarp.h"
 #include "transport/qp.h"
 #include "transport/raw.h"
 #include "transport/srq.h"
@@ -113,6 +114,8 @@ class Engine {
   Qp* create_qp(const QpConfig& cfg);
   void destroy_qp(Qp* qp);
   int modify_qp(Qp* qp, const QpModify& m);
+  // iWARP: moves an RC QP in INIT to RTS over a connected TCP socket (iwarp_qp.cpp). 0 or an errno.
+  int iwarp_attach(Qp* qp, const IwarpAttach& a);
 
   // Queue WQEs (already translated by the verbs layer). Return 0 or an errno; *bad = index of the
   // first WQE not queued.

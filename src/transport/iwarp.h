@@ -1,0 +1,26 @@
+// The iWARP data path of one RC QP over a connected TCP socket (docs/iwarp.md): what the verbs layer
+// hands the engine once librdmacm has run TCP connect/accept and the MPA exchange.
+#pragma once
+#include <cstdint>
+
+namespace softrdma::transport {
+
+// The first-FPDU rule after the MPA exchange (RFC 5044 §7.1.5, RFC 6581).
+enum class IwarpRtr : uint8_t {
+  None,       // initiator without peer-to-peer: the ULP sends first
+  SendWrite,  // initiator: a zero-length RDMA WRITE goes first
+  SendRead,   // initiator: a zero-length RDMA READ goes first (its zero-length response is consumed)
+  SendSend,   // initiator: a zero-length SEND goes first (consumes no receive at the peer? see iwarp.md)
+  Await,      // responder: nothing is sent until the first FPDU has arrived
+};
+
+struct IwarpAttach {
+  int fd = -1;              // connected TCP socket; the engine owns (and closes) it from now on
+  bool crc = false;         // MPA CRC in both directions
+  bool markers_rx = false;  // the peer inserts markers in what we receive
+  bool markers_tx = false;  // we insert markers in what we send
+  IwarpRtr rtr = IwarpRtr::None;
+  uint32_t ird = 0, ord = 0;  // inbound / outbound READ depth
+};
+
+}  // namespace softrdma::transport

@@ -1,0 +1,45 @@
+/* softrdma's private ABI between its librdmacm.so.1 and libibverbs.so.1 (version node
+ * SOFTRDMA_PRIVATE_1; not for applications). librdmacm's iWARP path runs TCP connect/accept and the
+ * MPA exchange itself, then hands the connected socket to the QP (docs/iwarp.md). */
+#ifndef SOFTRDMA_PRIVATE_ABI_H
+#define SOFTRDMA_PRIVATE_ABI_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ibv_qp;
+
+enum softrdma_iwarp_flags {
+  SOFTRDMA_IW_CRC = 1 << 0,        /* MPA CRC in use (both directions) */
+  SOFTRDMA_IW_MARKERS_RX = 1 << 1, /* the peer inserts markers in what we receive */
+  SOFTRDMA_IW_MARKERS_TX = 1 << 2, /* we insert markers in what we send */
+};
+
+/* The first FPDU rule after the MPA exchange (RFC 5044 §7.1.5, RFC 6581). */
+enum softrdma_iwarp_rtr {
+  SOFTRDMA_IW_RTR_NONE = 0,        /* initiator without peer-to-peer: the ULP sends first */
+  SOFTRDMA_IW_RTR_SEND_WRITE = 1,  /* initiator: send a zero-length RDMA WRITE first */
+  SOFTRDMA_IW_RTR_SEND_READ = 2,   /* initiator: send a zero-length RDMA READ first */
+  SOFTRDMA_IW_RTR_SEND_SEND = 3,   /* initiator: send a zero-length SEND first */
+  SOFTRDMA_IW_RTR_AWAIT = 4,       /* responder: send nothing until the first FPDU arrives */
+};
+
+struct softrdma_iwarp_conn {
+  int fd;            /* connected TCP socket, MPA frames exchanged; libibverbs dup()s what it keeps */
+  uint32_t flags;    /* softrdma_iwarp_flags */
+  uint32_t rtr;      /* softrdma_iwarp_rtr */
+  uint32_t ird, ord; /* negotiated: READs the peer may have outstanding at us / we at the peer */
+  uint32_t peer_qpn; /* a softrdma QP of this host at the other end (the direct path), 0 if none */
+};
+
+/* Moves an RC QP of an iWARP device (INIT) to RTS over the connection. 0 or an errno. */
+int softrdma_iwarp_attach(struct ibv_qp *qp, const struct softrdma_iwarp_conn *conn);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
