@@ -327,7 +327,7 @@ class Engine {
   void iwarp_queue(Qp& qp, const uint8_t* hdr, size_t hdr_len, const iovec* payload, int n,
                    bool completes = false, uint64_t sq_index = 0);
   // The operations an iWARP QP carries (as siw: SEND, SEND with invalidate, RDMA WRITE, RDMA READ
-  // into one SGE, Local Invalidate); post_send refuses the rest with EINVAL.
+  // into one SGE, Local Invalidate; and the local Bind MW); post_send refuses the rest with EINVAL.
   static bool iwarp_carries(const SendWqe& w);
   // EOF or reset on the socket (no Terminate): the QP to error, nothing more is sent.
   void iwarp_conn_lost(Qp& qp, bool reset);

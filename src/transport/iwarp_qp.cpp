@@ -54,11 +54,12 @@ bool Engine::iwarp_carries(const SendWqe& w) {
     case WrOp::SendInv:
     case WrOp::Write:
     case WrOp::LocalInv:
+    case WrOp::BindMw:  // local, nothing on the wire (siw has no windows: the verbs layer decides)
       return true;
     case WrOp::Read:
       return w.num_sge == 1 && !(w.flags & kInline);  // one sink buffer (RFC 5040 §4.4), as siw
     default:
-      return false;  // no immediate data, no atomics, no memory window binds in iWARP (siw)
+      return false;  // no immediate data and no atomics in iWARP (RFC 5040; siw)
   }
 }
 
