@@ -118,8 +118,8 @@ bool parse_mpa(const uint8_t* buf, size_t len, bool reply, MpaFrame& f) {
   f.crc = buf[16] & kFlagC;
   f.reject = buf[16] & kFlagR;
   f.revision = buf[17];
-  // The enhanced flag means something from revision 2 on (RFC 6581 §5); earlier it is reserved.
-  f.enhanced = (buf[16] & kFlagEnhanced) && f.revision >= 2;
+  // The enhanced flag means something in revision 2 (RFC 6581 §5); elsewhere it is reserved.
+  f.enhanced = (buf[16] & kFlagEnhanced) && f.revision == 2;
   const uint8_t* p = buf + kMpaHeaderLen;
   size_t n = pd;
   if (f.enhanced) {
