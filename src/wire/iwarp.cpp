@@ -279,7 +279,14 @@ bool parse_terminate(const uint8_t* p, size_t len, Terminate& t) {
 
 // ISA-L's crc32_iscsi neither inverts its input register nor its result; the standard CRC32c does both.
 uint32_t mpa_crc32c(const uint8_t* p, size_t len, uint32_t crc) {
-  return ~crc32_iscsi(const_cast<uint8_t*>(p), static_cast<int>(len), ~crc);
+  uint32_t c = ~crc;
+  for (constexpr size_t kChunk = size_t{1} << 30; len > 0;) {  // its length is an int
+    const size_t n = std::min(len, kChunk);
+    c = crc32_iscsi(const_cast<uint8_t*>(p), static_cast<int>(n), c);
+    p += n;
+    len -= n;
+  }
+  return ~c;
 }
 
 size_t FpduSender::max_ulpdu(size_t fpdu_room) const {
