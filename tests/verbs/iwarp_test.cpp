@@ -526,6 +526,7 @@ void IwarpPair::traffic() {
 
 TEST_F(IwarpPair, DirectPathSendWriteRead) {
   const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+  const uint64_t fpdus_before = my_counter(&core::Counters::iw_tx_fpdus);
   ASSERT_EQ(attach(true), 0);
   ibv_qp_attr q{};
   ibv_qp_init_attr qi{};
@@ -542,6 +543,7 @@ TEST_F(IwarpPair, DirectPathSendWriteRead) {
 
   ASSERT_NO_FATAL_FAILURE(traffic());
   EXPECT_GE(my_counter(&core::Counters::direct_ops) - ops_before, 3u) << "WRITE, READ and SENDs went direct";
+  EXPECT_EQ(my_counter(&core::Counters::iw_tx_fpdus), fpdus_before) << "no FPDU";
   int pending = -1;
   ASSERT_EQ(ioctl(fds[1], FIONREAD, &pending), 0);
   EXPECT_EQ(pending, 0) << "the TCP socket carries nothing on the direct path";
@@ -562,6 +564,8 @@ TEST_F(IwarpPair, DirectPathSendWriteRead) {
 // SOFTRDMA_DIRECT=0 (or no local peer): the engine's iWARP data path over TCP (iw-transport).
 TEST_F(IwarpPair, TcpPathSendWriteRead) {
   ScopedEnv nodirect("SOFTRDMA_DIRECT", "0");
+  const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+  const uint64_t fpdus_before = my_counter(&core::Counters::iw_tx_fpdus);
   int rc = attach(true);
   if (rc == EOPNOTSUPP) GTEST_SKIP() << "Engine::iwarp_attach is not implemented in this build";
   ASSERT_EQ(rc, 0) << std::strerror(rc);
@@ -569,7 +573,22 @@ TEST_F(IwarpPair, TcpPathSendWriteRead) {
   ibv_qp_init_attr qi{};
   ASSERT_EQ(ibv_query_qp(a->qp, &q, IBV_QP_STATE, &qi), 0);
   EXPECT_EQ(q.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(q.max_rd_atomic, 16) << "ORD";
+  EXPECT_EQ(q.max_dest_rd_atomic, 16) << "IRD";
   ASSERT_NO_FATAL_FAILURE(traffic());
+  EXPECT_EQ(my_counter(&core::Counters::direct_ops), ops_before) << "SOFTRDMA_DIRECT=0: nothing direct";
+  EXPECT_GE(my_counter(&core::Counters::iw_tx_fpdus) - fpdus_before, 4u) << "the four messages went as FPDUs";
+  // The engine owns its dup of the socket: closing ours leaves the connection; destroying the QP ends it.
+  close(fds[0]);
+  fds[0] = -1;
+  a->destroy_qp();
+  pollfd pf{fds[1], POLLIN, 0};
+  ASSERT_EQ(poll(&pf, 1, kWaitSeconds * 1000), 1);
+  char byte;
+  ssize_t n;
+  while ((n = recv(fds[1], &byte, 1, MSG_DONTWAIT)) > 0) {
+  }
+  EXPECT_EQ(n, 0) << "EOF once the QP is gone";
 }
 
 // What an iWARP QP cannot post: immediate data, atomics, memory-window WRs, a READ into two SGEs.
