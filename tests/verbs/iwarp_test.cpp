@@ -501,6 +501,15 @@ void IwarpPair::traffic() {
   ASSERT_EQ(post_send(a->qp, w), 0);
   ASSERT_TRUE(poll_wc(a->cq, &wc));
   expect_wc(wc, {.wr_id = 2, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a->qp->qp_num});
+  // An iWARP WRITE completes once its data is handed to the stream, not once placed: a SEND behind it
+  // (same stream, in order) is received only after the WRITE's data is in place.
+  ASSERT_EQ(post_recv(b->qp, 13, {rb.sge(kLen - 8, 8)}), 0);
+  SendWr after(5, IBV_WR_SEND, {sa.sge(0, 8)});
+  ASSERT_EQ(post_send(a->qp, after), 0);
+  ASSERT_TRUE(poll_wc(a->cq, &wc));
+  expect_wc(wc, {.wr_id = 5, .opcode = IBV_WC_SEND, .qp_num = a->qp->qp_num});
+  ASSERT_TRUE(poll_wc(b->cq, &wc));
+  expect_wc(wc, {.wr_id = 13, .opcode = IBV_WC_RECV, .byte_len = 8, .qp_num = b->qp->qp_num});
   EXPECT_EQ(check_pattern(rb.data + 3, wlen, 2), wlen);
   // READ 250 KiB of b's memory into one SGE.
   const size_t rlen = 250 * 1024;
@@ -577,7 +586,7 @@ TEST_F(IwarpPair, TcpPathSendWriteRead) {
   EXPECT_EQ(q.max_dest_rd_atomic, 16) << "IRD";
   ASSERT_NO_FATAL_FAILURE(traffic());
   EXPECT_EQ(my_counter(&core::Counters::direct_ops), ops_before) << "SOFTRDMA_DIRECT=0: nothing direct";
-  EXPECT_GE(my_counter(&core::Counters::iw_tx_fpdus) - fpdus_before, 4u) << "the four messages went as FPDUs";
+  EXPECT_GE(my_counter(&core::Counters::iw_tx_fpdus) - fpdus_before, 5u) << "the five messages went as FPDUs";
   // The engine owns its dup of the socket: closing ours leaves the connection; destroying the QP ends it.
   close(fds[0]);
   fds[0] = -1;
