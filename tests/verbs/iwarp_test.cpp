@@ -294,6 +294,16 @@ TEST_F(Iwarp, OnlyRcQpsAndNoMwXrcOrRawObjects) {
   if (srq) {
     EXPECT_EQ(ibv_destroy_srq(srq), 0);
   }
+  ibv_srq_init_attr_ex sx{};
+  sx.attr.max_wr = 4;
+  sx.attr.max_sge = 1;
+  sx.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ;
+  sx.srq_type = IBV_SRQT_TM;
+  sx.pd = pd;
+  sx.cq = cq;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq_ex(ctx, &sx), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP) << "no tag-matching SRQ";
   errno = 0;
   EXPECT_EQ(ibv_alloc_mw(pd, IBV_MW_TYPE_1), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
