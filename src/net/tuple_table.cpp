@@ -43,9 +43,16 @@ bool dead(int32_t pid) { return pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH
 uint64_t addrs_of(const TcpTuple& t) { return (uint64_t(t.local_ip_be) << 32) | t.remote_ip_be; }
 uint64_t ports_key(const TcpTuple& t) { return (uint64_t(t.local_port_be) << 48) | (uint64_t(t.remote_port_be) << 32); }
 
+// splitmix64's finaliser over both words: every bit of the tuple moves the home slot.
+uint64_t mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
 uint32_t home(const TcpTuple& t) {
-  uint64_t h = addrs_of(t) * 0x9E3779B97F4A7C15ull ^ ports_key(t) * 0xC2B2AE3D27D4EB4Full;
-  return static_cast<uint32_t>(h >> 40) & (TupleTable::kSlots - 1);
+  return static_cast<uint32_t>(mix(addrs_of(t) ^ mix(ports_key(t)))) & (TupleTable::kSlots - 1);
 }
 
 [[noreturn]] void throw_errno(const std::string& what) { throw std::system_error(errno, std::generic_category(), what); }
