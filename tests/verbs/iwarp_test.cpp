@@ -131,7 +131,7 @@ softrdma_iwarp_conn conn_of(int fd, uint32_t peer_qpn, uint32_t rtr) {
   return c;
 }
 
-class Iwarp : public ::testing::Test {
+class IwarpVerbs : public ::testing::Test {
  protected:
   ScopedEnv transport{"SOFTRDMA_TRANSPORT", "iwarp"};
   ibv_context* ctx = nullptr;
@@ -190,7 +190,7 @@ TEST(IwarpDevices, SelectedBySoftrdmaTransport) {
   ibv_free_device_list(list);
 }
 
-TEST_F(Iwarp, DeviceAttributesAsSiw) {
+TEST_F(IwarpVerbs, DeviceAttributesAsSiw) {
   ibv_device_attr a{};
   ASSERT_EQ(ibv_query_device(ctx, &a), 0);
   EXPECT_EQ(a.atomic_cap, IBV_ATOMIC_NONE);
@@ -239,7 +239,7 @@ TEST_F(Iwarp, DeviceAttributesAsSiw) {
   EXPECT_EQ(softrdma_device_ipv4(ctx->device), htonl(INADDR_LOOPBACK));
 }
 
-TEST_F(Iwarp, OnlyRcQpsAndNoMwXrcOrRawObjects) {
+TEST_F(IwarpVerbs, OnlyRcQpsAndNoMwXrcOrRawObjects) {
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ASSERT_NE(pd, nullptr);
   ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
@@ -341,7 +341,7 @@ TEST_F(Iwarp, OnlyRcQpsAndNoMwXrcOrRawObjects) {
 }
 
 // RTR and RTS come from the connection only; INIT takes what the iWARP CM gives, ERR and RESET work.
-TEST_F(Iwarp, ModifyQpToRtrOrRtsByHandIsRefused) {
+TEST_F(IwarpVerbs, ModifyQpToRtrOrRtsByHandIsRefused) {
   End e;
   ASSERT_TRUE(e.create(ctx));
   ASSERT_EQ(e.init(), 0) << "RESET -> INIT with state and access flags only";
@@ -385,7 +385,7 @@ TEST_F(Iwarp, ModifyQpToRtrOrRtsByHandIsRefused) {
   EXPECT_EQ(e.init(), 0) << "and INIT again";
 }
 
-TEST_F(Iwarp, AttachValidation) {
+TEST_F(IwarpVerbs, AttachValidation) {
   End e;
   ASSERT_TRUE(e.create(ctx));
   int fds[2];
@@ -449,13 +449,13 @@ TEST_F(Iwarp, AttachValidation) {
 }
 
 // Two contexts of this process, each QP attached over one end of a loopback TCP connection.
-class IwarpPair : public Iwarp {
+class IwarpVerbsPair : public IwarpVerbs {
  protected:
   ibv_context* ctx2 = nullptr;
   std::unique_ptr<End> a, b;
   int fds[2] = {-1, -1};
   void SetUp() override {
-    Iwarp::SetUp();
+    IwarpVerbs::SetUp();
     if (HasFatalFailure()) return;
     ctx2 = open_named("softrdma_iw_lo");
     ASSERT_NE(ctx2, nullptr);
@@ -473,7 +473,7 @@ class IwarpPair : public Iwarp {
     for (int& f : fds)
       if (f >= 0) close(f);
     if (ctx2) ibv_close_device(ctx2);
-    Iwarp::TearDown();
+    IwarpVerbs::TearDown();
   }
   // Attaches both; the direct path when peer QPNs are given. 0 or the first errno.
   int attach(bool direct) {
@@ -486,7 +486,7 @@ class IwarpPair : public Iwarp {
 };
 
 // SEND/RECV, WRITE and READ from a to b, every byte verified, every completion checked.
-void IwarpPair::traffic() {
+void IwarpVerbsPair::traffic() {
   constexpr size_t kLen = 256 * 1024;
   Buffer sa(kLen), ra(kLen), sb(kLen), rb(kLen);
   const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
@@ -543,7 +543,7 @@ void IwarpPair::traffic() {
   EXPECT_EQ(check_pattern(ra.data, 64, 4), 64u);
 }
 
-TEST_F(IwarpPair, DirectPathSendWriteRead) {
+TEST_F(IwarpVerbsPair, DirectPathSendWriteRead) {
   const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
   const uint64_t fpdus_before = my_counter(&core::Counters::iw_tx_fpdus);
   ASSERT_EQ(attach(true), 0);
@@ -581,7 +581,7 @@ TEST_F(IwarpPair, DirectPathSendWriteRead) {
 }
 
 // SOFTRDMA_DIRECT=0 (or no local peer): the engine's iWARP data path over TCP (iw-transport).
-TEST_F(IwarpPair, TcpPathSendWriteRead) {
+TEST_F(IwarpVerbsPair, TcpPathSendWriteRead) {
   ScopedEnv nodirect("SOFTRDMA_DIRECT", "0");
   const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
   const uint64_t fpdus_before = my_counter(&core::Counters::iw_tx_fpdus);
@@ -611,7 +611,7 @@ TEST_F(IwarpPair, TcpPathSendWriteRead) {
 }
 
 // What an iWARP QP cannot post: immediate data, atomics, memory-window WRs, a READ into two SGEs.
-TEST_F(IwarpPair, PostSendRefusesWhatRdmapLacks) {
+TEST_F(IwarpVerbsPair, PostSendRefusesWhatRdmapLacks) {
   ASSERT_EQ(attach(true), 0);
   End& e = *a;
   Buffer mem(4096);
