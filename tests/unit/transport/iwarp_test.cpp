@@ -298,6 +298,28 @@ TEST(Iwarp, AttachRefusesAnythingButRcInInit) {
   destroy(e);
 }
 
+TEST(Iwarp, DeregistrationWhileFpdusAreQueued) {
+  IwPair p;
+  const uint32_t len = 4 << 20;
+  auto src = register_region(p.a.engine(), 1, len, kAllAccess);
+  auto dst = register_region(p.b.engine(), 1, len, kAllAccess);
+  fill(*src, 31);
+  ASSERT_EQ(post(p.b, recv_wqe(1, *dst, 0, len)), 0);
+  ASSERT_EQ(post(p.a, send_wqe(2, *src, 0, len)), 0);
+  for (int i = 0; i < 10; ++i) p.a.engine().step();  // b does not read: a's socket fills, FPDUs wait
+  ASSERT_EQ(p.a.engine().deregister_mr(src->mr), 0);
+  // The pages go back: what was queued was copied out, the rest of the SEND is never read.
+  src.reset();
+  std::vector<core::Cqe> sc;
+  ASSERT_TRUE(wait_cqes(p, p.a, *p.a.scq, 1, sc));
+  EXPECT_EQ(sc[0].status, WcStatus::LocProtErr);
+  EXPECT_EQ(p.a.qp->state.load(), QpState::Err);
+  std::vector<core::Cqe> rc;
+  ASSERT_TRUE(wait_cqes(p, p.b, *p.b.rcq, 1, rc));
+  EXPECT_EQ(rc[0].status, WcStatus::WrFlushErr);  // the message never ended: the stream did
+  EXPECT_EQ(p.b.qp->state.load(), QpState::Err);
+}
+
 TEST(Iwarp, PeerCloseFlushesEverything) {
   IwPair p;
   auto r = register_region(p.b.engine(), 1, 4096, kAllAccess);
