@@ -131,9 +131,10 @@ size_t parse_header(const uint8_t* ulpdu, size_t len, DdpHeader& h, ParseError& 
 // A READ request's body: exactly kReadRequestLen bytes.
 bool parse_read_request(const uint8_t* p, size_t len, ReadRequest& r);
 // A Terminate's body (what follows its untagged header); t's header pointers point into p. False when
-// shorter than its Hdrct bits say (M: 2 bytes of DDP segment length; D: the DDP header, 14 or 18 bytes
-// by its T bit; R: a READ request's 28 bytes, which may be absent at the very end, as siw sends R for
-// a SEND). Bytes after what the bits name are ignored (a pad).
+// shorter than its Hdrct bits say (D: 2 octets of DDP segment length, then the DDP header, 14 or 18
+// octets by its T bit; R: a READ request's 28 octets, which may be absent at the very end, as siw
+// sends R for a SEND). M only says the segment length is valid; encode_terminate writes segment_len
+// whenever there is a DDP header. Octets after what the bits name are ignored (a pad).
 bool parse_terminate(const uint8_t* p, size_t len, Terminate& t);
 
 // ---- MPA framing ----------------------------------------------------------------------------------

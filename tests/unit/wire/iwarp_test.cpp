@@ -369,9 +369,8 @@ TEST(IwarpTerminate, RoundTripsAndShortBodies) {
     t.layer = static_cast<TermLayer>(bits % 3);
     t.etype = static_cast<uint8_t>(bits + 3);
     t.ecode = static_cast<uint8_t>(0xf0 | bits);
-    t.has_segment_len = bits & 1;
-    t.segment_len = t.has_segment_len ? 0xbeef : 0;
-    if (bits & 2) t.ddp_header = hdr, t.ddp_header_len = kTaggedHeaderLen;
+    t.has_segment_len = bits & 1;  // M alone: the flag, with no field
+    if (bits & 2) t.ddp_header = hdr, t.ddp_header_len = kTaggedHeaderLen, t.segment_len = 0xbeef;
     if (bits & 4) t.rdmap_header = rr, t.rdmap_header_len = kReadRequestLen;
     uint8_t out[kMaxTerminateLen];
     const size_t n = encode_terminate(t, out);
