@@ -156,8 +156,8 @@ class FpduSender {
   // Frames one ULPDU given as pieces (ulpdu[0..n)): fills out[0..) with the FPDU's pieces, which
   // point into ulpdu's buffers and into scratch (length prefix, markers, pad and CRC; scratch holds
   // scratch_len() bytes and must live until the FPDU is sent). Returns the number of pieces, or -1
-  // when out_max is too small or the ULPDU too long (over kMaxUlpduLen, or with markers past what
-  // max_ulpdu(kMaxUlpduLen + 1024) allows); -1 changes nothing. Advances the stream offset by the
+  // when out_max is too small or the ULPDU too long (over kMaxUlpduLen, or with markers so long that
+  // a marker's FPDUPTR would not fit in 16 bits: see max_ulpdu); -1 changes nothing. Advances the stream offset by the
   // FPDU's length. Without markers the pieces are: length prefix, ulpdu's non-empty pieces, pad+CRC.
   int frame(const iovec* ulpdu, int n, uint8_t* scratch, iovec* out, int out_max);
   static size_t scratch_len(size_t ulpdu_len);
@@ -179,8 +179,9 @@ class FpduReceiver {
     size_t consumed = 0;             // stream octets the FPDU took (markers, pad and CRC included)
   };
   // Looks for one complete FPDU at the start of buf (len octets from the current stream offset).
-  // With markers, the ULPDU is copied without them into demarked (kMaxUlpduLen octets). Ok advances
-  // the stream offset by f.consumed; any other status leaves it.
+  // When markers lie inside the ULPDU's span, the ULPDU is copied without them into demarked
+  // (kMaxUlpduLen octets); otherwise f.ulpdu points into buf. Ok advances the stream offset by
+  // f.consumed; any other status leaves it. Never reads past buf + len.
   Status next(const uint8_t* buf, size_t len, uint8_t* demarked, Fpdu& f);
   // The Terminate that answers a refused FPDU (BadLength, BadCrc, BadMarker): LLP layer, MPA.
   static ParseError error(Status s);
