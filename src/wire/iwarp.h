@@ -179,7 +179,7 @@ class FpduReceiver {
     size_t consumed = 0;             // stream octets the FPDU took (markers, pad and CRC included)
   };
   // Looks for one complete FPDU at the start of buf (len octets from the current stream offset).
-  // When markers lie inside the ULPDU's span, the ULPDU is copied without them into demarked
+  // When the FPDU holds a marker, the ULPDU is copied without markers into demarked
   // (kMaxUlpduLen octets); otherwise f.ulpdu points into buf. Ok advances the stream offset by
   // f.consumed; any other status leaves it. Never reads past buf + len.
   Status next(const uint8_t* buf, size_t len, uint8_t* demarked, Fpdu& f);
