@@ -10,8 +10,8 @@
 #             counted on the veth). Root only (77 without).
 #   loss      as netns, with nftables in A dropping 5 % of the veth's TCP data and ACK segments, both
 #             ways (not SYN/FIN/RST: connection setup is not what is tested); rping with 64 KiB pings
-#             whose every byte is checked on both sides, and perftest runs that must still complete;
-#             the drop counter must show drops. Root only.
+#             whose every byte is checked on both sides (once more with SOFTRDMA_MPA_CRC=1), and
+#             perftest runs that must still complete; the drop counter must show drops. Root only.
 # Each case asserts exit codes and what the program prints; nothing asserts a time.
 #
 # IWARP_COMPAT_TRANSPORT=roce runs the same cases over the RoCE devices (no --iwarp, rdma_cm ports
@@ -386,6 +386,12 @@ run_loss() {
   if ((d > 0)); then compat_result "loss: nftables dropped $PROTO segments during the rping run" 1
   else compat_result "loss: nftables dropped $PROTO segments during the rping run" 0 "counter says $d"; fi
   compat_log "loss: $d $PROTO segments dropped, $(nft_read "${PROTO}_bytes" bytes) $PROTO bytes on $vethA"
+  if [[ $TRANSPORT == iwarp ]]; then
+    # With MPA CRCs (requested by both sides): every FPDU checked at the receiver too.
+    ENVV=(SOFTRDMA_DIRECT=0 SOFTRDMA_MPA_CRC=1)
+    rping_case "loss $LOSS_PCT% rping -S 65535 -C 30, SOFTRDMA_MPA_CRC=1" 30 65535 || true
+    ENVV=(SOFTRDMA_DIRECT=0)
+  fi
   nft_reset
   perftest_case ib_write_bw -s 65536 -n 300 || true
   perftest_case ib_read_bw -s 65536 -n 300 || true
