@@ -254,7 +254,10 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   int n = 0;
   for (ibv_send_wr* cur = wr; cur; cur = cur->next) {
     if (n == 0) first_in_batch = cur;
-    int rc = translate(*cur, q->tqp->cfg, batch[n]);
+    // iWARP: memory-window WRs are refused before translation reads their bind_mw.
+    int rc = iwarp && (cur->opcode == IBV_WR_BIND_MW || cur->opcode == IBV_WR_LOCAL_INV)
+                 ? EINVAL
+                 : translate(*cur, q->tqp->cfg, batch[n]);
     if (!rc && iwarp) rc = iwarp_check_send(batch[n]);
     if (rc) {
       // Queue what came before the bad one, then report it.
