@@ -72,7 +72,7 @@ void terminate(const uint8_t* p, size_t len) {
   check(t.ddp_header_len == 0 || t.ddp_header_len == kTaggedHeaderLen || t.ddp_header_len == kUntaggedHeaderLen,
         "parse_terminate: DDP header length");
   check(t.rdmap_header_len == 0 || t.rdmap_header_len == kReadRequestLen, "parse_terminate: RDMAP header length");
-  const size_t used = 4 + (t.has_segment_len ? 2 : 0) + t.ddp_header_len + t.rdmap_header_len;
+  const size_t used = 4 + (t.ddp_header_len ? 2 + t.ddp_header_len : 0) + t.rdmap_header_len;
   check(used <= len && used <= kMaxTerminateLen, "parse_terminate: within the body");
   if (t.ddp_header_len) check(t.ddp_header >= p && t.ddp_header + t.ddp_header_len <= p + len, "ddp_header in p");
   if (t.rdmap_header_len) check(t.rdmap_header >= p && t.rdmap_header + t.rdmap_header_len <= p + len, "rdmap_header in p");

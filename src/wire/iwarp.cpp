@@ -174,13 +174,11 @@ size_t encode_terminate(const Terminate& t, uint8_t* out) {
                                 (t.rdmap_header_len ? kTermR : 0));
   out[3] = 0;
   size_t off = 4;
-  if (t.has_segment_len) {
-    put16(out + off, t.segment_len);
-    off += 2;
-  }
+  // The DDP segment length travels with the terminated DDP header (M only says it is valid).
   if (t.ddp_header_len) {
-    std::memcpy(out + off, t.ddp_header, t.ddp_header_len);
-    off += t.ddp_header_len;
+    put16(out + off, t.segment_len);
+    std::memcpy(out + off + 2, t.ddp_header, t.ddp_header_len);
+    off += 2 + t.ddp_header_len;
   }
   if (t.rdmap_header_len) {
     std::memcpy(out + off, t.rdmap_header, t.rdmap_header_len);
@@ -251,21 +249,18 @@ bool parse_terminate(const uint8_t* p, size_t len, Terminate& t) {
   t.layer = static_cast<TermLayer>(p[0] >> 4);
   t.etype = p[0] & 0x0f;
   t.ecode = p[1];
-  const bool m = p[2] & kTermM, d = p[2] & kTermD, r = p[2] & kTermR;
+  const bool d = p[2] & kTermD, r = p[2] & kTermR;
+  t.has_segment_len = p[2] & kTermM;
   size_t off = 4;
-  if (m) {
-    if (len < off + 2) return false;
-    t.has_segment_len = true;
-    t.segment_len = get16(p + off);
-    off += 2;
-  }
   if (d) {
-    if (len < off + 1) return false;
-    const size_t hl = (p[off] & kDdpT) ? kTaggedHeaderLen : kUntaggedHeaderLen;
-    if (len < off + hl) return false;
-    t.ddp_header = p + off;
+    // The DDP segment length, then the header, whose length its T bit gives.
+    if (len < off + 3) return false;
+    const size_t hl = (p[off + 2] & kDdpT) ? kTaggedHeaderLen : kUntaggedHeaderLen;
+    if (len < off + 2 + hl) return false;
+    t.segment_len = get16(p + off);
+    t.ddp_header = p + off + 2;
     t.ddp_header_len = hl;
-    off += hl;
+    off += 2 + hl;
   }
   if (r && len > off) {
     if (len < off + kReadRequestLen) return false;

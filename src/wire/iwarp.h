@@ -131,9 +131,10 @@ size_t parse_header(const uint8_t* ulpdu, size_t len, DdpHeader& h, ParseError& 
 // A READ request's body: exactly kReadRequestLen bytes.
 bool parse_read_request(const uint8_t* p, size_t len, ReadRequest& r);
 // A Terminate's body (what follows its untagged header); t's header pointers point into p. False when
-// shorter than its Hdrct bits say (M: 2 bytes of DDP segment length; D: the DDP header, 14 or 18 bytes
-// by its T bit; R: a READ request's 28 bytes, which may be absent at the very end, as siw sends R for
-// a SEND). Bytes after what the bits name are ignored (a pad).
+// shorter than its Hdrct bits say (D: 2 octets of DDP segment length, then the DDP header, 14 or 18
+// octets by its T bit; R: a READ request's 28 octets, which may be absent at the very end, as siw
+// sends R for a SEND). M only says the segment length is valid; encode_terminate writes segment_len
+// whenever there is a DDP header. Octets after what the bits name are ignored (a pad).
 bool parse_terminate(const uint8_t* p, size_t len, Terminate& t);
 
 // ---- MPA framing ----------------------------------------------------------------------------------
@@ -155,8 +156,8 @@ class FpduSender {
   // Frames one ULPDU given as pieces (ulpdu[0..n)): fills out[0..) with the FPDU's pieces, which
   // point into ulpdu's buffers and into scratch (length prefix, markers, pad and CRC; scratch holds
   // scratch_len() bytes and must live until the FPDU is sent). Returns the number of pieces, or -1
-  // when out_max is too small or the ULPDU too long (over kMaxUlpduLen, or with markers past what
-  // max_ulpdu(kMaxUlpduLen + 1024) allows); -1 changes nothing. Advances the stream offset by the
+  // when out_max is too small or the ULPDU too long (over kMaxUlpduLen, or with markers so long that
+  // a marker's FPDUPTR would not fit in 16 bits: see max_ulpdu); -1 changes nothing. Advances the stream offset by the
   // FPDU's length. Without markers the pieces are: length prefix, ulpdu's non-empty pieces, pad+CRC.
   int frame(const iovec* ulpdu, int n, uint8_t* scratch, iovec* out, int out_max);
   static size_t scratch_len(size_t ulpdu_len);
@@ -178,8 +179,9 @@ class FpduReceiver {
     size_t consumed = 0;             // stream octets the FPDU took (markers, pad and CRC included)
   };
   // Looks for one complete FPDU at the start of buf (len octets from the current stream offset).
-  // With markers, the ULPDU is copied without them into demarked (kMaxUlpduLen octets). Ok advances
-  // the stream offset by f.consumed; any other status leaves it.
+  // When the FPDU holds a marker, the ULPDU is copied without markers into demarked
+  // (kMaxUlpduLen octets); otherwise f.ulpdu points into buf. Ok advances the stream offset by
+  // f.consumed; any other status leaves it. Never reads past buf + len.
   Status next(const uint8_t* buf, size_t len, uint8_t* demarked, Fpdu& f);
   // The Terminate that answers a refused FPDU (BadLength, BadCrc, BadMarker): LLP layer, MPA.
   static ParseError error(Status s);

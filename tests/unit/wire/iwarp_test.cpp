@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -369,9 +370,8 @@ TEST(IwarpTerminate, RoundTripsAndShortBodies) {
     t.layer = static_cast<TermLayer>(bits % 3);
     t.etype = static_cast<uint8_t>(bits + 3);
     t.ecode = static_cast<uint8_t>(0xf0 | bits);
-    t.has_segment_len = bits & 1;
-    t.segment_len = t.has_segment_len ? 0xbeef : 0;
-    if (bits & 2) t.ddp_header = hdr, t.ddp_header_len = kTaggedHeaderLen;
+    t.has_segment_len = bits & 1;  // M alone: the flag, with no field
+    if (bits & 2) t.ddp_header = hdr, t.ddp_header_len = kTaggedHeaderLen, t.segment_len = 0xbeef;
     if (bits & 4) t.rdmap_header = rr, t.rdmap_header_len = kReadRequestLen;
     uint8_t out[kMaxTerminateLen];
     const size_t n = encode_terminate(t, out);
@@ -739,6 +739,145 @@ TEST(IwarpFraming, MaxUlpduFillsTheRoomExactly) {
       EXPECT_EQ(over.frame(&in, 1, sc.data(), out.data(), 300), -1) << "an FPDUPTR would not fit";
     }
   }
+}
+
+
+// ---- What siw sends ---------------------------------------------------------------------------
+// TCP payloads from captures of rping between siw peers (Linux 6.1, iw-siw's
+// tests/interop/siw-frames/rping-{crc,p2p}.pcap): each direction's octets in order, MPA frame first.
+const char kSiwCrcClient[] =
+    "4d504120494420526571204672616d6550020004000100010022414300000000000000000000000100000000000055f9"
+    "b3d00450dfaaf40000000040fbe669b1004ec14200dae4000000561134fb615072646d612d70696e672d303a20414243"
+    "4445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5e5f606162636465666768696a6b6c6d6e6f70717200"
+    "da934c690022414300000000000000000000000200000000000055f9b3cfd1501530d50000000040726cbefc00224143"
+    "00000000000000000000000300000000000055f9b3d00450dfaaf40000000040211d7dab004ec14200dae40000005611"
+    "34fb615072646d612d70696e672d313a2042434445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5e5f60"
+    "6162636465666768696a6b6c6d6e6f7071727300b1c5ceea0022414300000000000000000000000400000000000055f9"
+    "b3cfd1501530d500000000401c6083d2";
+
+const char kSiwCrcServer[] =
+    "4d504120494420526570204672616d655002000400010001002e41410000000000000001000000010000000000dae400"
+    "0000561134fb615000000040dfaaf400000055f9b3d00450698f6e2b0022414300000000000000000000000100000000"
+    "0000000000000000000000000000000084609a12004ec1401530d500000055f9b3cfd15072646d612d70696e672d303a"
+    "204142434445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5e5f606162636465666768696a6b6c6d6e6f"
+    "707172001132c114002241430000000000000000000000020000000000000000000000000000000000000000b3e68405"
+    "002e41410000000000000001000000020000000000dae4000000561134fb615000000040dfaaf400000055f9b3d00450"
+    "18f225c50022414300000000000000000000000300000000000000000000000000000000000000005e9b8e08004ec140"
+    "1530d500000055f9b3cfd15072646d612d70696e672d313a2042434445464748494a4b4c4d4e4f505152535455565758"
+    "595a5b5c5d5e5f606162636465666768696a6b6c6d6e6f70717273007a64439700224143000000000000000000000004"
+    "0000000000000000000000000000000000000000ddeab92b";
+
+const char kSiwP2pClient[] =
+    "4d504120494420526571204672616d65100200048001c001000ec14000000001000000000000000000000000";
+
+const char kSiwP2pServer[] =
+    "4d504120494420526570204672616d651002000480018001";
+
+
+Bytes unhex(const char* h) {
+  Bytes b;
+  for (size_t i = 0; h[i] && h[i + 1]; i += 2) b.push_back(static_cast<uint8_t>(std::stoi(std::string(h + i, 2), nullptr, 16)));
+  return b;
+}
+
+// siw's MPA frames with CRC: enhanced, revision 2, IRD = ORD = 1, no P, no RTR; re-encoded exactly.
+TEST(IwarpSiw, MpaFramesWithCrc) {
+  const Bytes c = unhex(kSiwCrcClient), sv = unhex(kSiwCrcServer);
+  for (int reply = 0; reply < 2; ++reply) {
+    const Bytes& b = reply ? sv : c;
+    ASSERT_EQ(mpa_frame_len(b.data()), 24u);
+    MpaFrame f;
+    ASSERT_TRUE(parse_mpa(b.data(), 24, reply, f));
+    EXPECT_TRUE(f.crc && f.enhanced && !f.markers && !f.reject && !f.peer_to_peer);
+    EXPECT_EQ(f.revision, 2);
+    EXPECT_EQ(f.ird, 1);
+    EXPECT_EQ(f.ord, 1);
+    EXPECT_FALSE(f.rtr_send || f.rtr_write || f.rtr_read);
+    EXPECT_EQ(f.private_data_len, 0);
+    uint8_t out[64];
+    ASSERT_EQ(encode_mpa(f, out), 24u);
+    EXPECT_EQ(Bytes(out, out + 24), Bytes(b.begin(), b.begin() + 24));
+  }
+}
+
+// siw's FPDUs with CRC, both ways: each one found and checked, its header parsed, and framed again
+// by FpduSender into exactly siw's octets (the same pad and CRC).
+TEST(IwarpSiw, FpdusWithCrcParseAndReframeIdentically) {
+  for (const char* hex : {kSiwCrcClient, kSiwCrcServer}) {
+    const Bytes all = unhex(hex);
+    const Bytes st(all.begin() + 24, all.end());
+    FpduReceiver rx(true, false);
+    FpduSender tx(true, false);
+    Bytes dm(kMaxUlpduLen), again;
+    size_t off = 0;
+    std::vector<Opcode> ops;
+    while (off < st.size()) {
+      FpduReceiver::Fpdu f;
+      ASSERT_EQ(rx.next(st.data() + off, st.size() - off, dm.data(), f), FpduReceiver::Status::Ok) << off;
+      DdpHeader h;
+      ParseError e{};
+      const size_t hl = parse_header(f.ulpdu, f.ulpdu_len, h, e);
+      ASSERT_GT(hl, 0u) << off;
+      ops.push_back(h.opcode);
+      if (h.opcode == Opcode::ReadRequest) {
+        ReadRequest r;
+        ASSERT_TRUE(parse_read_request(f.ulpdu + hl, f.ulpdu_len - hl, r));
+        EXPECT_EQ(h.qn, kQnReadRequest);
+        EXPECT_TRUE(h.last);
+      }
+      if (h.opcode == Opcode::Send) {
+        EXPECT_EQ(h.qn, kQnSend);
+      }
+      frame_into(tx, Bytes(f.ulpdu, f.ulpdu + f.ulpdu_len), 7, again);
+      off += f.consumed;
+      // A changed CRC octet is refused.
+      Bytes bad(st.begin() + static_cast<long>(off - f.consumed), st.begin() + static_cast<long>(off));
+      bad.back() ^= 1;
+      FpduReceiver rb(true, false);
+      EXPECT_EQ(rb.next(bad.data(), bad.size(), dm.data(), f), FpduReceiver::Status::BadCrc);
+    }
+    EXPECT_EQ(off, st.size());
+    EXPECT_EQ(again, st);
+    // rping's exchange: SENDs of its buffer descriptors, READs of the data, WRITEs back.
+    EXPECT_NE(std::find(ops.begin(), ops.end(), Opcode::Send), ops.end());
+    EXPECT_TRUE(std::find(ops.begin(), ops.end(), Opcode::ReadRequest) != ops.end() ||
+                std::find(ops.begin(), ops.end(), Opcode::ReadResponse) != ops.end());
+  }
+}
+
+// siw peer-to-peer: the request offers WRITE and READ RTR, the reply picks WRITE, and the initiator's
+// first FPDU is the RTR: a zero-length WRITE (tagged, last, no payload).
+TEST(IwarpSiw, PeerToPeerRtr) {
+  const Bytes c = unhex(kSiwP2pClient), sv = unhex(kSiwP2pServer);
+  MpaFrame req, rep;
+  ASSERT_TRUE(parse_mpa(c.data(), 24, false, req));
+  ASSERT_TRUE(parse_mpa(sv.data(), 24, true, rep));
+  EXPECT_TRUE(req.enhanced && req.peer_to_peer && req.rtr_write && req.rtr_read && !req.rtr_send && !req.crc);
+  EXPECT_TRUE(rep.enhanced && rep.peer_to_peer && rep.rtr_write && !rep.rtr_read && !rep.rtr_send);
+  EXPECT_EQ(req.ird, 1);
+  EXPECT_EQ(rep.ord, 1);
+  uint8_t out[64];
+  ASSERT_EQ(encode_mpa(req, out), 24u);
+  EXPECT_EQ(Bytes(out, out + 24), Bytes(c.begin(), c.begin() + 24));
+  ASSERT_EQ(encode_mpa(rep, out), 24u);
+  EXPECT_EQ(Bytes(out, out + 24), Bytes(sv.begin(), sv.begin() + 24));
+
+  const Bytes rtr(c.begin() + 24, c.end());
+  FpduReceiver rx(false, false);
+  Bytes dm(kMaxUlpduLen);
+  FpduReceiver::Fpdu f;
+  ASSERT_EQ(rx.next(rtr.data(), rtr.size(), dm.data(), f), FpduReceiver::Status::Ok);
+  EXPECT_EQ(f.consumed, rtr.size());
+  DdpHeader h;
+  ParseError e{};
+  ASSERT_EQ(parse_header(f.ulpdu, f.ulpdu_len, h, e), f.ulpdu_len) << "no payload";
+  EXPECT_TRUE(h.tagged && h.last);
+  EXPECT_EQ(h.opcode, Opcode::Write);
+  EXPECT_EQ(h.to, 0u);
+  FpduSender tx(false, false);
+  Bytes again;
+  frame_into(tx, Bytes(f.ulpdu, f.ulpdu + f.ulpdu_len), 14, again);
+  EXPECT_EQ(again, rtr) << "the CRC field zero without CRC, as siw sends it";
 }
 
 }  // namespace
