@@ -654,7 +654,14 @@ void Engine::forget_pointers_into(const core::MrRegion& region) {
     if (qp->iw.active) {
       // FPDUs queued for the socket keep their bytes; a READ response still to be streamed out of
       // the region cannot be: the READ is refused as if its STag had gone (RFC 5040 §4.8).
-      iwarp_own_tx(*qp);
+      // Only when some queued FPDU points into the region: MR caches deregister often.
+      const bool queued = std::any_of(qp->iw.tx.begin(), qp->iw.tx.end(), [&](const Qp::IwarpTx& t) {
+        return std::any_of(t.iov.begin(), t.iov.end(), [&](const iovec& v) {
+          const uint64_t b = reinterpret_cast<uintptr_t>(v.iov_base);
+          return v.iov_len && b < lo + len && b + v.iov_len > lo;
+        });
+      });
+      if (queued) iwarp_own_tx(*qp);
       const bool reading = std::any_of(qp->iw.read_jobs.begin(), qp->iw.read_jobs.end(), [&](const Qp::IwarpReadJob& j) {
         const uint64_t src = reinterpret_cast<uintptr_t>(j.src);
         return j.remaining && src < lo + len && src + j.remaining > lo;

@@ -21,15 +21,20 @@ using L = iw::TermLayer;
 using C = core::Counters;
 
 namespace {
-// Terminate codes (RFC 5040 §4.8; RFC 5041 §7.2; RFC 5044 §8).
-constexpr uint8_t kRdmapCatastrophic = 0, kRdmapProtection = 1, kRdmapOperation = 2;
-constexpr uint8_t kRdmapInvalidStag = 0, kRdmapBaseBounds = 1, kRdmapAccessRights = 2, kRdmapNotAssoc = 3,
-                  kRdmapToWrap = 4, kRdmapOpcode = 6, kRdmapCatastrophicStream = 7, kRdmapCannotInvalidate = 9,
-                  kRdmapUnspecified = 0xff;
-constexpr uint8_t kDdpCatastrophic = 0, kDdpTagged = 1, kDdpUntagged = 2;
-constexpr uint8_t kDdpInvalidStag = 0, kDdpBaseBounds = 1, kDdpNotAssoc = 2, kDdpToWrap = 3;
-constexpr uint8_t kDdpInvalidQn = 1, kDdpNoBuffer = 2, kDdpMsnRange = 3, kDdpInvalidMo = 4, kDdpTooLong = 5;
-constexpr uint8_t kLlpMpa = 0, kLlpCrc = 2, kLlpFpduStart = 3;
+// Terminate codes (RFC 5040 §4.8; RFC 5041 §7.2; RFC 5044 §8), from wire/iwarp.h, by shorter names.
+namespace t = iw::term;
+constexpr uint8_t kRdmapCatastrophic = t::kRdmapCatastrophic, kRdmapProtection = t::kRdmapRemoteProtection,
+                  kRdmapOperation = t::kRdmapRemoteOperation;
+constexpr uint8_t kRdmapInvalidStag = t::kInvalidStag, kRdmapBaseBounds = t::kBaseBounds,
+                  kRdmapAccessRights = t::kAccessRights, kRdmapNotAssoc = t::kStagNotAssoc, kRdmapToWrap = t::kToWrap,
+                  kRdmapOpcode = t::kUnexpectedOpcode, kRdmapCatastrophicStream = t::kCatastrophicStream,
+                  kRdmapCannotInvalidate = t::kCannotInvalidate, kRdmapUnspecified = t::kUnspecified;
+constexpr uint8_t kDdpCatastrophic = t::kDdpCatastrophic, kDdpTagged = t::kDdpTagged, kDdpUntagged = t::kDdpUntagged;
+constexpr uint8_t kDdpInvalidStag = t::kTInvalidStag, kDdpBaseBounds = t::kTBaseBounds, kDdpNotAssoc = t::kTStagNotAssoc,
+                  kDdpToWrap = t::kTToWrap;
+constexpr uint8_t kDdpInvalidQn = t::kUtInvalidQn, kDdpNoBuffer = t::kUtInvalidMsnNoBuffer,
+                  kDdpMsnRange = t::kUtInvalidMsnRange, kDdpInvalidMo = t::kUtInvalidMo,
+                  kDdpTooLong = t::kUtMessageTooLong;
 
 constexpr int kReadsPerPass = 16;  // recv calls per QP per progress pass
 
@@ -140,12 +145,11 @@ bool Engine::iwarp_receive(Qp& qp) {
       iw::FpduReceiver::Fpdu f;
       const auto st = s.rx_framer->next(s.rx.data() + off, s.rx_len - off, s.demarked.empty() ? nullptr : s.demarked.data(), f);
       if (st == iw::FpduReceiver::Status::NeedMore) break;
-      if (st == iw::FpduReceiver::Status::BadCrc) {
-        iwarp_refuse(qp, {L::Llp, kLlpMpa, kLlpCrc, &C::iw_bad_crc, AsyncEventType::QpFatal});
-        break;
-      }
       if (st != iw::FpduReceiver::Status::Ok) {
-        iwarp_refuse(qp, {L::Llp, kLlpMpa, kLlpFpduStart, &C::iw_bad_framing, AsyncEventType::QpFatal});
+        // CRC, or a length or marker that lost the framing (RFC 5044 §8): the stream is beyond use.
+        const iw::ParseError e = iw::FpduReceiver::error(st);
+        const bool crc = st == iw::FpduReceiver::Status::BadCrc;
+        iwarp_refuse(qp, {e.layer, e.etype, e.ecode, crc ? &C::iw_bad_crc : &C::iw_bad_framing, AsyncEventType::QpFatal});
         break;
       }
       off += f.consumed;

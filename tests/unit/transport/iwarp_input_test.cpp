@@ -320,6 +320,49 @@ TEST_P(IwarpInput, RandomBytesNeverCrashOrWriteOutside) {
   EXPECT_EQ(e_.qp->state.load(), QpState::Err);
 }
 
+// Markers negotiated: a marker whose FPDUPTR does not point at the FPDU's start (the stream lost its
+// framing) is refused with LLP / MPA / FPDU start, before anything of that FPDU is placed.
+TEST(IwarpMarkers, BadMarker) {
+  Fabric f;
+  Host& h = f.add_host(0x0100000a);
+  End e;
+  make_iw_end(e, h);
+  auto mem = register_region(e.engine(), 1, 4096, kAllAccess);
+  std::memset(mem->data(), 0xA5, 4096);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  RawPeer raw(false, true);
+  raw.fd = sv[1];
+  IwOptions o;
+  o.markers = true;
+  ASSERT_EQ(attach(e, sv[0], o, IwarpRtr::None), 0);
+  ASSERT_EQ(post(e, recv_wqe(1, *mem, 0, 2048)), 0);
+  std::vector<uint8_t> data(1000, 0x11);
+  auto bytes = raw.frame(ulpdu(send_hdr(1, 0, true), data.data(), data.size()));
+  ASSERT_GT(bytes.size(), 520u);
+  bytes[515] ^= 0x10;  // the FPDUPTR of the marker at stream offset 512
+  raw.write_bytes(bytes);
+  for (int i = 0; i < 50; ++i) e.engine().step();
+  raw.read_all();
+  ASSERT_EQ(raw.ulpdus.size(), 1u);
+  iw::DdpHeader hd;
+  iw::ParseError err{};
+  const size_t hl = iw::parse_header(raw.ulpdus[0].data(), raw.ulpdus[0].size(), hd, err);
+  ASSERT_GT(hl, 0u);
+  ASSERT_EQ(hd.opcode, iw::Opcode::Terminate);
+  iw::Terminate t;
+  ASSERT_TRUE(iw::parse_terminate(raw.ulpdus[0].data() + hl, raw.ulpdus[0].size() - hl, t));
+  EXPECT_EQ(t.layer, L::Llp);
+  EXPECT_EQ(t.ecode, 0x03);
+  EXPECT_EQ(e.engine().counters().iw_bad_framing, 1u);
+  EXPECT_EQ(e.qp->state.load(), QpState::Err);
+  EXPECT_TRUE(raw.eof);
+  for (size_t i = 0; i < 4096; ++i) {
+    ASSERT_EQ(mem->bytes[i], 0xA5) << "byte " << i;
+  }
+  destroy(e);
+}
+
 INSTANTIATE_TEST_SUITE_P(Crc, IwarpInput, ::testing::Bool(),
                          [](const auto& i) { return std::string(i.param ? "crc" : "nocrc"); });
 
