@@ -453,6 +453,12 @@ int softrdma::verbs::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, bool att
   if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = attr->dest_qp_num;
   if (mask & IBV_QP_QKEY) s.qkey = attr->qkey;
   if (mask & IBV_QP_STATE) qp->state = next;
+  // A reset iWARP QP has left its connection: its direct-path socket goes (the peer sees the close)
+  // and it may be attached again.
+  if (next == IBV_QPS_RESET && q->iw_fd >= 0) {
+    close(q->iw_fd);
+    q->iw_fd = -1;
+  }
   return 0;
 }
 

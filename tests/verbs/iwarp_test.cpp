@@ -662,5 +662,28 @@ TEST_F(IwarpVerbsPair, PostSendRefusesWhatRdmapLacks) {
   EXPECT_EQ(ibv_wr_complete(x), EINVAL);
 }
 
+// RESET releases a direct-path QP's connection (the peer reads EOF); INIT then attaches it again.
+TEST_F(IwarpVerbsPair, ResetReleasesTheConnection) {
+  ASSERT_EQ(attach(true), 0);
+  close(fds[0]);
+  fds[0] = -1;
+  ibv_qp_attr r{};
+  r.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(a->qp, &r, IBV_QP_STATE), 0);
+  pollfd pf{fds[1], POLLIN, 0};
+  ASSERT_EQ(poll(&pf, 1, kWaitSeconds * 1000), 1);
+  char byte;
+  EXPECT_EQ(recv(fds[1], &byte, 1, MSG_DONTWAIT), 0) << "EOF once the QP is reset";
+  close(fds[1]);
+  fds[1] = -1;
+  r.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(b->qp, &r, IBV_QP_STATE), 0);
+  ASSERT_EQ(a->init(), 0);
+  ASSERT_EQ(b->init(), 0);
+  ASSERT_TRUE(tcp_pair(fds));
+  ASSERT_EQ(attach(true), 0) << "attached again";
+  ASSERT_NO_FATAL_FAILURE(traffic());
+}
+
 }  // namespace
 }  // namespace softrdma::verbs_test
