@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Cross-"host" benchmark (issue 13): unmodified perftest over softrdma between two network
-# namespaces joined by a veth, side by side in one run with the kernel's TCP and UDP between the same
+# Cross-"host" benchmark (issue 13; iWARP rows, issue 16): unmodified perftest over softrdma between
+# two network namespaces joined by a veth, on RoCEv2 and on iWARP, side by side in one run with the kernel's TCP and UDP between the same
 # namespaces (qperf, sockperf, iperf3). For each veth MTU and each CPU placement it measures
 # bandwidth, message rate, latency, CPU seconds per GB on both sides, and many QP-owning processes
 # at once; it prints a markdown table (ratio = softrdma / peer) and draws bandwidth against message
@@ -21,6 +21,9 @@
 #   BENCH_PROCS ["1 4 16"]    process pairs at once for the many-processes rows (latency pairs run
 #                             BENCH_LAT_ITERS / N iterations each, at least 200: they spin on 2 CPUs)
 #   BENCH_MULTI_ALL [0]       1: many-processes rows in every MTU/placement, not only the first
+#   BENCH_TRANSPORTS ["roce iwarp"]  softrdma's rows: RoCEv2 (perftest's TCP exchange, -d device) and
+#                             iWARP (`softrdma run --iwarp`, perftest -R: connected through rdma_cm,
+#                             FPDUs on a TCP connection over the veth), the same programs and sizes
 #   BENCH_CURVE_SIZES ["256 1024 4096 16384 65536 262144 1048576"]  sizes of the plot (pinned only)
 #   BENCH_SECONDS [2]         seconds of each timed run (perftest -D, qperf -t, sockperf -t, iperf3 -t)
 #   BENCH_LAT_ITERS [5000]    iterations of each perftest latency run (t_typical needs iteration mode)
@@ -69,6 +72,10 @@ else
   CPU_ITERS=${BENCH_CPU_ITERS:-30000}
 fi
 MULTI_ALL=${BENCH_MULTI_ALL:-0}
+TRANSPORTS=(${BENCH_TRANSPORTS:-roce iwarp})
+for t in "${TRANSPORTS[@]}"; do
+  [[ $t == roce || $t == iwarp ]] || { echo "bench: BENCH_TRANSPORTS: roce and/or iwarp, not $t" >&2; exit 2; }
+done
 T=$COMPAT_TIMEOUT
 OUT=${BENCH_OUT:-$root/build/bench}
 mkdir -p "$OUT"
@@ -230,15 +237,19 @@ perftest_pairs() {
   shift 2
   local base i ok=0 port slug rc
   local -a spid cpid sw cw slog clog
+  # RoCEv2: perftest's own TCP exchange, on the veth's device. iWARP: rdma_cm only (-R), which picks
+  # the iWARP device of the address.
+  local -a PT_RUN=(run --) PT_SRV=(-d "$devA") PT_CLI=(-d "$devB")
+  [[ ${PT_MODE:-roce} == iwarp ]] && PT_RUN=(run --iwarp --) PT_SRV=(-R) PT_CLI=(-R)
   base=$(next_ports "$n")
-  slug=${tool}_${*// /_}
+  slug=${PT_MODE:-roce}.${tool}_${*// /_}
   slug=${slug//[^A-Za-z0-9_.-]/}
   PT_ROW=() PT_STICKS=() PT_CTICKS=()
   for ((i = 0; i < n; i++)); do
     port=$((base + i))
     slog[i]=$COMPAT_LOG_DIR/$GROUP_SLUG.$slug.$n.$i.server.log
     clog[i]=$COMPAT_LOG_DIR/$GROUP_SLUG.$slug.$n.$i.client.log
-    spawn srv "${slog[i]}" "$SOFTRDMA" run -- "$tool" -d "$devA" -F -p "$port" "$@"
+    spawn srv "${slog[i]}" "$SOFTRDMA" "${PT_RUN[@]}" "$tool" "${PT_SRV[@]}" -F -p "$port" "$@"
     spid[i]=$SPAWNED
   done
   for ((i = 0; i < n; i++)); do
@@ -253,7 +264,7 @@ perftest_pairs() {
       sw[i]=$FOLLOWED
     done
     for ((i = 0; i < n; i++)); do
-      spawn cli "${clog[i]}" "$SOFTRDMA" run -- "$tool" -d "$devB" -F -p $((base + i)) "$@" "$ipA"
+      spawn cli "${clog[i]}" "$SOFTRDMA" "${PT_RUN[@]}" "$tool" "${PT_CLI[@]}" -F -p $((base + i)) "$@" "$ipA"
       cpid[i]=$SPAWNED
     done
     for ((i = 0; i < n; i++)); do
@@ -273,10 +284,10 @@ perftest_pairs() {
     # perftest's own words, e.g. "Failed status 12" (IBV_WC_RETRY_EXC_ERR), for the notes.
     local why failed=0
     for ((i = 0; i < n; i++)); do
-      why=$(grep -h -m1 -E "Failed status|[Cc]ouldn't|[Uu]nable|[Ff]ailed to|exited with Error" "${clog[i]}" "${slog[i]}" 2>/dev/null | head -n1)
+      why=$(grep -h -m1 -E "Failed status|unknown option|[Cc]ouldn't|[Uu]nable|[Ff]ailed to|exited with Error" "${clog[i]}" "${slog[i]}" 2>/dev/null | head -n1)
       [[ -n $why ]] && failed=$((failed + 1)) && NOTE_WHY=$why
     done
-    NOTES+=("MTU ${GROUP/ /, }: $n x $tool $*: failed (${failed} of $n pairs reported an error${NOTE_WHY:+, e.g. \"${NOTE_WHY# }\"}); logs ${COMPAT_LOG_DIR}/$GROUP_SLUG.$slug.$n.*")
+    NOTES+=("MTU ${GROUP/ /, }: $n x $([[ ${PT_MODE:-roce} == iwarp ]] && echo "iWARP ")$tool $*: failed (${failed} of $n pairs reported an error${NOTE_WHY:+, e.g. \"${NOTE_WHY# }\"}); logs ${COMPAT_LOG_DIR}/$GROUP_SLUG.$slug.$n.*")
     NOTE_WHY=""
     return 1
   fi
@@ -391,6 +402,7 @@ qperf_c() {
 qfield() { awk -v t="$2:" -v f="$3" '$1 == t { s=1; next } /^[a-z_]+:$/ { s=0 } s && $1 == f && $2 == "=" { print $3; exit }' <<<"$1"; }
 
 declare -A CURVE  # "MTU|series|size" -> GB/s, for the plot
+declare -A MPEER  # the many-processes peers of the current group ("bwN", "latN"), shared by the transports
 
 # ---- one MTU / placement group -------------------------------------------------------------------
 run_group() {
@@ -456,12 +468,26 @@ run_group() {
   record iperf3.receiver.cpu 65536 "$iprx" s/GB
   record iperf3.sender.cpu 65536 "$iptx" s/GB
 
-  # -- softrdma ------------------------------------------------------------------------------
+  local tr
+  MPEER=()
+  for tr in "${TRANSPORTS[@]}"; do softrdma_rows "$tr"; done
+}
+
+# softrdma_rows roce|iwarp: the softrdma rows of one group, on RoCEv2 (perftest's own TCP exchange,
+# -d device) or on iWARP (`softrdma run --iwarp`, perftest -R: iWARP connects only through rdma_cm).
+# Runs inside run_group and uses its locals (Q, sp50, ipgbs, iprx, iptx, multi, placement, mtu).
+# iWARP rows read "iWARP TOOL -R ..." and record as "iwarp.NAME" in netns.dat.
+softrdma_rows() {
+  PT_MODE=$1
+  local L="" R="" tag=rdma
+  if [[ $PT_MODE == iwarp ]]; then L="iWARP " R="iwarp." tag=iwarp; fi
+  # A tool's name in the rows: "ib_write_bw", or "iWARP ib_write_bw -R".
+  tn() { if [[ $PT_MODE == iwarp ]]; then echo "iWARP $1 -R"; else echo "$1"; fi; }
   local tool v typ avg gb
   local -A BW=() RATE=()
   for tool in ib_write_bw ib_read_bw; do
     # Iteration mode: exact bytes for the CPU rows (iterations x size); the run's bandwidth too.
-    compat_log "$tool -s 65536 -n $CPU_ITERS (CPU)"
+    compat_log "${L}$tool -s 65536 -n $CPU_ITERS (CPU)"
     if perftest_pairs 1 "$tool" -s 65536 -n "$CPU_ITERS"; then
       BW[$tool.65536]=$(bw_gbs "${PT_ROW[0]}")
       gb=$((CPU_ITERS * 65536))
@@ -472,7 +498,7 @@ run_group() {
   for tool in ib_write_bw ib_read_bw ib_send_bw; do
     for s in 65536 1048576 8; do
       [[ -n ${BW[$tool.$s]:-} ]] && continue
-      compat_log "$tool -s $s -D $SECONDS_RUN"
+      compat_log "${L}$tool -s $s -D $SECONDS_RUN"
       perftest1 "$tool" -s "$s" -D "$SECONDS_RUN"; r=$PT1
       [[ -n $r ]] || continue
       BW[$tool.$s]=$(bw_gbs "$r")
@@ -481,64 +507,71 @@ run_group() {
   done
   for tool in ib_write_bw ib_read_bw ib_send_bw; do
     for s in 65536 1048576; do
-      row "$tool (BW average)" "$(sizename $s)" "${BW[$tool.$s]:-}" "qperf tcp_bw" "${Q[bw$s]:-}" "GB/s"
-      record "$tool" "$s" "${BW[$tool.$s]:-}" GB/s
+      row "$(tn "$tool") (BW average)" "$(sizename $s)" "${BW[$tool.$s]:-}" "qperf tcp_bw" "${Q[bw$s]:-}" "GB/s"
+      record "$R$tool" "$s" "${BW[$tool.$s]:-}" GB/s
     done
   done
-  row "ib_write_bw (BW average)" "64 KiB" "${BW[ib_write_bw.65536]:-}" "iperf3 TCP, 1 stream, 64 KiB writes" "$ipgbs" "GB/s"
+  row "$(tn ib_write_bw) (BW average)" "64 KiB" "${BW[ib_write_bw.65536]:-}" "iperf3 TCP, 1 stream, 64 KiB writes" "$ipgbs" "GB/s"
   for tool in ib_write_bw ib_read_bw ib_send_bw; do
-    row "$tool (MsgRate)" "8 B" "${RATE[$tool.8]:-}" "qperf tcp_bw -m 8 (bytes/s / 8)" "${Q[rate8]:-}" "M msg/s"
-    record "$tool.msgrate" 8 "${RATE[$tool.8]:-}" Mmsg/s
+    row "$(tn "$tool") (MsgRate)" "8 B" "${RATE[$tool.8]:-}" "qperf tcp_bw -m 8 (bytes/s / 8)" "${Q[rate8]:-}" "M msg/s"
+    record "$R$tool.msgrate" 8 "${RATE[$tool.8]:-}" Mmsg/s
   done
   for tool in ib_write_lat ib_read_lat ib_send_lat; do
-    compat_log "$tool -s 8 -n $LAT_ITERS"
+    compat_log "${L}$tool -s 8 -n $LAT_ITERS"
     perftest1 "$tool" -s 8 -n "$LAT_ITERS"; r=$PT1
     typ="" avg=""
     [[ -n $r ]] && typ=$(t_typ "$r") && avg=$(t_avg "$r")
-    row "$tool (t_typical)" "8 B" "$typ" "sockperf pp udp spin, 14 B (p50)" "$sp50" "us one-way"
-    row "$tool (t_avg)" "8 B" "$avg" "qperf tcp_lat (mean)" "${Q[lat8]:-}" "us one-way"
-    record "$tool.t_typical" 8 "$typ" us
-    record "$tool.t_avg" 8 "$avg" us
+    row "$(tn "$tool") (t_typical)" "8 B" "$typ" "sockperf pp udp spin, 14 B (p50)" "$sp50" "us one-way"
+    row "$(tn "$tool") (t_avg)" "8 B" "$avg" "qperf tcp_lat (mean)" "${Q[lat8]:-}" "us one-way"
+    record "$R$tool.t_typical" 8 "$typ" us
+    record "$R$tool.t_avg" 8 "$avg" us
   done
   for tool in ib_write_bw ib_read_bw; do
-    row "$tool passive side (server) CPU" "64 KiB" "${BW[$tool.spas]:-}" "iperf3 receiver CPU" "$iprx" "s/GB"
-    row "$tool active side (client) CPU" "64 KiB" "${BW[$tool.sact]:-}" "iperf3 sender CPU" "$iptx" "s/GB"
-    record "$tool.passive.cpu" 65536 "${BW[$tool.spas]:-}" s/GB
-    record "$tool.active.cpu" 65536 "${BW[$tool.sact]:-}" s/GB
+    row "$(tn "$tool") passive side (server) CPU" "64 KiB" "${BW[$tool.spas]:-}" "iperf3 receiver CPU" "$iprx" "s/GB"
+    row "$(tn "$tool") active side (client) CPU" "64 KiB" "${BW[$tool.sact]:-}" "iperf3 sender CPU" "$iptx" "s/GB"
+    record "$R$tool.passive.cpu" 65536 "${BW[$tool.spas]:-}" s/GB
+    record "$R$tool.active.cpu" 65536 "${BW[$tool.sact]:-}" s/GB
   done
 
   # -- many processes ------------------------------------------------------------------------
   if ((multi)); then
     local n i sum iters
     for n in "${PROCS[@]}"; do
-      compat_log "$n x ib_write_bw -s 65536 -D $SECONDS_RUN at once"
+      compat_log "${L}$n x ib_write_bw -s 65536 -D $SECONDS_RUN at once"
       sum=""
       # Longer than the single runs: the N clients start one after the other.
       if perftest_pairs "$n" ib_write_bw -s 65536 -D $((SECONDS_RUN + n / 4)); then
         sum=0
         for ((i = 0; i < n; i++)); do sum=$(awk -v a="$sum" -v b="$(bw_gbs "${PT_ROW[i]}")" 'BEGIN { printf "%.6f", a + b }'); done
       fi
-      compat_log "$n x iperf3 at once"
-      iperf3_pairs "$n" $((SECONDS_RUN + n / 4))
-      row "$n x ib_write_bw processes, sum" "64 KiB" "$sum" "$n x iperf3 processes, sum" "$IP_GBS" "GB/s"
-      record "multi$n.ib_write_bw.sum" 65536 "$sum" GB/s
-      record "multi$n.iperf3.sum" 65536 "$IP_GBS" GB/s
+      # The peers once per group: the second transport's rows reuse them.
+      if [[ -z ${MPEER[bw$n]+set} ]]; then
+        compat_log "$n x iperf3 at once"
+        iperf3_pairs "$n" $((SECONDS_RUN + n / 4))
+        MPEER[bw$n]=$IP_GBS
+        record "multi$n.iperf3.sum" 65536 "$IP_GBS" GB/s
+      fi
+      row "$n x $(tn ib_write_bw) processes, sum" "64 KiB" "$sum" "$n x iperf3 processes, sum" "${MPEER[bw$n]}" "GB/s"
+      record "${R}multi$n.ib_write_bw.sum" 65536 "$sum" GB/s
     done
     for n in "${PROCS[@]}"; do
       # Spinning pairs share 2 CPUs: fewer iterations each as N grows, so the run stays bounded.
       iters=$((LAT_ITERS / n > 200 ? LAT_ITERS / n : 200))
-      compat_log "$n x ib_write_lat -s 8 -n $iters at once"
+      compat_log "${L}$n x ib_write_lat -s 8 -n $iters at once"
       sum=""
       if perftest_pairs "$n" ib_write_lat -s 8 -n "$iters"; then
         sum=0
         for ((i = 0; i < n; i++)); do sum=$(awk -v a="$sum" -v b="$(t_typ "${PT_ROW[i]}")" 'BEGIN { print a + b }'); done
         sum=$(awk -v s="$sum" -v n="$n" 'BEGIN { printf "%.4f", s / n }')
       fi
-      compat_log "$n x sockperf pp at once"
-      sockperf_pairs "$n" "$SECONDS_RUN"
-      row "$n x ib_write_lat processes, mean of t_typical" "8 B" "$sum" "$n x sockperf pp udp spin, mean of p50" "$SP_P50" "us one-way"
-      record "multi$n.ib_write_lat.t_typical.mean" 8 "$sum" us
-      record "multi$n.sockperf.p50.mean" 14 "$SP_P50" us
+      if [[ -z ${MPEER[lat$n]+set} ]]; then
+        compat_log "$n x sockperf pp at once"
+        sockperf_pairs "$n" "$SECONDS_RUN"
+        MPEER[lat$n]=$SP_P50
+        record "multi$n.sockperf.p50.mean" 14 "$SP_P50" us
+      fi
+      row "$n x $(tn ib_write_lat) processes, mean of t_typical" "8 B" "$sum" "$n x sockperf pp udp spin, mean of p50" "${MPEER[lat$n]}" "us one-way"
+      record "${R}multi$n.ib_write_lat.t_typical.mean" 8 "$sum" us
     done
   fi
 
@@ -547,12 +580,13 @@ run_group() {
     for s in "${CURVE_SIZES[@]}"; do
       v=${BW[ib_write_bw.$s]:-}
       if [[ -z $v ]]; then
-        compat_log "curve: ib_write_bw -s $s -D $SECONDS_RUN"
+        compat_log "${L}curve: ib_write_bw -s $s -D $SECONDS_RUN"
         perftest1 ib_write_bw -s "$s" -D "$SECONDS_RUN"; r=$PT1
         [[ -n $r ]] && v=$(bw_gbs "$r")
       fi
-      CURVE[$mtu|rdma|$s]=$v
-      record curve.ib_write_bw "$s" "$v" GB/s
+      CURVE[$mtu|$tag|$s]=$v
+      record "${R}curve.ib_write_bw" "$s" "$v" GB/s
+      [[ $PT_MODE == "${TRANSPORTS[0]}" ]] || continue  # the peers' points once per group
       record curve.qperf.tcp_bw "$s" "${CURVE[$mtu|tcp|$s]:-}" GB/s
       ((s <= 65507)) && record curve.qperf.udp_bw.recv "$s" "${CURVE[$mtu|udp|$s]:-}" GB/s
     done
@@ -609,9 +643,10 @@ if [[ " ${PLACEMENTS[*]} " == *" pinned "* ]] && ((${#CURVE_SIZES[@]})); then
       mi=0
       for mtu in "${MTUS[@]}"; do
         mi=$((mi + 1))
-        for series in rdma tcp udp; do
+        for series in rdma iwarp tcp udp; do
           case $series in
             rdma) title="softrdma ib_write_bw" color="#d62728" ;;
+            iwarp) title="softrdma iWARP ib_write_bw -R" color="#9467bd" ;;
             tcp) title="qperf tcp_bw" color="#1f77b4" ;;
             udp) title="qperf udp_bw (received)" color="#2ca02c" ;;
           esac
@@ -656,6 +691,8 @@ fi
   echo "Server in namespace A, client in B, joined by a veth. Ratio = softrdma / peer: latency and s/GB"
   echo "below 1 and bandwidth above 1 mean softrdma is better. perftest bandwidth: -D $SECONDS_RUN"
   echo "(64 KiB write/read: -n $CPU_ITERS, whose CPU time the s/GB rows use); latency -n $LAT_ITERS."
+  [[ " ${TRANSPORTS[*]} " == *" iwarp "* ]] &&
+    echo "iWARP rows: \`softrdma run --iwarp\`, perftest -R (rdma_cm), FPDUs on one TCP connection per QP."
   echo "s/GB: utime+stime of the whole process over its life (setup included) / bytes moved. The kernel"
   echo "does part of a veth receive in the sender's softirq, so it counts for neither side's"
   echo "process on either path."
