@@ -13,7 +13,7 @@ BUILD_PKGS=(cmake ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libisa
 # ours with; iperf3 and gnuplot-nox: bench/netns.sh's TCP peer and its plot.
 RUN_PKGS=(ibverbs-utils rdmacm-utils perftest qperf sockperf iproute2 procps util-linux ucx-utils libfabric-bin
   ibverbs-providers binutils python3-pyverbs openmpi-bin libopenmpi-dev mpich libmpich-dev
-  iperf3 gnuplot-nox)
+  iperf3 gnuplot-nox nftables)
 
 update=0
 [[ ${1:-} == --update ]] && update=1

@@ -74,8 +74,9 @@ SOFTRDMA_DIRECT=0 ctest --test-dir "$root/build" --output-on-failure -j "$jobs" 
   2>&1 | tee "$logs/build.direct-off1.log" || true
 count "$logs/build.direct-off1.log"
 # The loopback perftest groups (label perftest) are left out here: compat.netns runs the same
-# binaries between two namespaces, where every operation goes by packets anyway.
-SOFTRDMA_DIRECT=0 ctest --test-dir "$root/build" --output-on-failure -L compat -LE "perftest|consumers" "${extra[@]}" \
+# binaries between two namespaces, where every operation goes by packets anyway; the iwarp group
+# (label iwarp) runs both ways by itself.
+SOFTRDMA_DIRECT=0 ctest --test-dir "$root/build" --output-on-failure -L compat -LE "perftest|consumers|iwarp" "${extra[@]}" \
   2>&1 | tee "$logs/build.direct-off2.log" || true
 count "$logs/build.direct-off2.log"
 if [[ ${SOFTRDMA_SKIP_ASAN:-0} != 1 ]]; then
