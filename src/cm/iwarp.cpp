@@ -454,11 +454,13 @@ int Manager::iw_accept(Connection& c, const AcceptParams& p) {
       else
         f.rtr_send = true;
       if (f.rtr_read) ird = std::max<uint16_t>(ird, 1);
-      w.rtr = IwRtr::Await;
     }
     f.ird = ird;
     f.ord = ord;
   }
+  // The responder sends nothing before the initiator's first FPDU: the RTR with peer-to-peer, the
+  // ULP's first message without (RFC 5044 §7.1.2; siw fails a connection on bytes after the reply).
+  w.rtr = IwRtr::Await;
   w.ird = ird;
   w.ord = ord;
   w.crc = q.crc || want_crc();
