@@ -26,7 +26,7 @@ tests/unit/core       core
 tests/unit/transport  transport core net wire
 tests/unit/verbs      verbs core
 tests/unit/cm         cm wire
-tests/verbs           core
+tests/verbs           core verbs
 tests/faults          -
 tests/hostile         wire net core
 tests/rdmacm          -

@@ -5,13 +5,17 @@
 // from Connections and cm::Events, and readies QPs through the Consumer it installs.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <poll.h>
 #include <unordered_map>
 #include <vector>
 
 #include "wire/cm_mad.h"
+#include "wire/iwarp.h"
 
 namespace softrdma::cm {
 
@@ -25,6 +29,67 @@ struct Device {
   uint64_t guid_be = 0;
   uint8_t mtu = kDefaultMtu;  // the port's active MTU (IBTA code)
   uint8_t max_rd_atom = 16;
+  // An iWARP device (transport IWARP): its ids connect over TCP + MPA (iwarp.cpp), not CM MADs.
+  bool iwarp = false;
+  uint16_t max_ird = 16, max_ord = 16;  // max_qp_rd_atom / max_qp_init_rd_atom
+};
+
+// ---- iWARP (iwarp.cpp; docs/iwarp-cm.md) -------------------------------------------------------------
+inline constexpr size_t kMpaMaxFrame = wire::iwarp::kMpaHeaderLen + wire::iwarp::kMpaMaxPrivateData;
+// The most private data rdma_connect/accept/reject take on iWARP: 256 octets of MPA private data
+// (what siw takes, RDMA_MAX_PRIVATE_DATA) less the RFC 6581 IRD/ORD words.
+inline constexpr size_t kIwarpMaxPrivateData = 256 - wire::iwarp::kMpaEnhancedLen;
+
+// The first-FPDU rule, as softrdma_iwarp_rtr numbers it (verbs/private_abi.h).
+enum class IwRtr : uint8_t { None = 0, SendWrite = 1, SendRead = 2, SendSend = 3, Await = 4 };
+
+// What the consumer hands the QP once the MPA exchange is done (softrdma_iwarp_conn).
+struct IwarpConn {
+  int fd = -1;  // the connection; the CM keeps it, the QP's owner dup()s what it keeps
+  bool crc = false, markers_rx = false, markers_tx = false;
+  IwRtr rtr = IwRtr::None;
+  uint32_t ird = 0, ord = 0;
+  uint32_t peer_qpn = 0;  // direct path: the peer QP of this host (tuple table hit), 0 if none
+};
+
+enum class IwStep : uint8_t {
+  None,
+  Connecting,   // active: non-blocking TCP connect under way
+  AwaitReply,   // active: MPA request sent (or being sent), reading the reply
+  ReqRcvd,      // passive: MPA request read, the application decides
+  Established,  // frames exchanged, the QP attached: polled for the peer's close only
+  Closed,
+};
+
+// One id's TCP connection and MPA exchange.
+struct IwarpState {
+  IwStep step = IwStep::None;
+  uint8_t rx[kMpaMaxFrame];  // the peer's frame as it arrives (exactly its length, never beyond)
+  size_t rx_len = 0;
+  uint8_t tx[kMpaMaxFrame + wire::iwarp::kMpaEnhancedLen];  // our frame, until the socket took it
+  size_t tx_len = 0, tx_off = 0;
+  wire::iwarp::MpaFrame peer;  // the peer's frame, parsed (private_data points into rx)
+  uint16_t ird = 0, ord = 0;   // ours: offered, then negotiated
+  bool crc = false, markers_tx = false;
+  IwRtr rtr = IwRtr::None;
+  uint32_t qpn = 0;
+  uint32_t peer_qpn = 0;
+  // The connection's addresses (network order), once connected; published in the tuple table.
+  uint32_t tuple_local_ip = 0, tuple_remote_ip = 0;
+  uint16_t tuple_local_port = 0, tuple_remote_port = 0;
+  bool published = false;
+  bool hup_posted = false;
+  uint64_t deadline_ns = 0;
+};
+
+// What the iWARP CM counts (process-wide; softrdma_cm_iwarp_stats in librdmacm's private ABI).
+struct IwarpStats {
+  std::atomic<uint64_t> mpa_requests_sent{0}, mpa_requests_rcvd{0};
+  std::atomic<uint64_t> mpa_bad_frames{0};     // malformed request/reply: key, revision, length, extra bytes
+  std::atomic<uint64_t> mpa_timeouts{0};       // no complete frame in time
+  std::atomic<uint64_t> mpa_rejects_sent{0}, mpa_rejects_rcvd{0};
+  std::atomic<uint64_t> tcp_refused{0};        // connect answered with RST / unreachable
+  std::atomic<uint64_t> direct_hits{0};        // tuple table found a local peer QP
 };
 
 // Connection states, after the kernel's rdma_cm.
@@ -66,6 +131,8 @@ struct Connection {
   Connection* listener = nullptr;
   bool passive = false;         // made by a REQ (its last_mad is our REP)
   uint64_t next_probe_ns = 0;   // connected to another host: when to check on the peer next
+  bool iwarp = false;           // TCP + MPA instead of CM MADs; sock is a TCP socket (iwarp.cpp)
+  std::unique_ptr<IwarpState> iw;
 };
 
 enum class EventKind {
@@ -100,6 +167,11 @@ class Consumer {
   // Whether the connection has a QP, and moving it to RTR/RTS with c's parameters (0: done).
   virtual bool has_qp(const Connection& c) = 0;
   virtual int ready_qp(Connection& c) = 0;
+  // iWARP: the connection's QP number (0: none) and handing it its connection (0 or an errno).
+  virtual uint32_t qp_num(const Connection&) { return 0; }
+  virtual int attach_iwarp(Connection&, const IwarpConn&) { return EOPNOTSUPP; }
+  // Whether ids bound to no device (wildcard, loopback) are iWARP: the first device's transport.
+  virtual bool default_iwarp() { return false; }
 };
 
 // What the active side asks for (rdma_connect's parameters).
@@ -152,8 +224,39 @@ class Manager {
   // lock is held by the caller and released while waiting for the CM thread to let go of the socket.
   void destroy(Connection& c, std::unique_lock<std::mutex>& lock);
   void wake();
+  const IwarpStats& iwarp_stats() const { return iw_stats_; }
 
  private:
+  // iWARP (iwarp.cpp).
+  struct IwAccept {  // a TCP connection accepted on a listener, its MPA request not yet complete
+    int fd = -1;
+    Connection* listener = nullptr;
+    uint8_t rx[kMpaMaxFrame];
+    size_t rx_len = 0;
+    uint64_t deadline_ns = 0;
+  };
+  int iw_bind(Connection& c, uint32_t ip_be, uint16_t port_be);
+  int iw_listen(Connection& c);
+  int iw_connect(Connection& c, uint16_t dst_port, const ConnectParams& p);
+  int iw_accept(Connection& c, const AcceptParams& p);
+  int iw_reject(Connection& c, const void* pdata, uint8_t len);
+  void iw_disconnect(Connection& c);
+  void iw_destroy(Connection& c);
+  void iw_poll_set(std::vector<struct pollfd>& fds, std::vector<void*>& owners, std::vector<uint8_t>& kinds, int& timeout_ms);
+  void iw_dispatch(void* owner, uint8_t kind, int fd, short revents);
+  void iw_timers(uint64_t now);
+  void iw_on_listener(Connection& L);
+  void iw_on_accepted(IwAccept& a, short revents);
+  void iw_on_active(Connection& c, short revents);
+  void iw_on_reply(Connection& c);
+  void iw_fail(Connection& c, EventKind kind, int status, bool with_pdata = false);
+  bool iw_flush(Connection& c);
+  void iw_publish(Connection& c);
+  void iw_unpublish(Connection& c);
+  uint32_t iw_lookup_peer(Connection& c);
+  std::vector<std::unique_ptr<IwAccept>> iw_accepts_;
+  IwarpStats iw_stats_;
+
   Manager();
   void loop();
   void at_exit();
@@ -192,6 +295,8 @@ class Manager {
 int route_source(uint32_t dst_ip_be, uint16_t dst_port_be, uint32_t& src_ip_be);
 // Whether ip is one of this host's addresses (a peer here is reached straight at its socket).
 bool is_local(uint32_t ip_be);
+// The IPv4 address of the k-th iWARP device (they follow net::list_interfaces, one per address), 0 if none.
+uint32_t iwarp_device_ip(size_t k);
 
 // What the 4791 holder (transport/gsi.cpp) answers, as a dead process's kernel CM would, for a MAD to
 // this host that no live process takes: REQ -> REJ "invalid service ID", SIDR_REQ -> SIDR_REP

@@ -229,6 +229,7 @@ void Manager::send_sidr_rep(Connection& c, uint8_t status, uint32_t qpn, const v
 }
 
 int Manager::bind_port(Connection& c, uint32_t ip_be, uint16_t port_be) {
+  if (c.iwarp) return iw_bind(c, ip_be, port_be);
   int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
   sockaddr_in a{};
@@ -253,6 +254,7 @@ int Manager::listen(Connection& c) {
   if (c.sock < 0)
     if (int e = bind_port(c, INADDR_ANY, 0)) return e;
   if (c.st != St::Bound && c.st != St::Listen) return EINVAL;
+  if (c.iwarp) return iw_listen(c);
   // A wildcard listener hears every device, as the kernel's: open them all, so that this host has a
   // 4791 holder to forward REQs from other hosts even when no other softrdma process runs here.
   if (!c.dev && consumer_) consumer_->device_for_ip(0);
@@ -267,6 +269,7 @@ int Manager::resolve_addr(Connection& c, uint32_t src_ip, uint16_t src_port_be, 
   if (!src_ip) err = route_source(dst_ip, 0, src_ip);  // what the kernel would pick for a datagram to dst
   const Device* d = err || !consumer_ ? nullptr : consumer_->device_for_ip(src_ip);
   if (!d) return err ? err : ENODEV;
+  if (c.sock < 0) c.iwarp = d->iwarp;
   if (c.sock < 0)
     if (int e = bind_port(c, src_ip, src_port_be)) return -e;
   c.dev = d;
@@ -286,6 +289,7 @@ int Manager::resolve_route(Connection& c) {
 
 int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
   if (c.st != St::RouteResolved) return EINVAL;
+  if (c.iwarp) return iw_connect(c, dst_port, p);
   wire::CmaIpHeader cma;
   cma.src_port = c.local_port;
   cma.src_ip_be = c.local_ip_be;
@@ -364,6 +368,7 @@ int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
 
 int Manager::accept(Connection& c, const AcceptParams& p) {
   if (c.st != St::ReqRcvd) return EINVAL;
+  if (c.iwarp) return iw_accept(c, p);
   if (c.ud) {
     // SIDR_REP "valid QP" with our QPN and Q_Key. No ESTABLISHED here, as with the kernel's CM.
     if (p.private_data_len > wire::kSidrRepPrivateLen) return EINVAL;
@@ -406,6 +411,7 @@ int Manager::accept(Connection& c, const AcceptParams& p) {
 
 int Manager::reject(Connection& c, const void* pdata, uint8_t len) {
   if (c.st != St::ReqRcvd) return EINVAL;
+  if (c.iwarp) return iw_reject(c, pdata, len);
   if (c.ud) {
     if (len > wire::kSidrRepPrivateLen) return EINVAL;
     send_sidr_rep(c, 2, 0, pdata, len);  // status 2: rejected by the service
@@ -425,6 +431,7 @@ int Manager::establish(Connection& c) {
 }
 
 void Manager::disconnect(Connection& c) {
+  if (c.iwarp) return iw_disconnect(c);
   if (c.ud) {
     if (c.st == St::Connected) c.st = St::Disconnected;  // SIDR leaves no connection to tear down
     return;
@@ -437,7 +444,9 @@ void Manager::disconnect(Connection& c) {
 }
 
 void Manager::destroy(Connection& c, std::unique_lock<std::mutex>& lock) {
-  if (c.st == St::Connected && !c.ud) {
+  if (c.iwarp) {
+    iw_destroy(c);
+  } else if (c.st == St::Connected && !c.ud) {
     send_dreq(c);
   } else if (c.st == St::ReqRcvd) {
     if (c.ud)
@@ -449,7 +458,8 @@ void Manager::destroy(Connection& c, std::unique_lock<std::mutex>& lock) {
   // Children of a destroyed listener keep working, as in the kernel.
   for (Connection* o : conns_)
     if (o->listener == &c) o->listener = nullptr;
-  bool polled = c.st == St::Listen;
+  // An iWARP id's TCP socket is polled in every state it is open in.
+  bool polled = c.st == St::Listen || c.iwarp;
   std::erase(conns_, &c);
   if (c.sock >= 0) {
     if (polled) {
@@ -720,6 +730,7 @@ void Manager::receive(int fd, Connection* listener) {
 
 void Manager::timers() {
   uint64_t now = now_ns();
+  iw_timers(now);
   for (Connection* c : conns_) {
     if (!c->awaiting || now < c->deadline_ns) continue;
     if (c->listener_probes) {
@@ -775,7 +786,7 @@ void Manager::timers() {
   // passive side its REP (the peer answers with its RTU). A kernel rdma_cm peer needs none of this
   // (its kernel sends the DREQ for a dying process) and ignores the duplicates.
   for (Connection* c : conns_) {
-    if (c->st != St::Connected || c->peer_local || c->ud || c->awaiting) continue;
+    if (c->st != St::Connected || c->peer_local || c->ud || c->awaiting || c->iwarp) continue;
     if (!c->next_probe_ns) c->next_probe_ns = now + cm_probe_ns();
     if (now < c->next_probe_ns) continue;
     c->next_probe_ns = now + cm_probe_ns();
@@ -786,7 +797,7 @@ void Manager::timers() {
     }
   }
   for (Connection* c : conns_) {
-    if (c->st != St::Connected || !c->peer_local || c->ud) continue;
+    if (c->st != St::Connected || !c->peer_local || c->ud || c->iwarp) continue;
     if (owner_alive(c->remote_comm_id)) continue;
     c->st = St::Disconnected;
     post(*c, Event{EventKind::Disconnected});
@@ -796,15 +807,22 @@ void Manager::timers() {
 void Manager::loop() {
   std::vector<pollfd> fds;
   std::vector<Connection*> owners;
+  std::vector<pollfd> iw_fds;  // iWARP sockets (iwarp.cpp), after the UDP ones
+  std::vector<void*> iw_owners;
+  std::vector<uint8_t> iw_kinds;
   for (;;) {
     int timeout_ms = 200;
+    size_t n_udp = 0;
     {
       std::lock_guard lock(mu);
       fds.assign({pollfd{sock_, POLLIN, 0}, pollfd{wake_fd_, POLLIN, 0}});
       owners.assign(2, nullptr);
+      iw_fds.clear();
+      iw_owners.clear();
+      iw_kinds.clear();
       uint64_t now = now_ns();
       for (Connection* c : conns_) {
-        if (c->st == St::Listen && c->sock >= 0) {
+        if (c->st == St::Listen && c->sock >= 0 && !c->iwarp) {
           fds.push_back(pollfd{c->sock, POLLIN, 0});
           owners.push_back(c);
         }
@@ -814,6 +832,12 @@ void Manager::loop() {
         }
       }
     }
+    n_udp = fds.size();
+    {
+      std::lock_guard lock(mu);
+      iw_poll_set(iw_fds, iw_owners, iw_kinds, timeout_ms);
+    }
+    fds.insert(fds.end(), iw_fds.begin(), iw_fds.end());
     poll(fds.data(), fds.size(), timeout_ms);
     std::lock_guard lock(mu);
     ++loop_gen_;
@@ -821,7 +845,9 @@ void Manager::loop() {
     uint64_t v;
     [[maybe_unused]] ssize_t n = read(wake_fd_, &v, sizeof v);
     receive(sock_, nullptr);
-    for (size_t i = 2; i < fds.size(); ++i) {
+    for (size_t i = n_udp; i < fds.size(); ++i)
+      if (fds[i].revents) iw_dispatch(iw_owners[i - n_udp], iw_kinds[i - n_udp], fds[i].fd, fds[i].revents);
+    for (size_t i = 2; i < n_udp; ++i) {
       if (!(fds[i].revents & POLLIN)) continue;
       // The endpoint may have been destroyed while we polled.
       if (std::find(conns_.begin(), conns_.end(), owners[i]) != conns_.end() && owners[i]->sock == fds[i].fd)
@@ -835,7 +861,7 @@ void Manager::at_exit() {
   // A process that exits with connections up disconnects them, as the kernel does for a dying process.
   std::lock_guard lock(mu);
   for (Connection* c : conns_)
-    if (c->st == St::Connected && !c->ud) send_dreq(*c);
+    if (c->st == St::Connected && !c->ud && !c->iwarp) send_dreq(*c);
 }
 
 }  // namespace softrdma::cm

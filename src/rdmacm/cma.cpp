@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "cm/cm.h"
+#include "verbs/private_abi.h"
 #include "rdmacm/ids.h"
 
 namespace softrdma::rdmacm {
@@ -73,7 +74,23 @@ struct Abi final : cm::Consumer {
   void event(cm::Connection& c, const cm::Event& e) override;
   bool has_qp(const cm::Connection& c) override { return static_cast<const Id*>(c.owner)->pub.qp != nullptr; }
   int ready_qp(cm::Connection& c) override;
+  uint32_t qp_num(const cm::Connection& c) override {
+    const ibv_qp* qp = static_cast<const Id*>(c.owner)->pub.qp;
+    return qp ? qp->qp_num : 0;
+  }
+  int attach_iwarp(cm::Connection& c, const cm::IwarpConn& ic) override;
+  bool default_iwarp() override {
+    device_for(0);
+    return !devices.empty() && devices.front()->iwarp;
+  }
 };
+
+// SOFTRDMA_CM_IWARP=1: every device's ids take the iWARP path (TCP + MPA), a QP on a device that
+// is not iWARP is left as it is. A test hook for the CM protocol alone.
+bool force_iwarp() {
+  const char* s = getenv("SOFTRDMA_CM_IWARP");
+  return s && std::strcmp(s, "1") == 0;
+}
 
 Abi& abi() {
   static Abi* a = new Abi;  // leaked, as the manager: ids may be used from exit-time code
@@ -93,18 +110,27 @@ cm::Manager& M() {
 Device* Abi::device_for(uint32_t ip_be) {
   if (devices.empty()) {
     int n = 0;
+    size_t n_iwarp = 0;
     ibv_device** list = ibv_get_device_list(&n);
     for (int i = 0; list && i < n; ++i) {
       ibv_context* ctx = ibv_open_device(list[i]);
       if (!ctx) continue;
       auto* d = new Device;
       d->ctx = ctx;
+      d->iwarp = ctx->device->transport_type == IBV_TRANSPORT_IWARP || force_iwarp();
       ibv_gid g;
-      if (ibv_query_gid(ctx, 1, 0, &g) == 0) d->ip_be = gid_ip(g.raw);
+      if (ctx->device->transport_type == IBV_TRANSPORT_IWARP) {
+        // An iWARP device's GID is its MAC: its address is the interface's, in the devices' order.
+        d->ip_be = cm::iwarp_device_ip(n_iwarp++);
+      } else if (ibv_query_gid(ctx, 1, 0, &g) == 0) {
+        d->ip_be = gid_ip(g.raw);
+      }
       ibv_device_attr da;
       if (ibv_query_device(ctx, &da) == 0) {
         d->guid_be = da.node_guid;
         d->max_rd_atom = static_cast<uint8_t>(std::min(da.max_qp_rd_atom, 255));
+        d->max_ird = static_cast<uint16_t>(std::clamp(da.max_qp_rd_atom, 0, 0x3fff));
+        d->max_ord = static_cast<uint16_t>(std::clamp(da.max_qp_init_rd_atom, 0, 0x3fff));
       }
       ibv_port_attr pa;
       if (ibv_query_port(ctx, 1, &pa) == 0) d->mtu = static_cast<uint8_t>(pa.active_mtu);
@@ -267,6 +293,22 @@ void fill_qp_attr(Id* id, ibv_qp_state state, ibv_qp_attr& a, int& mask) {
       mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
     }
   }
+}
+
+// The QP takes over the TCP connection (softrdma_iwarp_attach dup()s the socket).
+int Abi::attach_iwarp(cm::Connection& c, const cm::IwarpConn& ic) {
+  Id* id = id_of(c);
+  if (!id->pub.qp) return 0;
+  if (id->pub.qp->context->device->transport_type != IBV_TRANSPORT_IWARP) return force_iwarp() ? 0 : EINVAL;
+  softrdma_iwarp_conn conn{};
+  conn.fd = ic.fd;
+  conn.flags = (ic.crc ? SOFTRDMA_IW_CRC : 0) | (ic.markers_rx ? SOFTRDMA_IW_MARKERS_RX : 0) |
+               (ic.markers_tx ? SOFTRDMA_IW_MARKERS_TX : 0);
+  conn.rtr = static_cast<uint32_t>(ic.rtr);
+  conn.ird = ic.ird;
+  conn.ord = ic.ord;
+  conn.peer_qpn = ic.peer_qpn;
+  return softrdma_iwarp_attach(id->pub.qp, &conn);
 }
 
 int Abi::ready_qp(cm::Connection& c) {
@@ -502,6 +544,8 @@ SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
     attach_device(id);
     set_gid(id->pub.route.addr.addr.ibaddr.sgid, ip);
   }
+  // The port is a TCP port on iWARP (docs/iwarp-cm.md); unbound to a device, the first device decides.
+  id->conn.iwarp = id->conn.dev ? id->conn.dev->iwarp : abi().default_iwarp();
   if (int e = M().bind_port(id->conn, ip, sin_of(addr)->sin_port)) return fail(e);
   set_src(id);
   return 0;
@@ -668,6 +712,7 @@ SOFTRDMA_EXPORT int rdma_listen(rdma_cm_id* pid, int /*backlog*/) {
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
   const bool bound = id->conn.sock >= 0;
+  if (!bound) id->conn.iwarp = id->conn.dev ? id->conn.dev->iwarp : abi().default_iwarp();
   if (int e = M().listen(id->conn)) return fail(e);
   if (!bound) set_src(id);
   return 0;
@@ -1043,4 +1088,16 @@ SOFTRDMA_EXPORT const char* rdma_event_str(rdma_cm_event_type e) {
   };
   unsigned i = static_cast<unsigned>(e);
   return i < sizeof names / sizeof names[0] ? names[i] : "UNKNOWN EVENT";
+}
+
+// softrdma's private ABI (version node SOFTRDMA_PRIVATE_1; not for applications): the iWARP CM's
+// counters in cm::IwarpStats order (requests sent, received, bad frames, timeouts, rejects sent,
+// rejects received, refused TCP connects, direct-path hits). Fills up to n; returns how many exist.
+SOFTRDMA_EXPORT int softrdma_cm_iwarp_stats(uint64_t* values, unsigned n) {
+  const cm::IwarpStats& s = M().iwarp_stats();
+  const uint64_t all[] = {s.mpa_requests_sent, s.mpa_requests_rcvd, s.mpa_bad_frames, s.mpa_timeouts,
+                          s.mpa_rejects_sent,  s.mpa_rejects_rcvd,  s.tcp_refused,    s.direct_hits};
+  const unsigned count = sizeof all / sizeof all[0];
+  for (unsigned i = 0; values && i < n && i < count; ++i) values[i] = all[i];
+  return static_cast<int>(count);
 }

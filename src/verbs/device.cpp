@@ -4,8 +4,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -18,40 +20,67 @@ using namespace softrdma::verbs;
 
 namespace softrdma::verbs {
 
-const std::vector<SoftDevice*>& all_devices() {
-  // Enumerated once per process and never freed: applications may keep ibv_device pointers forever.
-  static const std::vector<SoftDevice*>* devices = [] {
-    auto* out = new std::vector<SoftDevice*>;
-    int i = 0;
-    for (const net::Interface& itf : net::list_interfaces()) {
-      auto* d = new SoftDevice{};
-      d->iface = itf;
-      d->index = i;
-      d->dev.node_type = IBV_NODE_CA;
-      d->dev.transport_type = IBV_TRANSPORT_IB;
-      snprintf(d->dev.name, sizeof d->dev.name, "softrdma_%s", itf.ifname.c_str());
-      snprintf(d->dev.dev_name, sizeof d->dev.dev_name, "uverbs%d", i);
-      snprintf(d->dev.dev_path, sizeof d->dev.dev_path, "/sys/class/infiniband_verbs/uverbs%d", i);
-      snprintf(d->dev.ibdev_path, sizeof d->dev.ibdev_path, "/sys/class/infiniband/%s", d->dev.name);
-      // EUI-64 from the MAC as RoCE NICs do; interfaces without a MAC use the IPv4 address.
-      uint64_t g = 0;
-      bool has_mac = false;
-      for (uint8_t b : itf.mac) has_mac |= b != 0;
-      if (has_mac) {
-        const auto& m = itf.mac;
-        g = (uint64_t{static_cast<uint8_t>(m[0] ^ 2)} << 56) | (uint64_t{m[1]} << 48) | (uint64_t{m[2]} << 40) |
-            (0xFFull << 32) | (0xFEull << 24) | (uint64_t{m[3]} << 16) | (uint64_t{m[4]} << 8) | m[5];
-      } else {
-        g = (0x02ull << 56) | ntohl(itf.ip_be);
-      }
-      d->guid_be = htobe64(g);
-      out->push_back(d);
-      ++i;
-    }
-    return out;
-  }();
-  return *devices;
+namespace {
+
+// SOFTRDMA_TRANSPORT: roce (default: RoCE devices only), iwarp (iWARP devices only, as a siw host),
+// both (RoCE devices first, then iWARP). Anything else counts as roce.
+enum class Selection { Roce = 0, Iwarp = 1, Both = 2 };
+
+Selection selection() {
+  const char* s = getenv("SOFTRDMA_TRANSPORT");
+  if (s && !strcmp(s, "iwarp")) return Selection::Iwarp;
+  if (s && !strcmp(s, "both")) return Selection::Both;
+  return Selection::Roce;
 }
+
+// EUI-64 from a MAC (the universal/local bit flipped), as RoCE NICs and siw (addrconf_addr_eui48) do.
+uint64_t eui64(const std::array<uint8_t, 6>& m) {
+  return (uint64_t{static_cast<uint8_t>(m[0] ^ 2)} << 56) | (uint64_t{m[1]} << 48) | (uint64_t{m[2]} << 40) |
+         (0xFFull << 32) | (0xFEull << 24) | (uint64_t{m[3]} << 16) | (uint64_t{m[4]} << 8) | m[5];
+}
+
+SoftDevice* make_device(const net::Interface& itf, int index, bool iwarp) {
+  auto* d = new SoftDevice{};
+  d->iface = itf;
+  d->index = index;
+  d->iwarp = iwarp;
+  d->dev.node_type = iwarp ? IBV_NODE_RNIC : IBV_NODE_CA;
+  d->dev.transport_type = iwarp ? IBV_TRANSPORT_IWARP : IBV_TRANSPORT_IB;
+  snprintf(d->dev.name, sizeof d->dev.name, iwarp ? "softrdma_iw_%s" : "softrdma_%s", itf.ifname.c_str());
+  snprintf(d->dev.dev_name, sizeof d->dev.dev_name, "uverbs%d", index);
+  snprintf(d->dev.dev_path, sizeof d->dev.dev_path, "/sys/class/infiniband_verbs/uverbs%d", index);
+  snprintf(d->dev.ibdev_path, sizeof d->dev.ibdev_path, "/sys/class/infiniband/%s", d->dev.name);
+  bool has_mac = false;
+  for (uint8_t b : itf.mac) has_mac |= b != 0;
+  // An iWARP device takes its GUID from the MAC as siw does, a zero MAC included (loopback); a RoCE
+  // device without a MAC uses the IPv4 address.
+  d->guid_be = htobe64(has_mac || iwarp ? eui64(itf.mac) : (0x02ull << 56) | ntohl(itf.ip_be));
+  return d;
+}
+
+const std::vector<SoftDevice*>* lists[3];
+std::once_flag list_once[3];
+
+// Each selection's list is enumerated once per process and never freed: applications may keep
+// ibv_device pointers forever.
+const std::vector<SoftDevice*>& devices_of(Selection sel) {
+  const int k = static_cast<int>(sel);
+  std::call_once(list_once[k], [sel, k] {
+    auto* out = new std::vector<SoftDevice*>;
+    const std::vector<net::Interface> itfs = net::list_interfaces();
+    int i = 0;
+    if (sel != Selection::Iwarp)
+      for (const net::Interface& itf : itfs) out->push_back(make_device(itf, i++, false));
+    if (sel != Selection::Roce)
+      for (const net::Interface& itf : itfs) out->push_back(make_device(itf, i++, true));
+    lists[k] = out;
+  });
+  return *lists[k];
+}
+
+}  // namespace
+
+const std::vector<SoftDevice*>& all_devices() { return devices_of(selection()); }
 
 namespace {
 constexpr uint32_t kGidTblLen = 16;
@@ -66,6 +95,11 @@ ibv_mtu ib_mtu_for(uint32_t netdev_mtu) {
 
 ibv_gid gid_of(const SoftDevice& d) {
   ibv_gid g{};
+  if (d.iwarp) {
+    // As siw: the interface's MAC in the first six bytes, the rest zero (loopback: all zero).
+    std::memcpy(g.raw, d.iface.mac.data(), d.iface.mac.size());
+    return g;
+  }
   g.raw[10] = 0xFF;
   g.raw[11] = 0xFF;
   std::memcpy(&g.raw[12], &d.iface.ip_be, 4);
@@ -110,8 +144,35 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   a.max_total_mcast_qp_attach = L::kMaxMcastGrp * L::kMaxMcastQpAttach;
   a.local_ca_ack_delay = 15;
   a.phys_port_cnt = 1;
+  if (d.iwarp) {
+    // As siw presents an RNIC (siw_query_device): no atomics, one READ sink SGE, no memory windows,
+    // multicast, XRC or raw packet QPs; device_cap_flags are siw's. What stays ours is what we are:
+    // our vendor id, firmware string and object limits (docs/iwarp-device.md).
+    a.device_cap_flags = IBV_DEVICE_MEM_MGT_EXTENSIONS;
+    a.atomic_cap = IBV_ATOMIC_NONE;
+    a.max_sge_rd = 1;
+    a.max_mw = 0;
+    a.max_raw_ethy_qp = 0;
+    a.max_mcast_grp = a.max_mcast_qp_attach = a.max_total_mcast_qp_attach = 0;
+    a.local_ca_ack_delay = 0;
+    a.page_size_cap = 4096;  // siw: PAGE_SIZE
+  }
+}
+
+// Largest IBTA MTU not above the interface's, as siw's ib_mtu_int_to_enum (TCP carries the FPDUs:
+// no packet overhead to subtract).
+ibv_mtu iwarp_mtu_for(uint32_t netdev_mtu) {
+  for (int m = IBV_MTU_4096; m > IBV_MTU_256; --m)
+    if (core::mtu_bytes(m) <= netdev_mtu) return static_cast<ibv_mtu>(m);
+  return IBV_MTU_256;
 }
 }  // namespace
+
+ibv_mtu iwarp_rc_path_mtu(ibv_context* ctx) {
+  // The direct-path attach runs the RC machinery, whose packets (if any) must fit a UDP datagram.
+  const SoftDevice& d = *to_ctx(ctx)->device;
+  return std::min(ib_mtu_for(d.iface.mtu), iwarp_mtu_for(d.iface.mtu));
+}
 
 int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* out, size_t size) {
   if (port != 1) return EINVAL;
@@ -132,6 +193,14 @@ int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* out, size_t siz
   a.active_speed = 32;   // EDR: nominal; a software port has no signalling rate
   a.phys_state = !link.admin_up ? 3 : !link.carrier ? 2 : 5;  // Disabled, Polling, LinkUp
   a.link_layer = IBV_LINK_LAYER_ETHERNET;
+  if (d.iwarp) {
+    // As siw_query_port: one GID, CM and device management supported, no VLs; P_Key table of one
+    // entry (siw has none; ours keeps ibv_query_pkey and INIT's pkey_index meaningful).
+    a.max_mtu = a.active_mtu = iwarp_mtu_for(d.iface.mtu);
+    a.gid_tbl_len = 1;
+    a.port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_DEVICE_MGMT_SUP;
+    a.max_vl_num = 0;
+  }
   std::memcpy(out, &a, std::min(size, sizeof a));
   return 0;
 }
@@ -168,6 +237,16 @@ int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_d
   a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
   a.max_dm_size = kMaxDmSize;  // device memory: host memory of the context's process (dm.cpp)
   a.tm_caps = tm_caps();  // tag-matching SRQs (tm.cpp)
+  if (to_ctx(ctx)->device->iwarp) {
+    // siw has none of these: no ATOMIC WRITE, ODP, raw packet QPs, device memory, tag matching.
+    ibv_device_attr_ex x{};
+    x.orig_attr = a.orig_attr;
+    x.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+    x.completion_timestamp_mask = a.completion_timestamp_mask;
+    x.hca_core_clock = a.hca_core_clock;
+    x.phys_port_cnt_ex = a.phys_port_cnt_ex;
+    a = x;
+  }
   std::memcpy(attr, &a, std::min(size, sizeof a));
   return 0;
 }
@@ -240,6 +319,30 @@ ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  if (c->device->iwarp) {
+    // What a siw context lacks: its verbs.h wrappers then fail with EOPNOTSUPP, as over siw (memory
+    // windows, XRC, device memory, raw packet flows/WQs/RSS, ODP advice, XRC/tag-matching SRQs).
+    ctx.ops.alloc_mw = nullptr;
+    ctx.ops.dealloc_mw = nullptr;
+    ctx.ops.bind_mw = nullptr;
+    v.open_xrcd = nullptr;
+    v.close_xrcd = nullptr;
+    v.get_srq_num = nullptr;
+    v.open_qp = nullptr;
+    v.alloc_dm = nullptr;
+    v.free_dm = nullptr;
+    v.reg_dm_mr = nullptr;
+    v.advise_mr = nullptr;
+    v.create_srq_ex = nullptr;
+    v.post_srq_ops = nullptr;
+    v.ibv_create_flow = nullptr;
+    v.ibv_destroy_flow = nullptr;
+    v.create_wq = nullptr;
+    v.modify_wq = nullptr;
+    v.destroy_wq = nullptr;
+    v.create_rwq_ind_table = nullptr;
+    v.destroy_rwq_ind_table = nullptr;
+  }
   return &ctx;
 }
 
@@ -286,8 +389,12 @@ SOFTRDMA_EXPORT int ibv_query_port(ibv_context* ctx, uint8_t port, _compat_ibv_p
 }
 
 // As rdma-core over the kernel: an index past the table is EINVAL, an empty slot reads as a zero GID.
+namespace {
+uint32_t gid_tbl_len(ibv_context* ctx) { return to_ctx(ctx)->device->iwarp ? 1 : kGidTblLen; }
+}  // namespace
+
 SOFTRDMA_EXPORT int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid) {
-  if (port != 1 || index < 0 || static_cast<uint32_t>(index) >= kGidTblLen) {
+  if (port != 1 || index < 0 || static_cast<uint32_t>(index) >= gid_tbl_len(ctx)) {
     errno = EINVAL;
     return -1;
   }
@@ -298,14 +405,15 @@ SOFTRDMA_EXPORT int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv
 SOFTRDMA_EXPORT int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index, ibv_gid_entry* entry,
                                       uint32_t flags, size_t entry_size) {
   if (flags) return EINVAL;
-  if (port != 1 || index >= kGidTblLen) return EINVAL;
+  if (port != 1 || index >= gid_tbl_len(ctx)) return EINVAL;
   if (index != 0) return ENODATA;  // an empty slot
   const SoftDevice& d = *to_ctx(ctx)->device;
   ibv_gid_entry e{};
   e.gid = gid_of(d);
   e.gid_index = 0;
   e.port_num = 1;
-  e.gid_type = IBV_GID_TYPE_ROCE_V2;
+  // An iWARP port's GID is of type IB, as the kernel's GID cache gives siw (not RoCE).
+  e.gid_type = d.iwarp ? IBV_GID_TYPE_IB : IBV_GID_TYPE_ROCE_V2;
   e.ndev_ifindex = static_cast<uint32_t>(d.iface.ifindex);
   std::memcpy(entry, &e, std::min(entry_size, sizeof e));
   return 0;
@@ -321,12 +429,11 @@ SOFTRDMA_EXPORT ssize_t _ibv_query_gid_table(ibv_context* ctx, ibv_gid_entry* en
 
 // rdma-core's private ABI (driver.h): 0 = IB/RoCE v1, 1 = RoCE v2; an empty slot reads as 0.
 SOFTRDMA_EXPORT int ibv_query_gid_type(ibv_context* ctx, uint8_t port, unsigned int index, int* type) {
-  (void)ctx;
-  if (port != 1 || index >= kGidTblLen) {
+  if (port != 1 || index >= gid_tbl_len(ctx)) {
     errno = EINVAL;
     return -1;
   }
-  *type = index == 0 ? 1 : 0;
+  *type = index == 0 && !is_iwarp(ctx) ? 1 : 0;
   return 0;
 }
 
@@ -350,12 +457,16 @@ SOFTRDMA_EXPORT const char* ibv_get_sysfs_path(void) { return "/sys"; }
 
 // There is no kernel device: the few files programs read from sysfs are answered here.
 SOFTRDMA_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size) {
-  for (SoftDevice* d : all_devices()) {
+  // A device of any selection: its ibv_device may outlive a change of SOFTRDMA_TRANSPORT.
+  std::vector<SoftDevice*> every;
+  for (Selection s : {Selection::Roce, Selection::Iwarp, Selection::Both})
+    every.insert(every.end(), devices_of(s).begin(), devices_of(s).end());
+  for (SoftDevice* d : every) {
     if (strcmp(dir, d->dev.ibdev_path) != 0) continue;
     const char* value = nullptr;
     char tmp[64];
     if (!strcmp(file, "node_type")) {
-      value = "1: CA";
+      value = d->iwarp ? "4: RNIC" : "1: CA";
     } else if (!strcmp(file, "fw_ver")) {
       value = "softrdma-0.1";
     } else if (!strcmp(file, "node_desc")) {

@@ -11,6 +11,7 @@ extern "C" {
 #endif
 
 struct ibv_qp;
+struct ibv_device;
 
 enum softrdma_iwarp_flags {
   SOFTRDMA_IW_CRC = 1 << 0,        /* MPA CRC in use (both directions) */
@@ -37,6 +38,10 @@ struct softrdma_iwarp_conn {
 
 /* Moves an RC QP of an iWARP device (INIT) to RTS over the connection. 0 or an errno. */
 int softrdma_iwarp_attach(struct ibv_qp *qp, const struct softrdma_iwarp_conn *conn);
+
+/* The IPv4 address (network byte order) that a device of ibv_get_device_list is bound to: librdmacm
+ * finds an iWARP device by it, since an iWARP GID holds the interface's MAC, not the address. */
+uint32_t softrdma_device_ipv4(struct ibv_device *dev);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 // Queue pairs: creation, the modify/query state machine (validated per IBTA, executed by the engine),
 // and the data-path entries: classic ibv_post_send/ibv_post_recv and the ibv_qp_ex ibv_wr_* API.
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -27,6 +28,10 @@ void qpx_install(SoftQp* q);
 ibv_qp* create(ibv_context* ctx, ibv_pd* pd, const ibv_qp_init_attr& ia, SoftXrcd* xrcd = nullptr,
                const RssSetup* rss = nullptr) {
   const bool xrc_send = ia.qp_type == IBV_QPT_XRC_SEND, xrc_recv = ia.qp_type == IBV_QPT_XRC_RECV;
+  if (is_iwarp(ctx) && (ia.qp_type != IBV_QPT_RC || rss)) {
+    errno = EOPNOTSUPP;  // an RNIC has RC QPs only (siw_create_qp: "only RC QP's supported")
+    return nullptr;
+  }
   if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD &&
       ia.qp_type != IBV_QPT_RAW_PACKET && !xrc_send && !xrc_recv) {
     errno = EOPNOTSUPP;
@@ -242,13 +247,18 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     return EINVAL;
   }
   transport::Engine& eng = engine_of(qp->context);
+  const bool iwarp = is_iwarp(qp->context);
   constexpr int kBatch = 8;
   SendWqe batch[kBatch];
   ibv_send_wr* first_in_batch = wr;
   int n = 0;
   for (ibv_send_wr* cur = wr; cur; cur = cur->next) {
     if (n == 0) first_in_batch = cur;
-    int rc = translate(*cur, q->tqp->cfg, batch[n]);
+    // iWARP: memory-window WRs are refused before translation reads their bind_mw.
+    int rc = iwarp && (cur->opcode == IBV_WR_BIND_MW || cur->opcode == IBV_WR_LOCAL_INV)
+                 ? EINVAL
+                 : translate(*cur, q->tqp->cfg, batch[n]);
+    if (!rc && iwarp) rc = iwarp_check_send(batch[n]);
     if (rc) {
       // Queue what came before the bad one, then report it.
       int b = 0;
@@ -336,6 +346,9 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
                  IBV_QP_EX_WITH_LOCAL_INV;
   // ATOMIC WRITE is an RC operation only (no UC, UD or XRC opcode carries it).
   if (a->qp_type == IBV_QPT_RC) ops |= IBV_QP_EX_WITH_ATOMIC_WRITE;
+  // An iWARP QP has SEND, SEND with invalidate, RDMA WRITE and READ (RDMAP), nothing else.
+  if (is_iwarp(ctx))
+    ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ;
   if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~ops)) {
     errno = EOPNOTSUPP;
     return nullptr;
@@ -367,9 +380,26 @@ SOFTRDMA_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 SOFTRDMA_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) { return &to_qp(qp)->qpx; }
 
 SOFTRDMA_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  return softrdma::verbs::modify_qp(qp, attr, mask, false);
+}
+
+int softrdma::verbs::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, bool attach) {
   SoftQp* q = to_qp(qp);
   ibv_qp_state cur = to_ibv(q->tqp->state.load());
   ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
+  if (is_iwarp(qp->context) && !attach) {
+    // iWARP: RTR and RTS come from the connection (softrdma_iwarp_attach), never by hand; RESET to
+    // INIT takes only what the iWARP CM gives (state and access flags; P_Key index and port optional).
+    if (int rc = iwarp_check_modify(cur, next, mask)) return rc;
+    if (cur == IBV_QPS_RESET && next == IBV_QPS_INIT) {
+      ibv_qp_attr a = *attr;
+      int m = mask | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+      if (!(mask & IBV_QP_PKEY_INDEX)) a.pkey_index = 0;
+      if (!(mask & IBV_QP_PORT)) a.port_num = 1;
+      if (!(mask & IBV_QP_ACCESS_FLAGS)) a.qp_access_flags = 0;
+      return modify_qp(qp, &a, m, true);
+    }
+  }
   if (validate_modify_qp(qp->qp_type, cur, mask, next, attr->cur_qp_state)) return EINVAL;
   RdAtomicLimits lim{static_cast<int>(core::DeviceLimits::kMaxQpRdAtom),
                            static_cast<int>(core::DeviceLimits::kMaxQpRdAtom)};
@@ -457,6 +487,7 @@ SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   }
   void* sq_ring = q->tqp->cfg.sq_ring;
   engine_of(qp->context).destroy_qp(q->tqp);
+  if (q->iw_fd >= 0) close(q->iw_fd);  // the direct-path attach's TCP socket (iwarp.cpp)
   if (q->xrcd) --q->xrcd->users;
   if (qp->send_cq) --to_cq(qp->send_cq)->qp_refs;
   if (qp->recv_cq) --to_cq(qp->recv_cq)->qp_refs;
@@ -520,6 +551,9 @@ void qpx_install(SoftQp* q) {
   x.wr_complete = [](ibv_qp_ex* x) -> int {
     SoftQp* q = of(x);
     int rc = q->staged_error;
+    if (!rc && is_iwarp(x->qp_base.context))
+      for (const SendWqe& w : q->staged)
+        if ((rc = iwarp_check_send(w)) != 0) break;
     if (!rc && !q->staged.empty()) {
       int bad = 0;
       rc = engine_of(x->qp_base.context)

@@ -26,6 +26,7 @@ struct SoftDevice {
   net::Interface iface;
   uint64_t guid_be;
   int index;
+  bool iwarp = false;  // an iWARP device (SOFTRDMA_TRANSPORT=iwarp|both; docs/iwarp-device.md)
   std::atomic<uint64_t> dm_used{0};  // bytes of device memory allocated in this process (dm.cpp)
 };
 
@@ -165,6 +166,7 @@ struct SoftQp {
   int staged_error = 0;
   std::mutex wr_mutex;  // held from ibv_wr_start to ibv_wr_complete/abort (ibv_wr_post(3) CONCURRENCY)
   struct SoftRwqIndTable* ind_table = nullptr;  // an RSS QP's (raw.cpp)
+  int iw_fd = -1;  // an iWARP QP attached over the direct path: its TCP socket, kept until destroy (iwarp.cpp)
 };
 
 // RAW_PACKET receive-side scaling (raw.cpp): work queues and the indirection tables that group them.
@@ -194,9 +196,18 @@ inline SoftContext* to_ctx(ibv_context* c) {
 inline SoftCq* to_cq(ibv_cq* c) { return reinterpret_cast<SoftCq*>(c); }
 inline SoftQp* to_qp(ibv_qp* q) { return reinterpret_cast<SoftQp*>(q); }
 inline transport::Engine& engine_of(ibv_context* c) { return *to_ctx(c)->engine; }
+inline bool is_iwarp(ibv_context* c) { return to_ctx(c)->device->iwarp; }
 
-// device.cpp
+// device.cpp: the devices SOFTRDMA_TRANSPORT selects now (roce, iwarp or both; read at each call, each
+// list made once and never freed).
 const std::vector<SoftDevice*>& all_devices();
+// iwarp.cpp: the verbs rules of iWARP QPs (as siw's; docs/iwarp-device.md). 0 or an errno.
+int iwarp_check_send(const transport::SendWqe& w);
+int iwarp_check_modify(ibv_qp_state cur, ibv_qp_state next, int mask);
+// device.cpp: the path MTU an iWARP QP's RC attach (the direct path) uses.
+ibv_mtu iwarp_rc_path_mtu(ibv_context* ctx);
+// qp.cpp: ibv_modify_qp without the iWARP refusal of RTR/RTS (the attach's own transitions).
+int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, bool attach);
 // A context on `shared` with every op installed (ibv_open_device, ibv_import_device); cmd_fd is its.
 ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd);
 // dm.cpp: the verbs_context ops of device memory, and max_dm_size.

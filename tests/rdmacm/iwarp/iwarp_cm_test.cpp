@@ -1,0 +1,595 @@
+// rdma_cm on iWARP devices (docs/iwarp-cm.md): TCP connect/accept plus the MPA request/reply, with
+// private data both ways, reject, refused and silent peers, disconnect from either side, IRD/ORD and
+// RTR negotiation checked on the wire against a hand-written TCP peer, and hostile TCP clients at a
+// listener. Runs with SOFTRDMA_TRANSPORT=iwarp (the devices are iWARP) and SOFTRDMA_CM_IWARP=1 (the
+// CM's own hook: ids take the iWARP path even on devices that are not; QPs there stay unattached).
+// Only the public rdma_cm API, plus softrdma_cm_iwarp_stats (librdmacm's private ABI) for counters.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" int softrdma_cm_iwarp_stats(uint64_t* values, unsigned n);
+
+namespace {
+
+// Before any rdma_* call: the CM reads these when it opens devices and arms MPA timers.
+const bool env_set = [] {
+  setenv("SOFTRDMA_TRANSPORT", "iwarp", 1);
+  setenv("SOFTRDMA_CM_IWARP", "1", 1);
+  setenv("SOFTRDMA_MPA_TIMEOUT_MS", "1500", 1);
+  return true;
+}();
+
+constexpr int kWaitMs = 20000;
+constexpr const char* kIp = "127.0.0.1";
+
+enum Stat { kReqSent, kReqRcvd, kBadFrames, kTimeouts, kRejSent, kRejRcvd, kRefused, kDirectHits, kNStats };
+struct Stats {
+  uint64_t v[kNStats] = {};
+  Stats() { softrdma_cm_iwarp_stats(v, kNStats); }
+  uint64_t operator[](Stat s) const { return v[s]; }
+};
+
+sockaddr_in addr(const char* ip, uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  return a;
+}
+
+rdma_cm_event* next_event(rdma_event_channel* ch, int timeout_ms = kWaitMs) {
+  pollfd p{ch->fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) != 1) return nullptr;
+  rdma_cm_event* ev = nullptr;
+  if (rdma_get_cm_event(ch, &ev)) return nullptr;
+  return ev;
+}
+std::string name(const rdma_cm_event* ev) {
+  return ev ? std::string(rdma_event_str(ev->event)) + " status " + std::to_string(ev->status) : "no event";
+}
+
+struct Side {
+  rdma_cm_id* id = nullptr;
+  ibv_cq* cq = nullptr;
+  bool setup(rdma_cm_id* cm_id) {
+    id = cm_id;
+    cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
+    if (!cq) return false;
+    ibv_qp_init_attr qa{};
+    qa.send_cq = qa.recv_cq = cq;
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    return rdma_create_qp(id, nullptr, &qa) == 0;
+  }
+  void release() {
+    if (id && id->qp) rdma_destroy_qp(id);
+    if (cq) ibv_destroy_cq(cq);
+    id = nullptr;
+    cq = nullptr;
+  }
+  ~Side() { release(); }
+};
+
+struct Listener {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  uint16_t port = 0;
+  Listener() {
+    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return;
+    sockaddr_in a = addr(kIp, 0);
+    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(id, 8)) return;
+    port = ntohs(rdma_get_src_port(id));
+  }
+  ~Listener() {
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+};
+
+struct Client {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  Side side;
+  bool resolve(uint16_t port, bool qp = true) {
+    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return false;
+    sockaddr_in a = addr(kIp, port);
+    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 2000)) return false;
+    rdma_cm_event* ev = next_event(ch);
+    bool ok = ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED;
+    if (ev) rdma_ack_cm_event(ev);
+    if (!ok || rdma_resolve_route(id, 2000)) return false;
+    ev = next_event(ch);
+    ok = ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED;
+    if (ev) rdma_ack_cm_event(ev);
+    return ok && id->verbs && (!qp || side.setup(id));
+  }
+  ~Client() {
+    if (id && id->qp) rdma_destroy_qp(id);
+    side.id = nullptr;
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+};
+
+// ---- a hand-written MPA peer over a plain TCP socket ----------------------------------------------
+const char kReqKey[] = "MPA ID Req Frame";
+const char kRepKey[] = "MPA ID Rep Frame";
+
+struct Frame {
+  std::string key;
+  uint16_t bits = 0;      // M C R E flags and revision
+  uint16_t ird_word = 0, ord_word = 0;
+  std::vector<uint8_t> pdata;  // after the enhanced words
+};
+
+std::vector<uint8_t> frame_bytes(const char* key, uint16_t bits, bool enhanced, uint16_t ird_word, uint16_t ord_word,
+                                 const std::vector<uint8_t>& pdata) {
+  std::vector<uint8_t> b(key, key + 16);
+  b.push_back(bits >> 8);
+  b.push_back(bits & 0xFF);
+  uint16_t len = static_cast<uint16_t>(pdata.size() + (enhanced ? 4 : 0));
+  b.push_back(len >> 8);
+  b.push_back(len & 0xFF);
+  if (enhanced) {
+    b.push_back(ird_word >> 8);
+    b.push_back(ird_word & 0xFF);
+    b.push_back(ord_word >> 8);
+    b.push_back(ord_word & 0xFF);
+  }
+  b.insert(b.end(), pdata.begin(), pdata.end());
+  return b;
+}
+
+bool read_exact(int fd, uint8_t* p, size_t n) {
+  while (n) {
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, kWaitMs) != 1) return false;
+    ssize_t r = recv(fd, p, n, 0);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool read_frame(int fd, Frame& f) {
+  uint8_t h[20];
+  if (!read_exact(fd, h, 20)) return false;
+  f.key.assign(reinterpret_cast<char*>(h), 16);
+  f.bits = static_cast<uint16_t>(h[16] << 8 | h[17]);
+  uint16_t len = static_cast<uint16_t>(h[18] << 8 | h[19]);
+  std::vector<uint8_t> body(len);
+  if (len && !read_exact(fd, body.data(), len)) return false;
+  size_t off = 0;
+  if (f.bits & 0x1000) {
+    if (len < 4) return false;
+    f.ird_word = static_cast<uint16_t>(body[0] << 8 | body[1]);
+    f.ord_word = static_cast<uint16_t>(body[2] << 8 | body[3]);
+    off = 4;
+  }
+  f.pdata.assign(body.begin() + static_cast<long>(off), body.end());
+  return true;
+}
+
+// A TCP listener on 127.0.0.1 that plays the MPA responder by hand.
+struct RawServer {
+  int lfd = -1;
+  uint16_t port = 0;
+  RawServer() {
+    lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a = addr(kIp, 0);
+    socklen_t l = sizeof a;
+    if (bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) || listen(lfd, 4) ||
+        getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &l))
+      return;
+    port = ntohs(a.sin_port);
+  }
+  int accept_one() {
+    pollfd p{lfd, POLLIN, 0};
+    if (poll(&p, 1, kWaitMs) != 1) return -1;
+    return accept(lfd, nullptr, nullptr);
+  }
+  ~RawServer() {
+    if (lfd >= 0) close(lfd);
+  }
+};
+
+int raw_connect(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a = addr(kIp, port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool send_all(int fd, const std::vector<uint8_t>& b) {
+  return send(fd, b.data(), b.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(b.size());
+}
+
+// Whether the peer closed fd (EOF) within kWaitMs.
+bool sees_eof(int fd) {
+  uint8_t b[64];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, kWaitMs) != 1) return false;
+    ssize_t r = recv(fd, b, sizeof b, 0);
+    if (r <= 0) return true;
+  }
+}
+
+// Connects a Client to L with private data, accepts with private data; returns the passive id.
+rdma_cm_id* connect_pair(Listener& L, Client& C, Side& ss, rdma_conn_param cp, rdma_conn_param ap,
+                         rdma_cm_event* req_out = nullptr) {
+  if (rdma_connect(C.id, &cp)) return nullptr;
+  rdma_cm_event* ev = next_event(L.ch);
+  if (!ev || ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+    ADD_FAILURE() << name(ev);
+    return nullptr;
+  }
+  if (req_out) *req_out = *ev;
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  if (!ss.setup(child) || rdma_accept(child, &ap)) return nullptr;
+  return child;
+}
+
+TEST(IwarpCm, ConnectAcceptPrivateDataBothWays) {
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  Stats before;
+  const char hello[] = "iwarp-client-hello";
+  rdma_conn_param cp{};
+  cp.private_data = hello;
+  cp.private_data_len = sizeof hello;
+  cp.responder_resources = 4;
+  cp.initiator_depth = 2;
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+  EXPECT_EQ(ev->listen_id, L.id);
+  // Exactly the client's private data: iWARP carries no rdma_cm header and no padding.
+  ASSERT_EQ(ev->param.conn.private_data_len, sizeof hello);
+  EXPECT_EQ(memcmp(ev->param.conn.private_data, hello, sizeof hello), 0);
+  EXPECT_EQ(ev->param.conn.initiator_depth, 4);      // READs we may issue: the client's IRD
+  EXPECT_EQ(ev->param.conn.responder_resources, 2);  // READs it issues: its ORD
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(ntohs(rdma_get_src_port(child)), L.port);
+  EXPECT_EQ(rdma_get_dst_port(child), rdma_get_src_port(C.id));
+  Side ss;
+  ASSERT_TRUE(ss.setup(child));
+  const char welcome[] = "iwarp-server-accepts-you";
+  rdma_conn_param ap{};
+  ap.private_data = welcome;
+  ap.private_data_len = sizeof welcome;
+  ap.responder_resources = 2;
+  ap.initiator_depth = 3;
+  ASSERT_EQ(rdma_accept(child, &ap), 0);
+  ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id == child) << name(ev);
+  rdma_ack_cm_event(ev);
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+  ASSERT_EQ(ev->param.conn.private_data_len, sizeof welcome);
+  EXPECT_EQ(memcmp(ev->param.conn.private_data, welcome, sizeof welcome), 0);
+  // As the kernel's cma_iw_handler reports them: negotiated IRD, ORD (client IRD 4 against the
+  // server's ORD 3, client ORD 2 within the server's IRD 2).
+  EXPECT_EQ(ev->param.conn.initiator_depth, 3);
+  EXPECT_EQ(ev->param.conn.responder_resources, 2);
+  rdma_ack_cm_event(ev);
+  Stats after;
+  EXPECT_EQ(after[kReqSent] - before[kReqSent], 1u);
+  EXPECT_EQ(after[kReqRcvd] - before[kReqRcvd], 1u);
+  // Both ends are this host's softrdma: each found the other's QP in the tuple table.
+  EXPECT_EQ(after[kDirectHits] - before[kDirectHits], 2u);
+  ss.release();
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+
+TEST(IwarpCm, RejectCarriesPrivateData) {
+  Listener L;
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  Stats before;
+  rdma_conn_param cp{};
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+  EXPECT_EQ(ev->param.conn.private_data_len, 0);
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  const char why[] = "iwarp-server-busy";
+  // At most 256 octets of MPA private data, the 4 of RFC 6581 included (siw's limit).
+  std::vector<uint8_t> big(253, 0x5A);
+  EXPECT_EQ(rdma_reject(child, big.data(), static_cast<uint8_t>(big.size())), -1);
+  EXPECT_EQ(errno, EINVAL);
+  rdma_conn_param ap{};
+  ap.private_data = big.data();
+  ap.private_data_len = static_cast<uint8_t>(big.size());
+  EXPECT_EQ(rdma_accept(child, &ap), -1);
+  EXPECT_EQ(errno, EINVAL);
+  ASSERT_EQ(rdma_reject(child, why, sizeof why), 0);
+  EXPECT_EQ(rdma_reject(child, nullptr, 0), -1);  // once only
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_REJECTED) << name(ev);
+  EXPECT_EQ(ev->status, -ECONNRESET);  // an MPA reject, as iw_cm reports siw's
+  ASSERT_EQ(ev->param.conn.private_data_len, sizeof why);
+  EXPECT_EQ(memcmp(ev->param.conn.private_data, why, sizeof why), 0);
+  rdma_ack_cm_event(ev);
+  Stats after;
+  EXPECT_EQ(after[kRejSent] - before[kRejSent], 1u);
+  EXPECT_EQ(after[kRejRcvd] - before[kRejRcvd], 1u);
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+
+// A port nobody listens on: the TCP connect is refused. siw refuses in rdma_connect itself (its
+// connect blocks); a NIC reports REJECTED with -ECONNREFUSED, as we do.
+TEST(IwarpCm, NobodyListeningIsRefused) {
+  uint16_t port;
+  {
+    RawServer tmp;
+    port = tmp.port;
+  }
+  Client C;
+  ASSERT_TRUE(C.resolve(port));
+  rdma_conn_param cp{};
+  if (rdma_connect(C.id, &cp) != 0) {
+    EXPECT_EQ(errno, ECONNREFUSED);
+    return;
+  }
+  rdma_cm_event* ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_REJECTED) << name(ev);
+  EXPECT_EQ(ev->status, -ECONNREFUSED);
+  rdma_ack_cm_event(ev);
+}
+
+void disconnect_test(bool active_side) {
+  Listener L;
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  Side ss;
+  rdma_cm_id* child = connect_pair(L, C, ss, rdma_conn_param{}, rdma_conn_param{});
+  ASSERT_NE(child, nullptr);
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+  rdma_ack_cm_event(ev);
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+  rdma_ack_cm_event(ev);
+  ASSERT_EQ(rdma_disconnect(active_side ? C.id : child), 0);
+  // iWARP: both ends get DISCONNECTED, the one that closed too; each exactly once.
+  for (rdma_event_channel* ch : {C.ch, L.ch}) {
+    ev = next_event(ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED) << name(ev);
+    rdma_ack_cm_event(ev);
+  }
+  EXPECT_EQ(rdma_disconnect(active_side ? child : C.id), 0);  // the other side too: no second event
+  EXPECT_EQ(next_event(C.ch, 300), nullptr);
+  EXPECT_EQ(next_event(L.ch, 300), nullptr);
+  ss.release();
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+TEST(IwarpCm, DisconnectFromActiveSide) { disconnect_test(true); }
+TEST(IwarpCm, DisconnectFromPassiveSide) { disconnect_test(false); }
+
+// The MPA request on the wire, field by field, and a reply that picks READ RTR, asks CRC and
+// markers and gives less IRD than asked: the client connects with what was negotiated.
+TEST(IwarpCm, RequestOnTheWireAndNegotiatedReply) {
+  RawServer S;
+  ASSERT_NE(S.port, 0);
+  Client C;
+  ASSERT_TRUE(C.resolve(S.port));
+  const char hello[] = "on-the-wire";
+  rdma_conn_param cp{};
+  cp.private_data = hello;
+  cp.private_data_len = sizeof hello;
+  cp.responder_resources = 5;
+  cp.initiator_depth = 3;
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+  int fd = S.accept_one();
+  ASSERT_GE(fd, 0);
+  Frame f;
+  ASSERT_TRUE(read_frame(fd, f));
+  EXPECT_EQ(f.key, std::string(kReqKey, 16));
+  EXPECT_EQ(f.bits & 0xFF, 2);           // revision 2
+  EXPECT_TRUE(f.bits & 0x1000);          // enhanced (RFC 6581)
+  EXPECT_FALSE(f.bits & 0x8000);         // no markers asked
+  EXPECT_FALSE(f.bits & 0x4000);         // no CRC unless SOFTRDMA_MPA_CRC=1
+  EXPECT_FALSE(f.bits & 0x2000);
+  EXPECT_EQ(f.ird_word, 0x8000 | 5);     // P, IRD 5
+  EXPECT_EQ(f.ord_word, 0xC000 | 3);     // WRITE and READ RTR offered, ORD 3
+  EXPECT_EQ(f.pdata, std::vector<uint8_t>(hello, hello + sizeof hello));
+  const std::vector<uint8_t> pd = {'o', 'k'};
+  // Reply: CRC and markers asked, P with READ RTR, IRD 2 (below the client's ORD), ORD 4 (within
+  // its IRD).
+  ASSERT_TRUE(send_all(fd, frame_bytes(kRepKey, 0x8000 | 0x4000 | 0x1000 | 2, true, 0x8000 | 2, 0x4000 | 4, pd)));
+  rdma_cm_event* ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+  ASSERT_EQ(ev->param.conn.private_data_len, 2);
+  EXPECT_EQ(memcmp(ev->param.conn.private_data, "ok", 2), 0);
+  EXPECT_EQ(ev->param.conn.initiator_depth, 4);      // IRD: min(5, the server's ORD 4)
+  EXPECT_EQ(ev->param.conn.responder_resources, 2);  // ORD: min(3, the server's IRD 2)
+  rdma_ack_cm_event(ev);
+  // rdma_disconnect closes the stream: the server sees EOF, the client DISCONNECTED.
+  ASSERT_EQ(rdma_disconnect(C.id), 0);
+  EXPECT_TRUE(sees_eof(fd));
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED) << name(ev);
+  rdma_ack_cm_event(ev);
+  close(fd);
+}
+
+// A reply the client cannot use: a wrong key, then one whose ORD exceeds the client's IRD.
+TEST(IwarpCm, BadRepliesAreConnectErrors) {
+  struct Case {
+    const char* key;
+    uint16_t ord_word;
+    int status;
+  } cases[] = {{kReqKey, 0x8000 | 1, -EPROTO}, {kRepKey, 0x8000 | 9, -ENOMEM}};
+  for (const Case& k : cases) {
+    RawServer S;
+    Client C;
+    ASSERT_TRUE(C.resolve(S.port));
+    rdma_conn_param cp{};
+    cp.responder_resources = 2;
+    cp.initiator_depth = 2;
+    Stats before;
+    ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+    int fd = S.accept_one();
+    Frame f;
+    ASSERT_TRUE(read_frame(fd, f));
+    ASSERT_TRUE(send_all(fd, frame_bytes(k.key, 0x1000 | 2, true, 0x8000 | 2, k.ord_word, {})));
+    rdma_cm_event* ev = next_event(C.ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_ERROR) << name(ev);
+    EXPECT_EQ(ev->status, k.status);
+    rdma_ack_cm_event(ev);
+    EXPECT_TRUE(sees_eof(fd));  // the client closed the connection
+    if (k.status == -EPROTO) {
+      EXPECT_EQ(Stats()[kBadFrames] - before[kBadFrames], 1u);
+    }
+    close(fd);
+  }
+}
+
+// A responder that accepts the TCP connection and never replies: UNREACHABLE with -ETIMEDOUT once
+// the MPA timer (SOFTRDMA_MPA_TIMEOUT_MS here) runs out.
+TEST(IwarpCm, SilentResponderIsUnreachable) {
+  RawServer S;
+  Client C;
+  ASSERT_TRUE(C.resolve(S.port));
+  rdma_conn_param cp{};
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+  int fd = S.accept_one();
+  ASSERT_GE(fd, 0);
+  rdma_cm_event* ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_UNREACHABLE) << name(ev);
+  EXPECT_EQ(ev->status, -ETIMEDOUT);
+  rdma_ack_cm_event(ev);
+  close(fd);
+}
+
+// The passive side on the wire: a request offering only READ RTR, asking CRC and markers; the
+// reply mirrors CRC, asks no markers, picks READ, and answers IRD/ORD within what was offered.
+TEST(IwarpCm, ReplyOnTheWire) {
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  int fd = raw_connect(L.port);
+  ASSERT_GE(fd, 0);
+  const std::vector<uint8_t> pd = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(send_all(fd, frame_bytes(kReqKey, 0x8000 | 0x4000 | 0x1000 | 2, true, 0x8000 | 6, 0x4000 | 3, pd)));
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+  ASSERT_EQ(ev->param.conn.private_data_len, 5);
+  EXPECT_EQ(memcmp(ev->param.conn.private_data, pd.data(), 5), 0);
+  EXPECT_EQ(ev->param.conn.initiator_depth, 6);
+  EXPECT_EQ(ev->param.conn.responder_resources, 3);
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  const char welcome[] = "hi";
+  rdma_conn_param ap{};
+  ap.private_data = welcome;
+  ap.private_data_len = sizeof welcome;
+  ap.responder_resources = 8;  // more than the peer's ORD 3: answered as 3
+  ap.initiator_depth = 8;      // more than its IRD 6: answered as 6
+  ASSERT_EQ(rdma_accept(child, &ap), 0);
+  Frame f;
+  ASSERT_TRUE(read_frame(fd, f));
+  EXPECT_EQ(f.key, std::string(kRepKey, 16));
+  EXPECT_EQ(f.bits, 0x4000 | 0x1000 | 2);  // CRC (asked by the peer), enhanced, rev 2; no M, no R
+  EXPECT_EQ(f.ird_word, 0x8000 | 3);
+  EXPECT_EQ(f.ord_word, 0x4000 | 6);        // READ RTR chosen
+  EXPECT_EQ(f.pdata, std::vector<uint8_t>(welcome, welcome + sizeof welcome));
+  ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id == child) << name(ev);
+  rdma_ack_cm_event(ev);
+  close(fd);  // the peer goes away: DISCONNECTED
+  ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED && ev->id == child) << name(ev);
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+
+// Hostile TCP clients at a listener: garbage, a valid key with an oversized length, a request
+// with bytes after it, a request cut short. Each is closed and counted, no CONNECT_REQUEST is
+// raised, and the listener then takes a real connection.
+TEST(IwarpCm, HostileClientsAreClosedAndCounted) {
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  Stats before;
+  std::vector<uint8_t> garbage(64, 0xEE);
+  std::vector<uint8_t> oversized = frame_bytes(kReqKey, 0x1000 | 2, false, 0, 0, {});
+  oversized[18] = 0xFF;
+  oversized[19] = 0xFF;
+  std::vector<uint8_t> extra = frame_bytes(kReqKey, 0x1000 | 2, true, 0x8000 | 1, 0x8000 | 1, {});
+  extra.push_back(0);
+  std::vector<uint8_t> short_enh = frame_bytes(kReqKey, 0x1000 | 2, false, 0, 0, {9, 9});  // E with 2 octets
+  short_enh[17] = 2;
+  for (const auto& bytes : {garbage, oversized, extra, short_enh}) {
+    int fd = raw_connect(L.port);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(send_all(fd, bytes));
+    EXPECT_TRUE(sees_eof(fd));
+    close(fd);
+  }
+  int cut = raw_connect(L.port);
+  std::vector<uint8_t> half = frame_bytes(kReqKey, 0x1000 | 2, true, 0, 0, {});
+  half.resize(10);
+  ASSERT_TRUE(send_all(cut, half));
+  EXPECT_TRUE(sees_eof(cut));  // after the MPA request timer
+  close(cut);
+  Stats mid;
+  EXPECT_EQ(mid[kBadFrames] - before[kBadFrames], 4u);
+  EXPECT_EQ(mid[kTimeouts] - before[kTimeouts], 1u);
+  EXPECT_EQ(mid[kReqRcvd], before[kReqRcvd]);
+  EXPECT_EQ(next_event(L.ch, 200), nullptr);
+
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  Side ss;
+  rdma_cm_id* child = connect_pair(L, C, ss, rdma_conn_param{}, rdma_conn_param{});
+  ASSERT_NE(child, nullptr);
+  rdma_cm_event* ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+  rdma_ack_cm_event(ev);
+  ss.release();
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+}
+
+// A destroyed listener's port is free again at once (perftest -R re-listens on it).
+TEST(IwarpCm, ListenerPortReusableAfterDestroy) {
+  uint16_t port;
+  {
+    Listener L;
+    ASSERT_NE(L.port, 0);
+    port = L.port;
+  }
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a = addr(kIp, port);
+  EXPECT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)), 0);
+  EXPECT_EQ(rdma_listen(id, 1), 0);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+}
+
+}  // namespace
