@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 seconds="${1:-60}"
-targets="${FUZZ_TARGETS:-fuzz_parser fuzz_responder}"
+targets="${FUZZ_TARGETS:-fuzz_parser fuzz_responder fuzz_iwarp}"
 build=build-fuzz
 
 # libFuzzer ships in Debian's libclang-rt-14-dev.

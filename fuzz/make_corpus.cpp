@@ -1,7 +1,8 @@
 // Writes the seed corpora of the fuzz targets: valid RoCEv2 packets built with wire::write_headers for
 // every RC opcode (plus a few UC/UD ones), and, for fuzz_responder, short conversations in its input
-// format (see fuzz_responder.cpp) that reach each responder and completer path.
-//   make_corpus <dir>   -> <dir>/fuzz_parser/*, <dir>/fuzz_responder/*
+// format (see fuzz_responder.cpp) that reach each responder and completer path; for fuzz_iwarp, FPDU
+// streams in each CRC/marker setting, MPA frames, and lone headers and bodies.
+//   make_corpus <dir>   -> <dir>/fuzz_parser/*, <dir>/fuzz_responder/*, <dir>/fuzz_iwarp/*
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 
 #include "wire/headers.h"
 #include "wire/icrc.h"
+#include "wire/iwarp.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
 
@@ -77,6 +79,68 @@ Fields at(int32_t off, uint32_t dma_len = 0, uint64_t va = 0) {
   f.dma_len = dma_len;
   f.va = va;
   return f;
+}
+
+// An iWARP stream: SEND, WRITE crossing a marker, READ request, READ response, Terminate.
+Bytes iwarp_stream(bool crc, bool markers) {
+  namespace iw = iwarp;
+  iw::FpduSender tx(crc, markers);
+  Bytes out;
+  auto fpdu = [&](const iw::DdpHeader& h, const Bytes& body) {
+    uint8_t hdr[iw::kMaxHeaderLen];
+    const size_t hl = iw::encode_header(h, hdr);
+    iovec in[2] = {{hdr, hl}, {const_cast<uint8_t*>(body.data()), body.size()}};
+    Bytes scratch(iw::FpduSender::scratch_len(hl + body.size()));
+    iovec pieces[64];
+    const int n = tx.frame(in, 2, scratch.data(), pieces, 64);
+    for (int i = 0; i < n; ++i) {
+      const auto* p = static_cast<const uint8_t*>(pieces[i].iov_base);
+      out.insert(out.end(), p, p + pieces[i].iov_len);
+    }
+  };
+  iw::DdpHeader send;
+  send.last = true;
+  send.opcode = iw::Opcode::Send;
+  send.msn = 1;
+  fpdu(send, Bytes(37, 0x5a));
+  iw::DdpHeader write;
+  write.tagged = write.last = true;
+  write.opcode = iw::Opcode::Write;
+  write.stag = 0x1234;
+  write.to = 0x40001000;
+  fpdu(write, Bytes(700, 0xa5));
+  iw::DdpHeader rreq;
+  rreq.last = true;
+  rreq.opcode = iw::Opcode::ReadRequest;
+  rreq.qn = iw::kQnReadRequest;
+  rreq.msn = 1;
+  iw::ReadRequest r{0x5678, 0x2000, 100, 0x1234, 0x40001000};
+  Bytes body(iw::kReadRequestLen);
+  iw::encode_read_request(r, body.data());
+  fpdu(rreq, body);
+  iw::DdpHeader rresp = write;
+  rresp.opcode = iw::Opcode::ReadResponse;
+  rresp.stag = 0x5678;
+  fpdu(rresp, Bytes(100, 0x3c));
+  iw::DdpHeader term;
+  term.last = true;
+  term.opcode = iw::Opcode::Terminate;
+  term.qn = iw::kQnTerminate;
+  term.msn = 1;
+  uint8_t copied[iw::kUntaggedHeaderLen];
+  iw::encode_header(send, copied);
+  iw::Terminate t;
+  t.layer = iw::TermLayer::Ddp;
+  t.etype = iw::term::kDdpUntagged;
+  t.ecode = iw::term::kUtInvalidMsnRange;
+  t.has_segment_len = true;
+  t.segment_len = 37;
+  t.ddp_header = copied;
+  t.ddp_header_len = sizeof copied;
+  Bytes tb(iw::kMaxTerminateLen);
+  tb.resize(iw::encode_terminate(t, tb.data()));
+  fpdu(term, tb);
+  return out;
 }
 
 }  // namespace
@@ -229,5 +293,51 @@ int main(int argc, char** argv) {
   frame(b, packet(kRcReadResponseMiddle, 1024, at(1)));
   frame(b, packet(kRcAtomicAck, 0, at(3)), 0x04 | 0x80);
   write_file(rdir, "dereg_completer", b);
+
+  const std::filesystem::path idir = root / "fuzz_iwarp";
+  for (int opts = 0; opts < 4; ++opts) {
+    const bool crc = opts & 1, markers = opts & 2;
+    write_file(idir, std::string("stream") + (crc ? "_crc" : "") + (markers ? "_markers" : ""),
+               iwarp_stream(crc, markers));
+  }
+  {
+    iwarp::MpaFrame f;
+    f.enhanced = f.peer_to_peer = f.rtr_write = f.rtr_read = true;
+    f.ird = f.ord = 16;
+    const Bytes pd = {'p', 'r', 'i', 'v'};
+    f.private_data = pd.data();
+    f.private_data_len = static_cast<uint16_t>(pd.size());
+    Bytes m(iwarp::kMpaHeaderLen + iwarp::kMpaEnhancedLen + pd.size());
+    iwarp::encode_mpa(f, m.data());
+    write_file(idir, "mpa_request", m);
+    f.reply = f.crc = true;
+    f.rtr_read = false;
+    iwarp::encode_mpa(f, m.data());
+    write_file(idir, "mpa_reply", m);
+    iwarp::MpaFrame r;
+    r.reply = r.reject = true;
+    r.revision = 1;
+    m.resize(iwarp::kMpaHeaderLen);
+    iwarp::encode_mpa(r, m.data());
+    write_file(idir, "mpa_reject_v1", m);
+  }
+  {
+    // A lone Terminate body with every header, and a lone READ request body.
+    uint8_t hdr[iwarp::kUntaggedHeaderLen] = {0x41, 0x41};
+    uint8_t rr[iwarp::kReadRequestLen] = {};
+    iwarp::Terminate t;
+    t.layer = iwarp::TermLayer::Rdmap;
+    t.etype = iwarp::term::kRdmapRemoteProtection;
+    t.ecode = iwarp::term::kBaseBounds;
+    t.has_segment_len = true;
+    t.ddp_header = hdr;
+    t.ddp_header_len = sizeof hdr;
+    t.rdmap_header = rr;
+    t.rdmap_header_len = sizeof rr;
+    Bytes tb(iwarp::kMaxTerminateLen);
+    tb.resize(iwarp::encode_terminate(t, tb.data()));
+    write_file(idir, "terminate_body", tb);
+    write_file(idir, "read_request_body", Bytes(rr, rr + sizeof rr));
+  }
   return 0;
 }

@@ -91,6 +91,27 @@ struct Terminate {
 };
 inline constexpr size_t kMaxTerminateLen = 4 + 2 + kUntaggedHeaderLen + kReadRequestLen + 2;
 
+// Terminate error types and codes (RFC 5040 §4.8, RFC 5041 §7.2, RFC 5044 §8 and RFC 6581 §7; the
+// values siw uses).
+namespace term {
+// RDMAP layer: error types, then codes.
+inline constexpr uint8_t kRdmapCatastrophic = 0, kRdmapRemoteProtection = 1, kRdmapRemoteOperation = 2;
+inline constexpr uint8_t kInvalidStag = 0x00, kBaseBounds = 0x01, kAccessRights = 0x02, kStagNotAssoc = 0x03,
+                         kToWrap = 0x04, kRdmapVersion = 0x05, kUnexpectedOpcode = 0x06,
+                         kCatastrophicStream = 0x07, kCatastrophicGlobal = 0x08, kCannotInvalidate = 0x09,
+                         kUnspecified = 0xff;
+// DDP layer: error types, then the tagged (T) and untagged (UT) codes.
+inline constexpr uint8_t kDdpCatastrophic = 0, kDdpTagged = 1, kDdpUntagged = 2;
+inline constexpr uint8_t kTInvalidStag = 0x00, kTBaseBounds = 0x01, kTStagNotAssoc = 0x02, kTToWrap = 0x03,
+                         kTDdpVersion = 0x04;
+inline constexpr uint8_t kUtInvalidQn = 0x01, kUtInvalidMsnNoBuffer = 0x02, kUtInvalidMsnRange = 0x03,
+                         kUtInvalidMo = 0x04, kUtMessageTooLong = 0x05, kUtDdpVersion = 0x06;
+// LLP (MPA) layer: error type 0, codes.
+inline constexpr uint8_t kLlpMpa = 0;
+inline constexpr uint8_t kTcpLost = 0x01, kBadCrc = 0x02, kFpduStart = 0x03, kInvalidReqRep = 0x04,
+                         kLocalCatastrophic = 0x05, kInsufficientIrd = 0x06, kNoMatchingRtr = 0x07;
+}  // namespace term
+
 // Why a ULPDU was refused: where the Terminate that answers it comes from.
 struct ParseError {
   TermLayer layer;
@@ -102,13 +123,25 @@ size_t encode_header(const DdpHeader& h, uint8_t* out);
 size_t encode_read_request(const ReadRequest& r, uint8_t* out);  // kReadRequestLen bytes
 // Writes a Terminate's body (what follows its untagged header). Returns the length.
 size_t encode_terminate(const Terminate& t, uint8_t* out);
-// Parses the header at the start of a ULPDU (len bytes): the header's length, or 0 with err set
-// (versions, reserved opcode, tagged flag against opcode, short ULPDU).
+// Parses the header at the start of a ULPDU (len bytes): the header's length (kTaggedHeaderLen or
+// kUntaggedHeaderLen; a READ request's 28 bytes follow it), or 0 with err set (DDP version, RDMAP
+// version, reserved opcode, tagged flag against opcode, ULPDU shorter than its header or a READ
+// request shorter than header + kReadRequestLen). Reserved bits are ignored, as RFC 5041 asks.
 size_t parse_header(const uint8_t* ulpdu, size_t len, DdpHeader& h, ParseError& err);
+// A READ request's body: exactly kReadRequestLen bytes.
 bool parse_read_request(const uint8_t* p, size_t len, ReadRequest& r);
+// A Terminate's body (what follows its untagged header); t's header pointers point into p. False when
+// shorter than its Hdrct bits say (D: 2 octets of DDP segment length, then the DDP header, 14 or 18
+// octets by its T bit; R: a READ request's 28 octets, which may be absent at the very end, as siw
+// sends R for a SEND). M only says the segment length is valid; encode_terminate writes segment_len
+// whenever there is a DDP header. Octets after what the bits name are ignored (a pad).
 bool parse_terminate(const uint8_t* p, size_t len, Terminate& t);
 
 // ---- MPA framing ----------------------------------------------------------------------------------
+// CRC32c (RFC 3720's iSCSI CRC) of len octets, continuing from crc (0 to start): the value whose
+// least significant octet goes first on the wire.
+uint32_t mpa_crc32c(const uint8_t* p, size_t len, uint32_t crc = 0);
+
 inline constexpr size_t kMarkerInterval = 512;
 inline constexpr size_t kMaxUlpduLen = 0xffff;
 inline constexpr int kFrameIov = 6;  // most pieces frame() adds around a ULPDU without markers
@@ -123,7 +156,9 @@ class FpduSender {
   // Frames one ULPDU given as pieces (ulpdu[0..n)): fills out[0..) with the FPDU's pieces, which
   // point into ulpdu's buffers and into scratch (length prefix, markers, pad and CRC; scratch holds
   // scratch_len() bytes and must live until the FPDU is sent). Returns the number of pieces, or -1
-  // when out_max is too small. Advances the stream offset by the FPDU's length.
+  // when out_max is too small or the ULPDU too long (over kMaxUlpduLen, or with markers past what
+  // max_ulpdu(kMaxUlpduLen + 1024) allows); -1 changes nothing. Advances the stream offset by the
+  // FPDU's length. Without markers the pieces are: length prefix, ulpdu's non-empty pieces, pad+CRC.
   int frame(const iovec* ulpdu, int n, uint8_t* scratch, iovec* out, int out_max);
   static size_t scratch_len(size_t ulpdu_len);
   uint64_t offset() const { return offset_; }
@@ -147,6 +182,8 @@ class FpduReceiver {
   // With markers, the ULPDU is copied without them into demarked (kMaxUlpduLen octets). Ok advances
   // the stream offset by f.consumed; any other status leaves it.
   Status next(const uint8_t* buf, size_t len, uint8_t* demarked, Fpdu& f);
+  // The Terminate that answers a refused FPDU (BadLength, BadCrc, BadMarker): LLP layer, MPA.
+  static ParseError error(Status s);
   uint64_t offset() const { return offset_; }
 
  private:
