@@ -28,7 +28,7 @@ tests/unit/verbs      verbs core
 tests/unit/cm         cm wire
 tests/verbs           core verbs
 tests/faults          -
-tests/hostile         wire net core
+tests/hostile         wire net core verbs
 tests/rdmacm          -
 tests/compat          -
 tests/interop         -

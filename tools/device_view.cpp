@@ -91,8 +91,9 @@ std::string rate_str(uint8_t speed, uint8_t width) {
 
 std::string gid_type_name(uint32_t t) {
   switch (t) {
-    case IBV_GID_TYPE_IB: return "IB\n";
-    case IBV_GID_TYPE_ROCE_V1: return "RoCE v1\n";
+    // The kernel's names (core/cache.c): one string for IB and RoCE v1 (an iWARP port's GIDs are IB).
+    case IBV_GID_TYPE_IB:
+    case IBV_GID_TYPE_ROCE_V1: return "IB/RoCE v1\n";
     default: return "RoCE v2\n";
   }
 }

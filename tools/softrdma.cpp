@@ -383,7 +383,8 @@ int cmd_devices(bool verbose, const std::string& only_dev) {
   return ok ? 0 : 1;
 }
 
-// For scripts: the names of the devices whose GID table holds the RoCEv2 GID of an IPv4 address.
+// For scripts: the names of the devices whose GID table holds the RoCEv2 GID of an IPv4 address, and
+// the iWARP devices bound to it.
 int cmd_devices_for_ip(const std::string& ip) {
   in_addr want{};
   if (inet_pton(AF_INET, ip.c_str(), &want) != 1) {
@@ -402,7 +403,14 @@ int cmd_devices_for_ip(const std::string& ip) {
     ibv_device_attr a{};
     if (ibv_query_device(c.ctx, &a) != 0) continue;
     bool hit = false;
-    for (int port = 1; port <= a.phys_port_cnt && !hit; ++port) {
+    // An iWARP GID holds the MAC: the library says which address the device is bound to.
+    if (dl.list[i]->transport_type == IBV_TRANSPORT_IWARP) {
+      using Ipv4Fn = uint32_t (*)(ibv_device*);
+      auto fn = reinterpret_cast<Ipv4Fn>(dlsym(RTLD_DEFAULT, "softrdma_device_ipv4"));
+      hit = fn && fn(dl.list[i]) == want.s_addr;
+    }
+    for (int port = 1; port <= a.phys_port_cnt && !hit && dl.list[i]->transport_type != IBV_TRANSPORT_IWARP;
+         ++port) {
       ibv_port_attr pa{};
       if (ibv_query_port(c.ctx, static_cast<uint8_t>(port), &pa) != 0) continue;
       for (const GidRow& g : gid_table(c.ctx, static_cast<uint8_t>(port), pa)) {
@@ -489,7 +497,10 @@ void show_devices(bool want_view, bool print_env) {
     fmt::print(stderr, "softrdma run: device view: {}\n", view_mode_name(mode));
 }
 
-int cmd_run(const std::vector<std::string>& argv_in, bool print_env, bool want_view) {
+int cmd_run(const std::vector<std::string>& argv_in, bool print_env, bool want_view, bool iwarp) {
+  // --iwarp: the program sees a siw-like host, iWARP devices only (docs/iwarp.md); set before the
+  // device view lists the devices.
+  if (iwarp) setenv("SOFTRDMA_TRANSPORT", "iwarp", 1);
   if (argv_in.empty()) {
     fmt::print(stderr, "softrdma run: no program given\n");
     return 2;
@@ -518,7 +529,8 @@ int cmd_run(const std::vector<std::string>& argv_in, bool print_env, bool want_v
   // Open MPI takes pml ucx only on devices whose driver is mlx*, unless told otherwise.
   setenv("OMPI_MCA_opal_common_ucx_devices", "any", 0);
   if (print_env) {
-    for (const char* var : {"LD_LIBRARY_PATH", "LD_PRELOAD", "ASAN_OPTIONS", "OMPI_MCA_opal_common_ucx_devices"})
+    for (const char* var :
+         {"LD_LIBRARY_PATH", "LD_PRELOAD", "ASAN_OPTIONS", "OMPI_MCA_opal_common_ucx_devices", "SOFTRDMA_TRANSPORT"})
       if (const char* v = std::getenv(var)) fmt::print(stderr, "softrdma run: {}={}\n", var, v);
   }
   std::vector<char*> argv;
@@ -579,14 +591,17 @@ int main(int argc, char** argv) {
   std::string only_dev, for_ip;
   devices->add_flag("-v,--verbose", verbose, "Also print device and port limits (as ibv_devinfo -v)");
   devices->add_option("-d,--ib-dev", only_dev, "Only this device");
+  bool devices_iwarp = false;
+  devices->add_flag("--iwarp", devices_iwarp, "List the iWARP devices (SOFTRDMA_TRANSPORT=iwarp; also =both)");
   devices->add_option("--ip", for_ip,
                       "Print only the names of the devices bound to this IPv4 address (for scripts)");
 
   auto* run = app.add_subcommand("run", "Run PROGRAM ARGS... with softrdma's libraries loaded");
-  bool print_env = false, no_view = false;
+  bool print_env = false, no_view = false, run_iwarp = false;
   run->add_flag("--print-env", print_env, "Print the loader variables set for PROGRAM to stderr");
   run->add_flag("--no-view", no_view,
                 "Do not show the devices in /sys/class/infiniband and /dev/infiniband (also SOFTRDMA_VIEW=0)");
+  run->add_flag("--iwarp", run_iwarp, "Offer iWARP devices only (softrdma_iw_*; SOFTRDMA_TRANSPORT=iwarp)");
   run->footer("PROGRAM ARGS...: the program to run and its arguments (a leading -- is optional)");
 
   auto* version = app.add_subcommand("version", "Print the version and the library in use");
@@ -607,6 +622,8 @@ int main(int argc, char** argv) {
         print_env = true;
       } else if (a == "--no-view") {
         no_view = true;
+      } else if (a == "--iwarp") {
+        run_iwarp = true;
       } else if (a == "-h" || a == "--help") {
         fmt::print("{}", run->help());
         return 0;
@@ -621,7 +638,7 @@ int main(int argc, char** argv) {
       }
     }
     for (; i < argc; ++i) rest.emplace_back(argv[i]);
-    return cmd_run(rest, print_env, !no_view);
+    return cmd_run(rest, print_env, !no_view, run_iwarp);
   }
 
   try {
@@ -630,6 +647,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  if (*devices && devices_iwarp) setenv("SOFTRDMA_TRANSPORT", "iwarp", 1);
   if (*devices) return for_ip.empty() ? cmd_devices(verbose, only_dev) : cmd_devices_for_ip(for_ip);
   if (*version) return cmd_version();
   if (*stat) return cmd_stat(stat_qp, stat_all);

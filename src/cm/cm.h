@@ -295,8 +295,6 @@ class Manager {
 int route_source(uint32_t dst_ip_be, uint16_t dst_port_be, uint32_t& src_ip_be);
 // Whether ip is one of this host's addresses (a peer here is reached straight at its socket).
 bool is_local(uint32_t ip_be);
-// The IPv4 address of the k-th iWARP device (they follow net::list_interfaces, one per address), 0 if none.
-uint32_t iwarp_device_ip(size_t k);
 
 // What the 4791 holder (transport/gsi.cpp) answers, as a dead process's kernel CM would, for a MAD to
 // this host that no live process takes: REQ -> REJ "invalid service ID", SIDR_REQ -> SIDR_REP

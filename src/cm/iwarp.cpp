@@ -16,7 +16,7 @@
 #include <ctime>
 
 #include "cm/cm.h"
-#include "net/interfaces.h"
+#include "net/interfaces.h"  // is_local_ip
 #include "net/tuple_table.h"
 
 namespace softrdma::cm {
@@ -82,11 +82,6 @@ void set_nodelay(int fd) {
 }
 
 }  // namespace
-
-uint32_t iwarp_device_ip(size_t k) {
-  auto itfs = net::list_interfaces();
-  return k < itfs.size() ? itfs[k].ip_be : 0;
-}
 
 int Manager::iw_bind(Connection& c, uint32_t ip_be, uint16_t port_be) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

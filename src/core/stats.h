@@ -23,7 +23,27 @@ namespace softrdma::core {
   X(ud_drop_qkey) X(ud_drop_no_recv) X(ud_send_over_mtu) X(uc_msg_dropped)                                              \
   X(direct_ops) X(direct_bytes) X(direct_fallbacks) X(direct_late_events) X(direct_channel_wakes) X(icrc_solved_ip_id) X(drop_icrc_ip_id) \
   X(icrc_moved_segment) X(peer_port_learned) X(xrc_bad_srqn) X(raw_drop_no_recv) X(raw_drop_filtered)  \
-  X(raw_drop_bad_state) X(raw_send_errors) X(tm_expected) X(tm_unexpected) X(tm_rendezvous) X(tm_no_header)
+  X(raw_drop_bad_state) X(raw_send_errors) X(tm_expected) X(tm_unexpected) X(tm_rendezvous) X(tm_no_header) \
+  SOFTRDMA_IWARP_COUNTERS(X)
+
+// iWARP (transport/iwarp_*.cpp): FPDUs each way, and every refused input by the reason its
+// Terminate names (RFC 5040 §4.8, RFC 5041 §7, RFC 5044 §8).
+//   iw_tx_fpdus/iw_rx_fpdus  FPDUs written to / parsed from the QP's TCP stream
+//   iw_bad_crc        MPA CRC mismatch                 iw_bad_framing   ULPDU length or marker wrong
+//   iw_bad_header     DDP/RDMAP version, opcode, tagged flag or a short header
+//   iw_bad_qn         untagged queue number unknown or wrong for the opcode
+//   iw_bad_msn        MSN out of order                 iw_bad_mo        MO not where the message stands
+//   iw_no_recv        SEND with no receive WQE posted  iw_msg_too_long  SEND longer than its receive WQE
+//   iw_bad_stag       STag unknown, wrong PD or access iw_bad_bounds    TO/length outside the region
+//   iw_ird_exceeded   READ request beyond IRD          iw_bad_response  READ response matching no READ
+//   iw_cannot_invalidate  SEND with invalidate of an STag that cannot be invalidated
+//   iw_local_error    receive WQE's own buffers failed their check (lkey, LOCAL_WRITE)
+//   iw_terminate_sent / iw_terminate_rcvd   Terminate messages   iw_conn_lost  EOF or reset without one
+#define SOFTRDMA_IWARP_COUNTERS(X)                                                            \
+  X(iw_tx_fpdus) X(iw_rx_fpdus) X(iw_bad_crc) X(iw_bad_framing) X(iw_bad_header) X(iw_bad_qn)   \
+  X(iw_bad_msn) X(iw_bad_mo) X(iw_no_recv) X(iw_msg_too_long) X(iw_bad_stag) X(iw_bad_bounds)  \
+  X(iw_ird_exceeded) X(iw_bad_response) X(iw_cannot_invalidate) X(iw_local_error)              \
+  X(iw_terminate_sent) X(iw_terminate_rcvd) X(iw_conn_lost)
 
 struct Counters {
 #define SOFTRDMA_FIELD(name) uint64_t name;
@@ -44,7 +64,7 @@ class StatsPage {
  public:
   static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
   // Bumped whenever Counters or the page layout changes; readers skip other versions.
-  static constexpr uint32_t kVersion = 6;
+  static constexpr uint32_t kVersion = 7;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
   // Creates /dev/shm/softrdma-stats-<pid>-<n>; falls back to private memory if that fails.

@@ -85,12 +85,6 @@ struct Abi final : cm::Consumer {
   }
 };
 
-// SOFTRDMA_CM_IWARP=1: every device's ids take the iWARP path (TCP + MPA), a QP on a device that
-// is not iWARP is left as it is. A test hook for the CM protocol alone.
-bool force_iwarp() {
-  const char* s = getenv("SOFTRDMA_CM_IWARP");
-  return s && std::strcmp(s, "1") == 0;
-}
 
 Abi& abi() {
   static Abi* a = new Abi;  // leaked, as the manager: ids may be used from exit-time code
@@ -110,18 +104,17 @@ cm::Manager& M() {
 Device* Abi::device_for(uint32_t ip_be) {
   if (devices.empty()) {
     int n = 0;
-    size_t n_iwarp = 0;
     ibv_device** list = ibv_get_device_list(&n);
     for (int i = 0; list && i < n; ++i) {
       ibv_context* ctx = ibv_open_device(list[i]);
       if (!ctx) continue;
       auto* d = new Device;
       d->ctx = ctx;
-      d->iwarp = ctx->device->transport_type == IBV_TRANSPORT_IWARP || force_iwarp();
+      d->iwarp = ctx->device->transport_type == IBV_TRANSPORT_IWARP;
       ibv_gid g;
       if (ctx->device->transport_type == IBV_TRANSPORT_IWARP) {
-        // An iWARP device's GID is its MAC: its address is the interface's, in the devices' order.
-        d->ip_be = cm::iwarp_device_ip(n_iwarp++);
+        // An iWARP device's GID is its MAC, not its address: libibverbs tells (private ABI).
+        d->ip_be = softrdma_device_ipv4(list[i]);
       } else if (ibv_query_gid(ctx, 1, 0, &g) == 0) {
         d->ip_be = gid_ip(g.raw);
       }
@@ -299,7 +292,7 @@ void fill_qp_attr(Id* id, ibv_qp_state state, ibv_qp_attr& a, int& mask) {
 int Abi::attach_iwarp(cm::Connection& c, const cm::IwarpConn& ic) {
   Id* id = id_of(c);
   if (!id->pub.qp) return 0;
-  if (id->pub.qp->context->device->transport_type != IBV_TRANSPORT_IWARP) return force_iwarp() ? 0 : EINVAL;
+  if (id->pub.qp->context->device->transport_type != IBV_TRANSPORT_IWARP) return EINVAL;
   softrdma_iwarp_conn conn{};
   conn.fd = ic.fd;
   conn.flags = (ic.crc ? SOFTRDMA_IW_CRC : 0) | (ic.markers_rx ? SOFTRDMA_IW_MARKERS_RX : 0) |

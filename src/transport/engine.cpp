@@ -149,6 +149,7 @@ Engine::~Engine() {
   if (thread_.joinable()) thread_.join();
   std::lock_guard lock(lock_);
   for (Qp* qp : qp_list_) {
+    if (qp->iw.active) close(qp->iw.fd);
     net::Registry::instance().release_qpn(qp->qpn);
     arena_.release(qp->rq.slots, qp->rq_bytes);
     delete qp;
@@ -300,6 +301,9 @@ bool Engine::progress_once() {
   if (!mcast_.empty()) mcast_receive(did);
   if (raw_rx_qps_)
     for (Qp* qp : qp_list_) raw_receive(*qp, did);
+  if (iw_qps_)  // iWARP QPs: their TCP streams, as the ports' datagrams above (iwarp_*.cpp)
+    for (Qp* qp : qp_list_)
+      if (qp->iw.active && iwarp_progress(*qp)) did = true;
   for (Qp* qp : qp_list_) {
     if (qp->state.load(std::memory_order_relaxed) == QpState::Err) {
       if (qp->sq.count() || qp->rq.count() || qp->resp.recv_active || (qp->srq && !qp->resp.last_wqe_reached)) {
@@ -546,6 +550,7 @@ void Engine::move_to_error(Qp& qp) {
   if (direct_) direct_->qp_changed(qp);
   qp.comp.timer_deadline_ns = 0;
   qp.resp.read_jobs.clear();
+  if (qp.iw.active) iwarp_stop(qp);
 }
 
 void Engine::flush_queues(Qp& qp) {
@@ -646,6 +651,24 @@ void Engine::forget_pointers_into(const core::MrRegion& region) {
   const uint64_t len = region.length;
   auto inside = [&](const uint8_t* p) { return p && reinterpret_cast<uintptr_t>(p) - lo < len; };
   for (Qp* qp : qp_list_) {
+    if (qp->iw.active) {
+      // FPDUs queued for the socket keep their bytes; a READ response still to be streamed out of
+      // the region cannot be: the READ is refused as if its STag had gone (RFC 5040 §4.8).
+      // Only when some queued FPDU points into the region: MR caches deregister often.
+      const bool queued = std::any_of(qp->iw.tx.begin(), qp->iw.tx.end(), [&](const Qp::IwarpTx& t) {
+        return std::any_of(t.iov.begin(), t.iov.end(), [&](const iovec& v) {
+          const uint64_t b = reinterpret_cast<uintptr_t>(v.iov_base);
+          return v.iov_len && b < lo + len && b + v.iov_len > lo;
+        });
+      });
+      if (queued) iwarp_own_tx(*qp);
+      const bool reading = std::any_of(qp->iw.read_jobs.begin(), qp->iw.read_jobs.end(), [&](const Qp::IwarpReadJob& j) {
+        const uint64_t src = reinterpret_cast<uintptr_t>(j.src);
+        return j.remaining && src < lo + len && src + j.remaining > lo;
+      });
+      if (reading)
+        iwarp_refuse(*qp, {wire::iwarp::TermLayer::Rdmap, 1, 0, &core::Counters::iw_bad_stag, AsyncEventType::QpAccessErr});
+    }
     if (qp->resp.write_remaining && inside(qp->resp.write_dst)) qp->resp.write_dst = nullptr;
     if (qp->resp.recv_active) {
       const RecvWqe& w = active_recv_wqe(*qp);
@@ -814,6 +837,7 @@ void Engine::destroy_qp(Qp* qp) {
     qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
     ack_owed_.erase(std::remove(ack_owed_.begin(), ack_owed_.end(), qp), ack_owed_.end());
     mcast_forget_qp(qp);  // a destroyed QP leaves its multicast groups
+    iwarp_release(*qp);  // an iWARP QP's socket is closed with it
     if (qp->raw.port) {
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, qp->raw.port->fd(), nullptr);
       if (!qp->raw.flows.empty()) --raw_rx_qps_;
@@ -888,6 +912,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
     if (m.mask & kModState) {
       switch (m.state) {
         case QpState::Reset:
+          iwarp_release(*qp);  // the connection ends; the QP may be connected again
           tm_drop_sq(*qp);
           reset_transport_state(*qp);
           // Its completions not yet polled go too (IBTA allows either; mlx4/mlx5 clean them, and
@@ -943,7 +968,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     uint64_t head = qp->sq.head.load(std::memory_order_relaxed);
     auto is_bad = [qp](const SendWqe& w) {
       return w.num_sge > qp->cfg.max_send_sge || ((w.flags & kInline) && w.length > qp->cfg.max_inline) ||
-             !op_allowed(*qp, w);
+             !op_allowed(*qp, w) || (qp->iw.active && !iwarp_carries(w));
     };
     if (whole_batch) {
       // Polling only frees slots, so room found now is still there below.

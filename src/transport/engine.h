@@ -305,6 +305,52 @@ class Engine {
   // slots are not given back yet do not count.
   static uint64_t tm_app_sq_used(Qp& qp, uint64_t head);
 
+  // iwarp_qp.cpp, iwarp_responder.cpp: the iWARP data path of attached RC QPs (docs/iwarp.md).
+  // One pass over a QP's socket: receive and parse, then write what is owed; true when anything moved.
+  bool iwarp_progress(Qp& qp);
+  bool iwarp_receive(Qp& qp);
+  // One ULPDU as the FPDU receiver found it; false when it failed the QP (a Terminate is queued).
+  bool iwarp_deliver(Qp& qp, const uint8_t* ulpdu, size_t len);
+  void iwarp_deliver_send(Qp& qp, const wire::iwarp::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
+                          const uint8_t* payload, size_t plen, size_t ulpdu_len);
+  void iwarp_deliver_read_request(Qp& qp, const wire::iwarp::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
+                                  const uint8_t* payload, size_t plen, size_t ulpdu_len);
+  void iwarp_deliver_read_response(Qp& qp, const wire::iwarp::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
+                                   const uint8_t* payload, size_t plen, size_t ulpdu_len);
+  void iwarp_deliver_terminate(Qp& qp, const uint8_t* payload, size_t plen);
+  // Requester and READ responses: frames what is due into qp.iw.tx, then writes it; true when it did.
+  bool iwarp_transmit(Qp& qp);
+  bool iwarp_requester_fill(Qp& qp);
+  bool iwarp_read_response_fill(Qp& qp);
+  // Frames one ULPDU (the header bytes, then payload[0..n)) onto the QP's transmit queue; completes:
+  // the SQ entry at sq_index is done once the FPDU's last byte is in the socket.
+  void iwarp_queue(Qp& qp, const uint8_t* hdr, size_t hdr_len, const iovec* payload, int n,
+                   bool completes = false, uint64_t sq_index = 0);
+  // The operations an iWARP QP carries (as siw: SEND, SEND with invalidate, RDMA WRITE, RDMA READ
+  // into one SGE, Local Invalidate; and the local Bind MW); post_send refuses the rest with EINVAL.
+  static bool iwarp_carries(const SendWqe& w);
+  // EOF or reset on the socket (no Terminate): the QP to error, nothing more is sent.
+  void iwarp_conn_lost(Qp& qp, bool reset);
+  // Refused input (RFC 5040 §4.8): one Terminate naming layer/etype/ecode with the offending
+  // headers, the counter, the receive WQE in progress completed with recv_status (Success: flushed),
+  // the async event, and the QP to error; the socket is shut down once the Terminate is written.
+  struct IwarpFault {
+    wire::iwarp::TermLayer layer;
+    uint8_t etype, ecode;
+    uint64_t core::Counters::*counter;
+    AsyncEventType event;
+    WcStatus recv_status = WcStatus::Success;
+  };
+  // ddp: the offending DDP header (ddp_len bytes, 0: none), rdmap: a READ request's header.
+  void iwarp_refuse(Qp& qp, const IwarpFault& f, const uint8_t* ddp = nullptr, size_t ddp_len = 0,
+                    size_t ulpdu_len = 0, const uint8_t* rdmap = nullptr, size_t rdmap_len = 0);
+  // The unsent bytes of every queued FPDU copied into the FPDU itself: nothing it points to (SQ
+  // slots, registered memory) is needed any more.
+  static void iwarp_own_tx(Qp& qp);
+  void iwarp_stop(Qp& qp);     // QP to error: what is queued (and a Terminate) goes out, then shutdown
+  void iwarp_release(Qp& qp);  // destroy or reset: the socket is closed, the state forgotten
+  uint32_t iw_qps_ = 0;        // attached iWARP QPs (progress passes look at their sockets)
+
   net::Interface iface_;
   core::Arena arena_;
   core::MrTable mrs_;

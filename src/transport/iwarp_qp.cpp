@@ -1,16 +1,457 @@
-// The iWARP data path of RC QPs over TCP (docs/iwarp.md): requester, responder and completer roles
-// speaking MPA/DDP/RDMAP (wire/iwarp.h) on the QP's socket.
-#include <cerrno>
+// The iWARP data path of RC QPs over TCP (docs/iwarp.md): Engine::iwarp_attach, the requester (SQ
+// WQEs -> SEND, RDMA WRITE and READ request FPDUs), READ responses streamed out, the socket writes
+// (writev of FPDUs pointing into registered memory; partial writes resumed), the completion of
+// SEND/WRITE once their last byte is in the socket, and the end of a connection (Terminate, shutdown).
+// The receive side (responder checks, READ response placement, Terminate received) is
+// iwarp_responder.cpp.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
 #include "transport/engine.h"
+#include "transport/work_request.h"
 
 namespace softrdma::transport {
 
+namespace iw = wire::iwarp;
+
+namespace {
+constexpr size_t kRxBuffer = 256 * 1024;  // holds several largest FPDUs (65535 + MPA framing)
+constexpr size_t kTxQueue = 16;           // FPDUs framed ahead of the socket
+constexpr size_t kPassBytes = 4 << 20;    // written per QP per pass: one big transfer starves no QP
+constexpr int kMaxIov = 1024;             // IOV_MAX
+// Room offered to the framer for one FPDU: the largest ULPDU (16-bit length) and its framing.
+constexpr size_t kFpduRoom = iw::kMaxUlpduLen + 1024;
+
+size_t max_payload(const iw::FpduSender& f, size_t hdr_len) {
+  return std::min(f.max_ulpdu(kFpduRoom), iw::kMaxUlpduLen) - hdr_len;
+}
+
+void set_events(int epfd, int fd, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &ev);
+}
+
+iw::Opcode send_opcode(const SendWqe& w) {
+  const bool se = w.flags & kSolicited;
+  if (w.op == WrOp::SendInv) return se ? iw::Opcode::SendSolicitedInvalidate : iw::Opcode::SendInvalidate;
+  return se ? iw::Opcode::SendSolicited : iw::Opcode::Send;
+}
+}  // namespace
+
+bool Engine::iwarp_carries(const SendWqe& w) {
+  switch (w.op) {
+    case WrOp::Send:
+    case WrOp::SendInv:
+    case WrOp::Write:
+    case WrOp::LocalInv:
+    case WrOp::BindMw:  // local, nothing on the wire (siw has no windows: the verbs layer decides)
+      return true;
+    case WrOp::Read:
+      return w.num_sge == 1 && !(w.flags & kInline);  // one sink buffer (RFC 5040 §4.4), as siw
+    default:
+      return false;  // no immediate data and no atomics in iWARP (RFC 5040; siw)
+  }
+}
+
 int Engine::iwarp_attach(Qp* qp, const IwarpAttach& a) {
-  (void)qp;
-  if (a.fd >= 0) ::close(a.fd);
-  return EOPNOTSUPP;  // the data path is being built (issue 16)
+  if (a.fd < 0) return EINVAL;
+  std::unique_lock lock(lock_);
+  if (qp->cfg.type != QpType::Rc || qp->cfg.xrc != XrcRole::None || qp->state.load() != QpState::Init ||
+      qp->iw.active) {
+    lock.unlock();
+    ::close(a.fd);
+    return EINVAL;
+  }
+  const int fl = fcntl(a.fd, F_GETFL);
+  if (fl < 0 || fcntl(a.fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+    const int err = errno;
+    lock.unlock();
+    ::close(a.fd);
+    return err;
+  }
+  // Small FPDUs (READ requests, Terminate, a latency test's SEND) leave at once. Fails harmlessly on
+  // a socketpair (the transport tests).
+  int one = 1;
+  setsockopt(a.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.fd = a.fd;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.fd, &ev) != 0) {
+    const int err = errno;
+    lock.unlock();
+    ::close(a.fd);
+    return err;
+  }
+  Qp::IwarpState& s = qp->iw;
+  s = {};
+  s.active = true;
+  s.fd = a.fd;
+  s.crc = a.crc;
+  s.markers_rx = a.markers_rx;
+  s.markers_tx = a.markers_tx;
+  // Zero would forbid every READ, the RTR's too: one is the least an RNIC offers.
+  s.ird = std::max<uint32_t>(a.ird, 1);
+  s.ord = std::max<uint32_t>(a.ord, 1);
+  s.tx_framer.emplace(a.crc, a.markers_tx);
+  s.rx_framer.emplace(a.crc, a.markers_rx);
+  s.rx.resize(kRxBuffer);
+  if (a.markers_rx) s.demarked.resize(iw::kMaxUlpduLen);
+  qp->req.send_index = qp->sq.tail.load();
+  qp->req.send_offset_pkts = 0;
+  s.send_offset = 0;
+  // The RTR FPDU (RFC 6581 §4): the first thing on the stream after the MPA frames.
+  uint8_t hdr[iw::kMaxHeaderLen];
+  switch (a.rtr) {
+    case IwarpRtr::SendWrite: {
+      iw::DdpHeader h;
+      h.tagged = true;
+      h.last = true;
+      h.opcode = iw::Opcode::Write;
+      iwarp_queue(*qp, hdr, iw::encode_header(h, hdr), nullptr, 0);
+      break;
+    }
+    case IwarpRtr::SendRead: {
+      iw::DdpHeader h;
+      h.last = true;
+      h.opcode = iw::Opcode::ReadRequest;
+      h.qn = iw::kQnReadRequest;
+      h.msn = s.tx_msn[iw::kQnReadRequest]++;
+      size_t n = iw::encode_header(h, hdr);
+      n += iw::encode_read_request(iw::ReadRequest{}, hdr + n);
+      iwarp_queue(*qp, hdr, n, nullptr, 0);
+      s.reads.push_back({0, true, 0});
+      break;
+    }
+    case IwarpRtr::SendSend: {
+      iw::DdpHeader h;
+      h.last = true;
+      h.opcode = iw::Opcode::Send;
+      h.qn = iw::kQnSend;
+      h.msn = s.tx_msn[iw::kQnSend]++;
+      iwarp_queue(*qp, hdr, iw::encode_header(h, hdr), nullptr, 0);
+      break;
+    }
+    case IwarpRtr::Await:
+      s.hold_tx = true;
+      s.rtr_pending_rx = true;
+      break;
+    case IwarpRtr::None:
+      break;
+  }
+  qp->state.store(QpState::Rts, std::memory_order_release);
+  ++iw_qps_;
+  iwarp_transmit(*qp);
+  lock.unlock();
+  doorbell();
+  return 0;
+}
+
+void Engine::iwarp_queue(Qp& qp, const uint8_t* hdr, size_t hdr_len, const iovec* payload, int n, bool completes,
+                         uint64_t sq_index) {
+  Qp::IwarpState& s = qp.iw;
+  Qp::IwarpTx& t = s.tx.emplace_back();
+  std::memcpy(t.hdr, hdr, hdr_len);
+  iovec ulpdu[core::DeviceLimits::kMaxSge + 1];
+  ulpdu[0] = {t.hdr, hdr_len};
+  size_t ulen = hdr_len;
+  for (int i = 0; i < n; ++i) {
+    ulpdu[i + 1] = payload[i];
+    ulen += payload[i].iov_len;
+  }
+  t.scratch.resize(iw::FpduSender::scratch_len(ulen));
+  t.iov.resize(static_cast<size_t>(n) + 1 + iw::kFrameIov + 2 * (ulen / iw::kMarkerInterval + 2));
+  const int k = s.tx_framer->frame(ulpdu, n + 1, t.scratch.data(), t.iov.data(), static_cast<int>(t.iov.size()));
+  t.iov.resize(k > 0 ? static_cast<size_t>(k) : 0);
+  t.len = 0;
+  for (const iovec& v : t.iov) t.len += v.iov_len;
+  t.completes = completes;
+  t.sq_index = sq_index;
+  count(&qp, &core::Counters::iw_tx_fpdus);
+}
+
+bool Engine::iwarp_requester_fill(Qp& qp) {
+  Qp::IwarpState& s = qp.iw;
+  const uint64_t head = std::min(qp.sq.head.load(std::memory_order_acquire), qp.req.sq_stop_at);
+  if (qp.req.send_index >= head) return false;
+  SqEntry& e = qp.sq.at(qp.req.send_index);
+  const WorkRequest wr = work_request(e.wqe.op, QpType::Rc);
+  if (!e.started) {
+    // A fenced WQE waits until every earlier one (and so every READ) has completed.
+    if ((e.wqe.flags & kFence) && qp.sq.tail.load(std::memory_order_relaxed) != qp.req.send_index) return false;
+    if (wr.read && s.reads.size() >= s.ord) return false;
+    if (wr.local) {
+      execute_local_wqe(qp, e);
+      return true;
+    }
+    e.first_psn = 0;
+    e.npkts = 0;
+    if (!iwarp_carries(e.wqe)) e.status = WcStatus::LocQpOpErr;
+    if (e.status != WcStatus::Success || !prepare_wqe(qp, e)) {
+      // Reported in order; nothing after it is sent.
+      e.started = true;
+      e.acked = true;
+      qp.req.sq_stop_at = qp.req.send_index;
+      complete_in_order(qp);
+      return true;
+    }
+    e.started = true;
+    s.send_offset = 0;
+  }
+  if (e.status != WcStatus::Success) {
+    // Its memory was deregistered while it was being sent: it completes in error, in order.
+    e.acked = true;
+    qp.req.sq_stop_at = qp.req.send_index;
+    complete_in_order(qp);
+    return true;
+  }
+  const SendWqe& w = e.wqe;
+  uint8_t hdr[iw::kMaxHeaderLen];
+  if (wr.read) {
+    // RDMA READ request (RFC 5040 §4.4): untagged on QN 1; the sink is the local SGE, named by its lkey.
+    iw::DdpHeader h;
+    h.last = true;
+    h.opcode = iw::Opcode::ReadRequest;
+    h.qn = iw::kQnReadRequest;
+    h.msn = s.tx_msn[iw::kQnReadRequest]++;
+    size_t n = iw::encode_header(h, hdr);
+    iw::ReadRequest r;
+    r.sink_stag = w.sge[0].lkey;
+    r.sink_to = w.sge[0].addr;
+    r.size = static_cast<uint32_t>(w.length);
+    r.src_stag = w.rkey;
+    r.src_to = w.remote_addr;
+    n += iw::encode_read_request(r, hdr + n);
+    iwarp_queue(qp, hdr, n, nullptr, 0);
+    s.reads.push_back({qp.req.send_index, false, 0});
+    ++qp.req.reads_outstanding;
+    ++qp.req.send_index;
+    return true;
+  }
+  iw::DdpHeader h;
+  const bool write = w.op == WrOp::Write;
+  const uint64_t off = s.send_offset;
+  size_t hdr_len;
+  if (write) {
+    h.tagged = true;
+    h.opcode = iw::Opcode::Write;
+    h.stag = w.rkey;
+    h.to = w.remote_addr + off;
+    hdr_len = iw::kTaggedHeaderLen;
+  } else {
+    h.opcode = send_opcode(w);
+    h.qn = iw::kQnSend;
+    h.msn = s.tx_msn[iw::kQnSend];
+    h.mo = static_cast<uint32_t>(off);
+    if (w.op == WrOp::SendInv) h.rsvd_ulp = w.imm_be;  // the STag the peer invalidates
+    hdr_len = iw::kUntaggedHeaderLen;
+  }
+  const uint64_t chunk = std::min<uint64_t>(w.length - off, max_payload(*s.tx_framer, hdr_len));
+  h.last = off + chunk == w.length;
+  iovec pieces[core::DeviceLimits::kMaxSge];
+  int n = 0;
+  if (chunk && (w.flags & kInline)) {
+    pieces[n++] = {const_cast<uint8_t*>(w.inline_data) + off, chunk};
+  } else if (chunk) {
+    for_each_sge_piece(w.sge, e.host, w.num_sge, off, chunk, [&](uint8_t* p, uint64_t len) {
+      pieces[n++] = {p, len};
+      return true;
+    });
+  }
+  iw::encode_header(h, hdr);
+  iwarp_queue(qp, hdr, hdr_len, pieces, n, h.last, qp.req.send_index);
+  if (h.last) {
+    if (!write) ++s.tx_msn[iw::kQnSend];
+    ++qp.req.send_index;
+    s.send_offset = 0;
+  } else {
+    s.send_offset = off + chunk;
+  }
+  return true;
+}
+
+bool Engine::iwarp_read_response_fill(Qp& qp) {
+  Qp::IwarpState& s = qp.iw;
+  if (s.read_jobs.empty()) return false;
+  Qp::IwarpReadJob& j = s.read_jobs.front();
+  // RDMA READ response (RFC 5040 §4.5): tagged to the requester's sink STag and TO.
+  iw::DdpHeader h;
+  h.tagged = true;
+  h.opcode = iw::Opcode::ReadResponse;
+  h.stag = j.sink_stag;
+  h.to = j.sink_to;
+  const uint64_t chunk = std::min<uint64_t>(j.remaining, max_payload(*s.tx_framer, iw::kTaggedHeaderLen));
+  h.last = chunk == j.remaining;
+  uint8_t hdr[iw::kTaggedHeaderLen];
+  iw::encode_header(h, hdr);
+  iovec p{const_cast<uint8_t*>(j.src), chunk};
+  iwarp_queue(qp, hdr, iw::kTaggedHeaderLen, &p, chunk ? 1 : 0);
+  j.src += chunk;
+  j.sink_to += chunk;
+  j.remaining -= chunk;
+  if (h.last) s.read_jobs.pop_front();
+  return true;
+}
+
+bool Engine::iwarp_transmit(Qp& qp) {
+  Qp::IwarpState& s = qp.iw;
+  if (!s.active || s.shut) return false;
+  bool did = false;
+  size_t budget = kPassBytes;
+  bool blocked = false;
+  for (;;) {
+    if (!s.closing && !s.hold_tx && qp.state.load(std::memory_order_relaxed) == QpState::Rts) {
+      // READ responses and the requester's FPDUs take turns on the stream.
+      while (s.tx.size() < kTxQueue && !s.closing) {
+        bool any = iwarp_read_response_fill(qp);
+        if (s.tx.size() < kTxQueue && !s.closing) any |= iwarp_requester_fill(qp);
+        if (!any) break;
+        did = true;
+      }
+    }
+    if (s.tx.empty()) break;
+    iovec iov[kMaxIov];
+    int n = 0;
+    size_t total = 0;
+    for (const Qp::IwarpTx& t : s.tx) {
+      size_t skip = t.sent;
+      for (const iovec& v : t.iov) {
+        if (n == kMaxIov) break;
+        if (skip >= v.iov_len) {
+          skip -= v.iov_len;
+          continue;
+        }
+        iov[n++] = {static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip};
+        total += v.iov_len - skip;
+        skip = 0;
+      }
+      if (n == kMaxIov) break;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t w = sendmsg(s.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        blocked = true;
+        break;
+      }
+      iwarp_conn_lost(qp, true);
+      return true;
+    }
+    did = true;
+    size_t left = static_cast<size_t>(w);
+    while (left && !s.tx.empty()) {
+      Qp::IwarpTx& t = s.tx.front();
+      const size_t take = std::min(left, t.len - t.sent);
+      t.sent += take;
+      left -= take;
+      if (t.sent < t.len) break;
+      const bool completes = t.completes && !s.closing;
+      const uint64_t index = t.sq_index;
+      s.tx.pop_front();
+      if (completes) {
+        // SEND and WRITE are complete once the socket has all of them (there is no RDMA-level ACK).
+        qp.sq.at(index).acked = true;
+        complete_in_order(qp);
+      }
+    }
+    budget -= std::min(budget, static_cast<size_t>(w));
+    if (static_cast<size_t>(w) < total) {
+      blocked = true;
+      break;
+    }
+    if (!budget) break;
+  }
+  // A full send buffer: the progress thread waits for room too (level-triggered EPOLLOUT).
+  if (blocked != s.want_out) {
+    s.want_out = blocked;
+    const uint32_t out = blocked ? uint32_t{EPOLLOUT} : 0u;
+    set_events(epoll_fd_, s.fd, s.closing ? out : uint32_t{EPOLLIN | EPOLLRDHUP} | out);
+  }
+  if (s.closing && s.tx.empty()) {
+    // Everything owed (the Terminate last) is in the socket: the connection ends (RFC 5040 §6.1).
+    shutdown(s.fd, SHUT_RDWR);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.fd, nullptr);
+    s.shut = true;
+    did = true;
+  }
+  return did;
+}
+
+bool Engine::iwarp_progress(Qp& qp) {
+  Qp::IwarpState& s = qp.iw;
+  if (!s.active || s.shut) return false;
+  bool did = false;
+  if (!s.closing) did = iwarp_receive(qp);
+  // A QP in RTS writes from the requester (requester_run); one in error only finishes what is owed.
+  if (s.closing || qp.state.load(std::memory_order_relaxed) != QpState::Rts) did |= iwarp_transmit(qp);
+  return did;
+}
+
+void Engine::iwarp_own_tx(Qp& qp) {
+  for (Qp::IwarpTx& t : qp.iw.tx) {
+    if (!t.owned.empty() || t.sent == t.len) continue;
+    std::vector<uint8_t> bytes;
+    bytes.reserve(t.len - t.sent);
+    size_t skip = t.sent;
+    for (const iovec& v : t.iov) {
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
+      }
+      const auto* p = static_cast<const uint8_t*>(v.iov_base) + skip;
+      bytes.insert(bytes.end(), p, p + (v.iov_len - skip));
+      skip = 0;
+    }
+    t.owned = std::move(bytes);
+    t.iov.assign(1, iovec{t.owned.data(), t.owned.size()});
+    t.len = t.owned.size();
+    t.sent = 0;
+  }
+}
+
+void Engine::iwarp_stop(Qp& qp) {
+  Qp::IwarpState& s = qp.iw;
+  if (!s.active || s.closing) return;
+  // What is framed still goes out (the stream stays framed for the Terminate behind it), but from
+  // copies: the SQ entries are flushed and their slots reused, the memory may be deregistered.
+  iwarp_own_tx(qp);
+  for (Qp::IwarpTx& t : s.tx) t.completes = false;
+  s.closing = true;
+  s.hold_tx = false;
+  s.reads.clear();
+  s.read_jobs.clear();
+  if (!s.shut) set_events(epoll_fd_, s.fd, s.want_out ? uint32_t{EPOLLOUT} : 0u);
+}
+
+void Engine::iwarp_conn_lost(Qp& qp, bool reset) {
+  Qp::IwarpState& s = qp.iw;
+  count(&qp, &core::Counters::iw_conn_lost);
+  // An orderly close (the peer's rdma_disconnect) is no error of the QP's; a reset is.
+  if (reset) async_events_.push(AsyncEvent{AsyncEventType::QpFatal, &qp, nullptr});
+  if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
+  iwarp_stop(qp);
+  s.tx.clear();  // nobody reads them
+}
+
+void Engine::iwarp_release(Qp& qp) {
+  Qp::IwarpState& s = qp.iw;
+  if (!s.active) return;
+  if (!s.shut) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.fd, nullptr);
+  ::close(s.fd);
+  s = {};
+  --iw_qps_;
 }
 
 }  // namespace softrdma::transport

@@ -35,6 +35,10 @@ void mapped_gid(ibv_gid& g, const uint8_t* ip4) {
 }  // namespace
 
 SOFTRDMA_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
+  if (pd && is_iwarp(pd->context)) {
+    errno = EOPNOTSUPP;  // address handles are for UD, which an RNIC does not have (siw has none)
+    return nullptr;
+  }
   uint32_t ip = 0;
   if (!pd || !attr || av_destination(*attr, &ip)) {
     errno = EINVAL;

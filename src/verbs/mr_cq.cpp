@@ -51,6 +51,11 @@ SOFTRDMA_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
     return nullptr;
   }
   const bool odp = access & IBV_ACCESS_ON_DEMAND;
+  // An iWARP device has no on-demand paging (as siw: ib_core refuses it without the capability).
+  if (odp && pd && is_iwarp(pd->context)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
   // Implicit on-demand paging: (NULL, SIZE_MAX) registers the whole address space, at iova 0.
   const bool implicit = odp && !addr && length == SIZE_MAX;
   if (implicit && iova != 0) {

@@ -37,6 +37,13 @@ rm "$scratch/lib/SANITIZED"
 got=$(SOFTRDMA_LIB_DIR=$scratch/lib "$SOFTRDMA" run printenv OMPI_MCA_opal_common_ucx_devices)
 expect "run sets OMPI_MCA_opal_common_ucx_devices=any" any "$got"
 
+# --iwarp: the program is offered the iWARP devices (SOFTRDMA_TRANSPORT=iwarp); without it the
+# caller's choice stands.
+got=$(SOFTRDMA_LIB_DIR=$scratch/lib "$SOFTRDMA" run --iwarp printenv SOFTRDMA_TRANSPORT)
+expect "run --iwarp sets SOFTRDMA_TRANSPORT=iwarp" iwarp "$got"
+got=$(SOFTRDMA_LIB_DIR=$scratch/lib SOFTRDMA_TRANSPORT=both "$SOFTRDMA" run printenv SOFTRDMA_TRANSPORT)
+expect "run keeps the caller's SOFTRDMA_TRANSPORT" both "$got"
+
 # Arguments, dashes included, reach the program unchanged; so does its exit status.
 got=$(SOFTRDMA_LIB_DIR=$scratch/lib "$SOFTRDMA" run -- printf '%s|' -a --b 'c d' -- -v)
 expect "run passes arguments through" "-a|--b|c d|--|-v|" "$got"
@@ -53,5 +60,13 @@ expect "run refuses a lib dir without libibverbs.so.1" 127 "$rc"
 # Without SOFTRDMA_LIB_DIR the lib dir is <exe dir>/../lib.
 got=$("$SOFTRDMA" version | sed -n 's/^lib dir for `softrdma run`: //p')
 expect "lib dir defaults to <bin>/../lib" "$(realpath -m "$SOFTRDMA_BIN/../lib")" "$got"
+
+# `devices --iwarp` lists the iWARP devices (the real library: the command's own), loopback last.
+got=$("$SOFTRDMA" devices --iwarp | sed -n 's/^hca_id:\t//p' | tail -1)
+expect "devices --iwarp lists softrdma_iw_lo last" softrdma_iw_lo "$got"
+got=$("$SOFTRDMA" devices --iwarp --ip 127.0.0.1)
+expect "devices --iwarp --ip 127.0.0.1 names softrdma_iw_lo" softrdma_iw_lo "$got"
+got=$("$SOFTRDMA" devices | grep -c '^hca_id:.softrdma_iw_' || true)
+expect "devices without a selection lists no iWARP device" 0 "$got"
 
 compat_finish

@@ -131,7 +131,7 @@ softrdma_iwarp_conn conn_of(int fd, uint32_t peer_qpn, uint32_t rtr) {
   return c;
 }
 
-class Iwarp : public ::testing::Test {
+class IwarpVerbs : public ::testing::Test {
  protected:
   ScopedEnv transport{"SOFTRDMA_TRANSPORT", "iwarp"};
   ibv_context* ctx = nullptr;
@@ -190,7 +190,7 @@ TEST(IwarpDevices, SelectedBySoftrdmaTransport) {
   ibv_free_device_list(list);
 }
 
-TEST_F(Iwarp, DeviceAttributesAsSiw) {
+TEST_F(IwarpVerbs, DeviceAttributesAsSiw) {
   ibv_device_attr a{};
   ASSERT_EQ(ibv_query_device(ctx, &a), 0);
   EXPECT_EQ(a.atomic_cap, IBV_ATOMIC_NONE);
@@ -239,7 +239,7 @@ TEST_F(Iwarp, DeviceAttributesAsSiw) {
   EXPECT_EQ(softrdma_device_ipv4(ctx->device), htonl(INADDR_LOOPBACK));
 }
 
-TEST_F(Iwarp, OnlyRcQpsAndNoMwXrcOrRawObjects) {
+TEST_F(IwarpVerbs, OnlyRcQpsAndNoMwXrcOrRawObjects) {
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ASSERT_NE(pd, nullptr);
   ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
@@ -294,6 +294,16 @@ TEST_F(Iwarp, OnlyRcQpsAndNoMwXrcOrRawObjects) {
   if (srq) {
     EXPECT_EQ(ibv_destroy_srq(srq), 0);
   }
+  ibv_srq_init_attr_ex sx{};
+  sx.attr.max_wr = 4;
+  sx.attr.max_sge = 1;
+  sx.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ;
+  sx.srq_type = IBV_SRQT_TM;
+  sx.pd = pd;
+  sx.cq = cq;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq_ex(ctx, &sx), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP) << "no tag-matching SRQ";
   errno = 0;
   EXPECT_EQ(ibv_alloc_mw(pd, IBV_MW_TYPE_1), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
@@ -309,13 +319,29 @@ TEST_F(Iwarp, OnlyRcQpsAndNoMwXrcOrRawObjects) {
   errno = 0;
   EXPECT_EQ(ibv_alloc_dm(ctx, &da), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
+  ibv_ah_attr ah{};
+  ah.is_global = 1;
+  ah.port_num = 1;
+  ah.grh.dgid.raw[10] = ah.grh.dgid.raw[11] = 0xFF;
+  ah.grh.dgid.raw[12] = 127;
+  ah.grh.dgid.raw[15] = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_ah(pd, &ah), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP) << "no UD, no address handles";
+  Buffer odp(4096);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, odp.data, odp.len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP) << "no on-demand paging";
+  ibv_mr* mr = ibv_reg_mr(pd, odp.data, odp.len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
 // RTR and RTS come from the connection only; INIT takes what the iWARP CM gives, ERR and RESET work.
-TEST_F(Iwarp, ModifyQpToRtrOrRtsByHandIsRefused) {
+TEST_F(IwarpVerbs, ModifyQpToRtrOrRtsByHandIsRefused) {
   End e;
   ASSERT_TRUE(e.create(ctx));
   ASSERT_EQ(e.init(), 0) << "RESET -> INIT with state and access flags only";
@@ -359,7 +385,7 @@ TEST_F(Iwarp, ModifyQpToRtrOrRtsByHandIsRefused) {
   EXPECT_EQ(e.init(), 0) << "and INIT again";
 }
 
-TEST_F(Iwarp, AttachValidation) {
+TEST_F(IwarpVerbs, AttachValidation) {
   End e;
   ASSERT_TRUE(e.create(ctx));
   int fds[2];
@@ -423,13 +449,13 @@ TEST_F(Iwarp, AttachValidation) {
 }
 
 // Two contexts of this process, each QP attached over one end of a loopback TCP connection.
-class IwarpPair : public Iwarp {
+class IwarpVerbsPair : public IwarpVerbs {
  protected:
   ibv_context* ctx2 = nullptr;
   std::unique_ptr<End> a, b;
   int fds[2] = {-1, -1};
   void SetUp() override {
-    Iwarp::SetUp();
+    IwarpVerbs::SetUp();
     if (HasFatalFailure()) return;
     ctx2 = open_named("softrdma_iw_lo");
     ASSERT_NE(ctx2, nullptr);
@@ -447,7 +473,7 @@ class IwarpPair : public Iwarp {
     for (int& f : fds)
       if (f >= 0) close(f);
     if (ctx2) ibv_close_device(ctx2);
-    Iwarp::TearDown();
+    IwarpVerbs::TearDown();
   }
   // Attaches both; the direct path when peer QPNs are given. 0 or the first errno.
   int attach(bool direct) {
@@ -460,7 +486,7 @@ class IwarpPair : public Iwarp {
 };
 
 // SEND/RECV, WRITE and READ from a to b, every byte verified, every completion checked.
-void IwarpPair::traffic() {
+void IwarpVerbsPair::traffic() {
   constexpr size_t kLen = 256 * 1024;
   Buffer sa(kLen), ra(kLen), sb(kLen), rb(kLen);
   const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
@@ -485,6 +511,15 @@ void IwarpPair::traffic() {
   ASSERT_EQ(post_send(a->qp, w), 0);
   ASSERT_TRUE(poll_wc(a->cq, &wc));
   expect_wc(wc, {.wr_id = 2, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a->qp->qp_num});
+  // An iWARP WRITE completes once its data is handed to the stream, not once placed: a SEND behind it
+  // (same stream, in order) is received only after the WRITE's data is in place.
+  ASSERT_EQ(post_recv(b->qp, 13, {rb.sge(kLen - 8, 8)}), 0);
+  SendWr after(5, IBV_WR_SEND, {sa.sge(0, 8)});
+  ASSERT_EQ(post_send(a->qp, after), 0);
+  ASSERT_TRUE(poll_wc(a->cq, &wc));
+  expect_wc(wc, {.wr_id = 5, .opcode = IBV_WC_SEND, .qp_num = a->qp->qp_num});
+  ASSERT_TRUE(poll_wc(b->cq, &wc));
+  expect_wc(wc, {.wr_id = 13, .opcode = IBV_WC_RECV, .byte_len = 8, .qp_num = b->qp->qp_num});
   EXPECT_EQ(check_pattern(rb.data + 3, wlen, 2), wlen);
   // READ 250 KiB of b's memory into one SGE.
   const size_t rlen = 250 * 1024;
@@ -508,8 +543,9 @@ void IwarpPair::traffic() {
   EXPECT_EQ(check_pattern(ra.data, 64, 4), 64u);
 }
 
-TEST_F(IwarpPair, DirectPathSendWriteRead) {
+TEST_F(IwarpVerbsPair, DirectPathSendWriteRead) {
   const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+  const uint64_t fpdus_before = my_counter(&core::Counters::iw_tx_fpdus);
   ASSERT_EQ(attach(true), 0);
   ibv_qp_attr q{};
   ibv_qp_init_attr qi{};
@@ -526,6 +562,7 @@ TEST_F(IwarpPair, DirectPathSendWriteRead) {
 
   ASSERT_NO_FATAL_FAILURE(traffic());
   EXPECT_GE(my_counter(&core::Counters::direct_ops) - ops_before, 3u) << "WRITE, READ and SENDs went direct";
+  EXPECT_EQ(my_counter(&core::Counters::iw_tx_fpdus), fpdus_before) << "no FPDU";
   int pending = -1;
   ASSERT_EQ(ioctl(fds[1], FIONREAD, &pending), 0);
   EXPECT_EQ(pending, 0) << "the TCP socket carries nothing on the direct path";
@@ -544,8 +581,10 @@ TEST_F(IwarpPair, DirectPathSendWriteRead) {
 }
 
 // SOFTRDMA_DIRECT=0 (or no local peer): the engine's iWARP data path over TCP (iw-transport).
-TEST_F(IwarpPair, TcpPathSendWriteRead) {
+TEST_F(IwarpVerbsPair, TcpPathSendWriteRead) {
   ScopedEnv nodirect("SOFTRDMA_DIRECT", "0");
+  const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+  const uint64_t fpdus_before = my_counter(&core::Counters::iw_tx_fpdus);
   int rc = attach(true);
   if (rc == EOPNOTSUPP) GTEST_SKIP() << "Engine::iwarp_attach is not implemented in this build";
   ASSERT_EQ(rc, 0) << std::strerror(rc);
@@ -553,11 +592,26 @@ TEST_F(IwarpPair, TcpPathSendWriteRead) {
   ibv_qp_init_attr qi{};
   ASSERT_EQ(ibv_query_qp(a->qp, &q, IBV_QP_STATE, &qi), 0);
   EXPECT_EQ(q.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(q.max_rd_atomic, 16) << "ORD";
+  EXPECT_EQ(q.max_dest_rd_atomic, 16) << "IRD";
   ASSERT_NO_FATAL_FAILURE(traffic());
+  EXPECT_EQ(my_counter(&core::Counters::direct_ops), ops_before) << "SOFTRDMA_DIRECT=0: nothing direct";
+  EXPECT_GE(my_counter(&core::Counters::iw_tx_fpdus) - fpdus_before, 5u) << "the five messages went as FPDUs";
+  // The engine owns its dup of the socket: closing ours leaves the connection; destroying the QP ends it.
+  close(fds[0]);
+  fds[0] = -1;
+  a->destroy_qp();
+  pollfd pf{fds[1], POLLIN, 0};
+  ASSERT_EQ(poll(&pf, 1, kWaitSeconds * 1000), 1);
+  char byte;
+  ssize_t n;
+  while ((n = recv(fds[1], &byte, 1, MSG_DONTWAIT)) > 0) {
+  }
+  EXPECT_EQ(n, 0) << "EOF once the QP is gone";
 }
 
 // What an iWARP QP cannot post: immediate data, atomics, memory-window WRs, a READ into two SGEs.
-TEST_F(IwarpPair, PostSendRefusesWhatRdmapLacks) {
+TEST_F(IwarpVerbsPair, PostSendRefusesWhatRdmapLacks) {
   ASSERT_EQ(attach(true), 0);
   End& e = *a;
   Buffer mem(4096);

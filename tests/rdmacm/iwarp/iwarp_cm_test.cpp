@@ -1,8 +1,7 @@
 // rdma_cm on iWARP devices (docs/iwarp-cm.md): TCP connect/accept plus the MPA request/reply, with
 // private data both ways, reject, refused and silent peers, disconnect from either side, IRD/ORD and
 // RTR negotiation checked on the wire against a hand-written TCP peer, and hostile TCP clients at a
-// listener. Runs with SOFTRDMA_TRANSPORT=iwarp (the devices are iWARP) and SOFTRDMA_CM_IWARP=1 (the
-// CM's own hook: ids take the iWARP path even on devices that are not; QPs there stay unattached).
+// listener; data between two local QPs (the direct path). Runs with SOFTRDMA_TRANSPORT=iwarp.
 // Only the public rdma_cm API, plus softrdma_cm_iwarp_stats (librdmacm's private ABI) for counters.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -27,7 +26,6 @@ namespace {
 // Before any rdma_* call: the CM reads these when it opens devices and arms MPA timers.
 const bool env_set = [] {
   setenv("SOFTRDMA_TRANSPORT", "iwarp", 1);
-  setenv("SOFTRDMA_CM_IWARP", "1", 1);
   setenv("SOFTRDMA_MPA_TIMEOUT_MS", "1500", 1);
   return true;
 }();
@@ -64,10 +62,15 @@ std::string name(const rdma_cm_event* ev) {
 struct Side {
   rdma_cm_id* id = nullptr;
   ibv_cq* cq = nullptr;
+  ibv_mr* mr = nullptr;
+  std::vector<uint8_t> buf = std::vector<uint8_t>(16384);
   bool setup(rdma_cm_id* cm_id) {
     id = cm_id;
     cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
     if (!cq) return false;
+    mr = ibv_reg_mr(id->pd, buf.data(), buf.size(),
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr) return false;
     ibv_qp_init_attr qa{};
     qa.send_cq = qa.recv_cq = cq;
     qa.qp_type = IBV_QPT_RC;
@@ -77,9 +80,23 @@ struct Side {
   }
   void release() {
     if (id && id->qp) rdma_destroy_qp(id);
+    if (mr) ibv_dereg_mr(mr);
     if (cq) ibv_destroy_cq(cq);
     id = nullptr;
     cq = nullptr;
+    mr = nullptr;
+  }
+  ibv_sge sge(size_t off, size_t len) const {
+    return ibv_sge{reinterpret_cast<uint64_t>(buf.data() + off), static_cast<uint32_t>(len), mr->lkey};
+  }
+  ibv_wc poll_one() {  // status IBV_WC_GENERAL_ERR + 1000 when nothing comes
+    ibv_wc wc{};
+    wc.status = static_cast<ibv_wc_status>(IBV_WC_GENERAL_ERR + 1000);
+    for (int i = 0; i < kWaitMs * 10; ++i) {
+      if (ibv_poll_cq(cq, 1, &wc) == 1) break;
+      usleep(100);
+    }
+    return wc;
   }
   ~Side() { release(); }
 };
@@ -124,6 +141,9 @@ struct Client {
     if (ch) rdma_destroy_event_channel(ch);
   }
 };
+
+// The tests against a hand-written peer use ids without QPs: the CM protocol alone (a QP would need
+// a real iWARP peer for its FPDUs).
 
 // ---- a hand-written MPA peer over a plain TCP socket ----------------------------------------------
 const char kReqKey[] = "MPA ID Req Frame";
@@ -299,8 +319,10 @@ TEST(IwarpCm, ConnectAcceptPrivateDataBothWays) {
   Stats after;
   EXPECT_EQ(after[kReqSent] - before[kReqSent], 1u);
   EXPECT_EQ(after[kReqRcvd] - before[kReqRcvd], 1u);
-  // Both ends are this host's softrdma: each found the other's QP in the tuple table.
-  EXPECT_EQ(after[kDirectHits] - before[kDirectHits], 2u);
+  // Both ends are this host's softrdma: each found the other's QP in the tuple table, unless
+  // SOFTRDMA_DIRECT=0 (ctest rdmacm.iwarp_tcp_path) keeps them on TCP FPDUs.
+  const char* direct = getenv("SOFTRDMA_DIRECT");
+  EXPECT_EQ(after[kDirectHits] - before[kDirectHits], direct && !strcmp(direct, "0") ? 0u : 2u);
   ss.release();
   EXPECT_EQ(rdma_destroy_id(child), 0);
 }
@@ -350,7 +372,7 @@ TEST(IwarpCm, NobodyListeningIsRefused) {
     port = tmp.port;
   }
   Client C;
-  ASSERT_TRUE(C.resolve(port));
+  ASSERT_TRUE(C.resolve(port, false));
   rdma_conn_param cp{};
   if (rdma_connect(C.id, &cp) != 0) {
     EXPECT_EQ(errno, ECONNREFUSED);
@@ -360,6 +382,77 @@ TEST(IwarpCm, NobodyListeningIsRefused) {
   ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_REJECTED) << name(ev);
   EXPECT_EQ(ev->status, -ECONNREFUSED);
   rdma_ack_cm_event(ev);
+}
+
+// Data over a connection rdma_cm set up between two softrdma iWARP QPs of this host: the tuple
+// table found the peer, so the QPs run on the direct path (with SOFTRDMA_DIRECT=0: FPDUs over the
+// TCP connection). SEND, WRITE and READ, byte by byte.
+TEST(IwarpCm, SendWriteReadBetweenLocalPeers) {
+  Listener L;
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  ASSERT_EQ(C.id->verbs->device->transport_type, IBV_TRANSPORT_IWARP);
+  Side ss;
+  rdma_conn_param cp{};
+  cp.responder_resources = 2;
+  cp.initiator_depth = 2;
+  rdma_cm_id* child = connect_pair(L, C, ss, cp, cp);
+  ASSERT_NE(child, nullptr);
+  for (rdma_event_channel* ch : {L.ch, C.ch}) {
+    rdma_cm_event* ev = next_event(ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+    rdma_ack_cm_event(ev);
+  }
+  Side& cs = C.side;
+  for (size_t i = 0; i < 4096; ++i) {
+    cs.buf[i] = static_cast<uint8_t>(i * 13 + 1);
+    ss.buf[8192 + i] = static_cast<uint8_t>(i * 7 + 3);
+  }
+  ibv_sge rs = ss.sge(0, 4096);
+  ibv_recv_wr rwr{};
+  rwr.wr_id = 1;
+  rwr.sg_list = &rs;
+  rwr.num_sge = 1;
+  ibv_recv_wr* bad_r = nullptr;
+  ASSERT_EQ(ibv_post_recv(child->qp, &rwr, &bad_r), 0);
+  ibv_sge s = cs.sge(0, 4096);
+  ibv_send_wr swr{};
+  swr.wr_id = 2;
+  swr.sg_list = &s;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad_s = nullptr;
+  ASSERT_EQ(ibv_post_send(C.id->qp, &swr, &bad_s), 0);
+  EXPECT_EQ(cs.poll_one().status, IBV_WC_SUCCESS);
+  ibv_wc wc = ss.poll_one();
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 4096u);
+  EXPECT_EQ(memcmp(ss.buf.data(), cs.buf.data(), 4096), 0);
+  // WRITE into the server's buffer at 4096, READ back its bytes at 8192.
+  swr.opcode = IBV_WR_RDMA_WRITE;
+  swr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(ss.buf.data() + 4096);
+  swr.wr.rdma.rkey = ss.mr->rkey;
+  ASSERT_EQ(ibv_post_send(C.id->qp, &swr, &bad_s), 0);
+  EXPECT_EQ(cs.poll_one().status, IBV_WC_SUCCESS);
+  EXPECT_EQ(memcmp(ss.buf.data() + 4096, cs.buf.data(), 4096), 0);
+  ibv_sge d = cs.sge(8192, 4096);
+  swr.sg_list = &d;
+  swr.opcode = IBV_WR_RDMA_READ;
+  swr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(ss.buf.data() + 8192);
+  ASSERT_EQ(ibv_post_send(C.id->qp, &swr, &bad_s), 0);
+  wc = cs.poll_one();
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(memcmp(cs.buf.data() + 8192, ss.buf.data() + 8192, 4096), 0);
+  ASSERT_EQ(rdma_disconnect(C.id), 0);
+  for (rdma_event_channel* ch : {C.ch, L.ch}) {
+    rdma_cm_event* ev = next_event(ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED) << name(ev);
+    rdma_ack_cm_event(ev);
+  }
+  ss.release();
+  EXPECT_EQ(rdma_destroy_id(child), 0);
 }
 
 void disconnect_test(bool active_side) {
@@ -397,7 +490,7 @@ TEST(IwarpCm, RequestOnTheWireAndNegotiatedReply) {
   RawServer S;
   ASSERT_NE(S.port, 0);
   Client C;
-  ASSERT_TRUE(C.resolve(S.port));
+  ASSERT_TRUE(C.resolve(S.port, false));
   const char hello[] = "on-the-wire";
   rdma_conn_param cp{};
   cp.private_data = hello;
@@ -448,7 +541,7 @@ TEST(IwarpCm, BadRepliesAreConnectErrors) {
   for (const Case& k : cases) {
     RawServer S;
     Client C;
-    ASSERT_TRUE(C.resolve(S.port));
+    ASSERT_TRUE(C.resolve(S.port, false));
     rdma_conn_param cp{};
     cp.responder_resources = 2;
     cp.initiator_depth = 2;
@@ -475,7 +568,7 @@ TEST(IwarpCm, BadRepliesAreConnectErrors) {
 TEST(IwarpCm, SilentResponderIsUnreachable) {
   RawServer S;
   Client C;
-  ASSERT_TRUE(C.resolve(S.port));
+  ASSERT_TRUE(C.resolve(S.port, false));
   rdma_conn_param cp{};
   ASSERT_EQ(rdma_connect(C.id, &cp), 0);
   int fd = S.accept_one();

@@ -1,0 +1,415 @@
+// The receive side of the iWARP data path (docs/iwarp.md): the QP's TCP stream read into its buffer,
+// FPDUs found by the MPA receiver (length, CRC, markers), then check stages per ULPDU -- DDP/RDMAP
+// header, queue number, MSN in order, MO -- and per opcode: SEND into the next receive WQE (with
+// invalidate, solicited), RDMA WRITE placed after its STag check, READ requests queued for their
+// responses (at most IRD), READ responses placed into the oldest outstanding READ, and Terminate.
+// Every refusal sends one Terminate (RFC 5040 §4.8 / RFC 5041 §7 / RFC 5044 §8, codes as siw uses
+// them), is counted, and moves the QP to error.
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "transport/engine.h"
+#include "transport/srq.h"
+
+namespace softrdma::transport {
+
+namespace iw = wire::iwarp;
+using L = iw::TermLayer;
+using C = core::Counters;
+
+namespace {
+// Terminate codes (RFC 5040 §4.8; RFC 5041 §7.2; RFC 5044 §8), from wire/iwarp.h, by shorter names.
+namespace t = iw::term;
+constexpr uint8_t kRdmapCatastrophic = t::kRdmapCatastrophic, kRdmapProtection = t::kRdmapRemoteProtection,
+                  kRdmapOperation = t::kRdmapRemoteOperation;
+constexpr uint8_t kRdmapInvalidStag = t::kInvalidStag, kRdmapBaseBounds = t::kBaseBounds,
+                  kRdmapAccessRights = t::kAccessRights, kRdmapNotAssoc = t::kStagNotAssoc, kRdmapToWrap = t::kToWrap,
+                  kRdmapOpcode = t::kUnexpectedOpcode, kRdmapCatastrophicStream = t::kCatastrophicStream,
+                  kRdmapCannotInvalidate = t::kCannotInvalidate, kRdmapUnspecified = t::kUnspecified;
+constexpr uint8_t kDdpCatastrophic = t::kDdpCatastrophic, kDdpTagged = t::kDdpTagged, kDdpUntagged = t::kDdpUntagged;
+constexpr uint8_t kDdpInvalidStag = t::kTInvalidStag, kDdpBaseBounds = t::kTBaseBounds, kDdpNotAssoc = t::kTStagNotAssoc,
+                  kDdpToWrap = t::kTToWrap;
+constexpr uint8_t kDdpInvalidQn = t::kUtInvalidQn, kDdpNoBuffer = t::kUtInvalidMsnNoBuffer,
+                  kDdpMsnRange = t::kUtInvalidMsnRange, kDdpInvalidMo = t::kUtInvalidMo,
+                  kDdpTooLong = t::kUtMessageTooLong;
+
+constexpr int kReadsPerPass = 16;  // recv calls per QP per progress pass
+
+// A key check's result as a DDP tagged buffer error (RDMA WRITE, READ response); access rights
+// have no DDP code: invalid STag, as siw reports them.
+uint8_t ddp_tagged_code(core::AccessResult r) {
+  switch (r) {
+    case core::AccessResult::BadPd: return kDdpNotAssoc;
+    case core::AccessResult::OutOfRange:
+    case core::AccessResult::NotMapped: return kDdpBaseBounds;
+    default: return kDdpInvalidStag;
+  }
+}
+// The same as an RDMAP remote protection error (the source of a READ request).
+uint8_t rdmap_protection_code(core::AccessResult r) {
+  switch (r) {
+    case core::AccessResult::BadPd: return kRdmapNotAssoc;
+    case core::AccessResult::OutOfRange:
+    case core::AccessResult::NotMapped: return kRdmapBaseBounds;
+    case core::AccessResult::NoPermission: return kRdmapAccessRights;
+    default: return kRdmapInvalidStag;
+  }
+}
+uint64_t C::*stag_counter(core::AccessResult r) {
+  return r == core::AccessResult::OutOfRange || r == core::AccessResult::NotMapped ? &C::iw_bad_bounds
+                                                                                    : &C::iw_bad_stag;
+}
+bool is_send(iw::Opcode op) {
+  return op == iw::Opcode::Send || op == iw::Opcode::SendInvalidate || op == iw::Opcode::SendSolicited ||
+         op == iw::Opcode::SendSolicitedInvalidate;
+}
+// What the requester's WQE reports when the peer terminated the stream (the class of its error).
+WcStatus terminate_status(const iw::Terminate& t) {
+  if ((t.layer == L::Ddp && t.etype == kDdpTagged) || (t.layer == L::Rdmap && t.etype == kRdmapProtection))
+    return WcStatus::RemAccessErr;
+  if (t.layer == L::Ddp && t.etype == kDdpUntagged) return WcStatus::RemInvReqErr;
+  return WcStatus::RemOpErr;
+}
+}  // namespace
+
+void Engine::iwarp_refuse(Qp& qp, const IwarpFault& f, const uint8_t* ddp, size_t ddp_len, size_t ulpdu_len,
+                          const uint8_t* rdmap, size_t rdmap_len) {
+  Qp::IwarpState& s = qp.iw;
+  count(&qp, f.counter);
+  if (s.active && !s.closing && !s.shut) {
+    // One Terminate (RFC 5040 §4.8), untagged on QN 2, naming the error and copying what it refused.
+    iw::Terminate t;
+    t.layer = f.layer;
+    t.etype = f.etype;
+    t.ecode = f.ecode;
+    if (ddp_len) {
+      t.has_segment_len = true;
+      t.segment_len = static_cast<uint16_t>(ulpdu_len);
+      t.ddp_header = ddp;
+      t.ddp_header_len = ddp_len;
+    }
+    t.rdmap_header = rdmap;
+    t.rdmap_header_len = rdmap_len;
+    iw::DdpHeader h;
+    h.last = true;
+    h.opcode = iw::Opcode::Terminate;
+    h.qn = iw::kQnTerminate;
+    h.msn = s.tx_msn[iw::kQnTerminate]++;
+    uint8_t buf[iw::kUntaggedHeaderLen + iw::kMaxTerminateLen];
+    size_t n = iw::encode_header(h, buf);
+    n += iw::encode_terminate(t, buf + n);
+    s.hold_tx = false;
+    iwarp_queue(qp, buf, n, nullptr, 0);
+    count(&qp, &C::iw_terminate_sent);
+  }
+  if (qp.resp.recv_active && f.recv_status != WcStatus::Success) {
+    // The receive WQE the refused message had taken reports why; the others are flushed.
+    core::Cqe c{};
+    c.wr_id = active_recv_wqe(qp).wr_id;
+    c.status = f.recv_status;
+    c.opcode = core::WcOpcode::Recv;
+    c.qp_num = qp.qpn;
+    retire_recv_wqe(qp);
+    qp.resp.recv_active = false;
+    post_cqe(receive_cq(qp), c, false);
+  }
+  qp.resp.in_message = false;
+  async_events_.push(AsyncEvent{f.event, &qp, nullptr});
+  if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
+  iwarp_stop(qp);
+}
+
+bool Engine::iwarp_receive(Qp& qp) {
+  Qp::IwarpState& s = qp.iw;
+  bool did = false;
+  for (int round = 0; round < kReadsPerPass; ++round) {
+    const size_t room = s.rx.size() - s.rx_len;
+    const ssize_t n = recv(s.fd, s.rx.data() + s.rx_len, room, MSG_DONTWAIT);
+    if (n == 0) {
+      iwarp_conn_lost(qp, false);
+      return true;
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      iwarp_conn_lost(qp, true);
+      return true;
+    }
+    did = true;
+    s.rx_len += static_cast<size_t>(n);
+    size_t off = 0;
+    while (!s.closing) {
+      iw::FpduReceiver::Fpdu f;
+      const auto st = s.rx_framer->next(s.rx.data() + off, s.rx_len - off, s.demarked.empty() ? nullptr : s.demarked.data(), f);
+      if (st == iw::FpduReceiver::Status::NeedMore) break;
+      if (st != iw::FpduReceiver::Status::Ok) {
+        // CRC, or a length or marker that lost the framing (RFC 5044 §8): the stream is beyond use.
+        const iw::ParseError e = iw::FpduReceiver::error(st);
+        const bool crc = st == iw::FpduReceiver::Status::BadCrc;
+        iwarp_refuse(qp, {e.layer, e.etype, e.ecode, crc ? &C::iw_bad_crc : &C::iw_bad_framing, AsyncEventType::QpFatal});
+        break;
+      }
+      off += f.consumed;
+      count(&qp, &C::iw_rx_fpdus);
+      if (!iwarp_deliver(qp, f.ulpdu, f.ulpdu_len)) break;
+    }
+    if (s.closing) {
+      s.rx_len = 0;
+      return true;
+    }
+    std::memmove(s.rx.data(), s.rx.data() + off, s.rx_len - off);
+    s.rx_len -= off;
+    if (static_cast<size_t>(n) < room) break;  // the socket is drained
+  }
+  return did;
+}
+
+bool Engine::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
+  Qp::IwarpState& s = qp.iw;
+  iw::DdpHeader h;
+  iw::ParseError err{};
+  const size_t hl = iw::parse_header(u, len, h, err);
+  if (!hl) {
+    const size_t copy = std::min(len, (len && (u[0] & 0x80)) ? iw::kTaggedHeaderLen : iw::kUntaggedHeaderLen);
+    iwarp_refuse(qp, {err.layer, err.etype, err.ecode, &C::iw_bad_header, AsyncEventType::QpReqErr}, u, copy, len);
+    return false;
+  }
+  // The first FPDU from the peer: transmission may start (RTR Await), and a zero-length SEND is the
+  // peer's RTR, which takes no receive WQE.
+  const bool rtr_first = s.rtr_pending_rx;
+  s.rtr_pending_rx = false;
+  s.hold_tx = false;
+  const uint8_t* payload = u + hl;
+  const size_t plen = len - hl;
+  const size_t ddp_len = h.tagged ? iw::kTaggedHeaderLen : iw::kUntaggedHeaderLen;
+  if (!h.tagged) {
+    const uint32_t want_qn = is_send(h.opcode) ? iw::kQnSend
+                             : h.opcode == iw::Opcode::ReadRequest ? iw::kQnReadRequest
+                                                                   : iw::kQnTerminate;
+    if (h.qn != want_qn) {
+      iwarp_refuse(qp, {L::Ddp, kDdpUntagged, kDdpInvalidQn, &C::iw_bad_qn, AsyncEventType::QpReqErr}, u, ddp_len,
+                   len);
+      return false;
+    }
+    if (h.opcode != iw::Opcode::Terminate && h.msn != s.rx_msn[h.qn]) {
+      iwarp_refuse(qp, {L::Ddp, kDdpUntagged, kDdpMsnRange, &C::iw_bad_msn, AsyncEventType::QpReqErr}, u, ddp_len,
+                   len);
+      return false;
+    }
+    if (rtr_first && is_send(h.opcode) && plen == 0 && h.last && h.mo == 0) {
+      ++s.rx_msn[iw::kQnSend];
+      return true;
+    }
+  }
+  switch (h.opcode) {
+    case iw::Opcode::Write: {
+      if (!serves_passive_.load(std::memory_order_relaxed)) serves_passive_.store(true, std::memory_order_relaxed);
+      if (plen == 0) return true;  // touches no memory: no STag check (RFC 5040 §7.1; the RTR WRITE)
+      core::AccessResult r = core::AccessResult::NoPermission;
+      uint8_t* host = nullptr;
+      if (h.to + plen < h.to) {
+        iwarp_refuse(qp, {L::Ddp, kDdpTagged, kDdpToWrap, &C::iw_bad_bounds, AsyncEventType::QpAccessErr}, u, ddp_len,
+                     len);
+        return false;
+      }
+      if (qp.access_flags & core::kRemoteWrite)
+        r = mrs_.check_remote(h.stag, qp.cfg.pd, h.to, plen, core::kRemoteWrite, &host, qp.qpn);
+      if (r != core::AccessResult::Ok) {
+        iwarp_refuse(qp, {L::Ddp, kDdpTagged, ddp_tagged_code(r), stag_counter(r), AsyncEventType::QpAccessErr}, u,
+                     ddp_len, len);
+        return false;
+      }
+      std::memcpy(host, payload, plen);
+      return true;
+    }
+    case iw::Opcode::ReadRequest:
+      iwarp_deliver_read_request(qp, h, u, ddp_len, payload, plen, len);
+      break;
+    case iw::Opcode::ReadResponse:
+      iwarp_deliver_read_response(qp, h, u, ddp_len, payload, plen, len);
+      break;
+    case iw::Opcode::Terminate:
+      iwarp_deliver_terminate(qp, payload, plen);
+      break;
+    default:
+      iwarp_deliver_send(qp, h, u, ddp_len, payload, plen, len);
+      break;
+  }
+  return !s.closing;
+}
+
+void Engine::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
+                                const uint8_t* payload, size_t plen, size_t ulpdu_len) {
+  Qp::IwarpState& s = qp.iw;
+  auto refuse = [&](const IwarpFault& f) { iwarp_refuse(qp, f, hdr, hdr_len, ulpdu_len); };
+  // MO: where this segment's payload lies in the message (RFC 5041 §5.2); a message starts at 0.
+  if (h.mo != (qp.resp.in_message ? qp.resp.recv_offset : 0)) {
+    refuse({L::Ddp, kDdpUntagged, kDdpInvalidMo, &C::iw_bad_mo, AsyncEventType::QpReqErr});
+    return;
+  }
+  if (!qp.resp.in_message) {
+    // An untagged message with no buffer posted is fatal in iWARP (RFC 5041 §7.2: no RNR retry).
+    if (!next_recv_wqe(qp)) {
+      refuse({L::Ddp, kDdpUntagged, kDdpNoBuffer, &C::iw_no_recv, AsyncEventType::QpReqErr});
+      return;
+    }
+    take_recv_wqe(qp);
+    qp.resp.recv_active = true;
+    qp.resp.recv_offset = 0;
+    qp.resp.in_message = true;
+    RecvWqe& w = active_recv_wqe(qp);
+    const uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;
+    for (uint32_t i = 0; i < w.num_sge; ++i)
+      if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.resp.recv_host[i]) !=
+          core::AccessResult::Ok) {
+        refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
+        return;
+      }
+  }
+  RecvWqe& w = active_recv_wqe(qp);
+  if (qp.resp.recv_offset + plen > w.length) {
+    refuse({L::Ddp, kDdpUntagged, kDdpTooLong, &C::iw_msg_too_long, AsyncEventType::QpReqErr, WcStatus::LocLenErr});
+    return;
+  }
+  const uint8_t* src = payload;
+  const bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, plen,
+                                         [&](uint8_t* p, uint64_t n) {
+                                           if (!p) return false;
+                                           std::memcpy(p, src, n);
+                                           src += n;
+                                           return true;
+                                         });
+  if (!placed) {  // the receive buffer's MR was deregistered while the message arrived
+    refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
+    return;
+  }
+  qp.resp.recv_offset += plen;
+  if (!h.last) return;
+  core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset, false, 0);
+  if (h.opcode == iw::Opcode::SendInvalidate || h.opcode == iw::Opcode::SendSolicitedInvalidate) {
+    // The STag in the header is invalidated as the message completes, by the rules of RoCE's SEND
+    // with invalidate (a type 2 window bound through this QP).
+    if (!mrs_.invalidate(h.rsvd_ulp, qp.cfg.pd, qp.qpn, true)) {
+      refuse({L::Rdmap, kRdmapProtection, kRdmapCannotInvalidate, &C::iw_cannot_invalidate, AsyncEventType::QpReqErr,
+              WcStatus::RemInvReqErr});
+      return;
+    }
+    c.wc_flags = core::kWcWithInv;
+    c.imm_or_inv = h.rsvd_ulp;
+  }
+  retire_recv_wqe(qp);
+  qp.resp.recv_active = false;
+  qp.resp.in_message = false;
+  ++s.rx_msn[iw::kQnSend];
+  const bool solicited = h.opcode == iw::Opcode::SendSolicited || h.opcode == iw::Opcode::SendSolicitedInvalidate;
+  post_cqe(receive_cq(qp), c, solicited);
+}
+
+void Engine::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
+                                        const uint8_t* payload, size_t plen, size_t ulpdu_len) {
+  Qp::IwarpState& s = qp.iw;
+  if (h.mo != 0) {
+    iwarp_refuse(qp, {L::Ddp, kDdpUntagged, kDdpInvalidMo, &C::iw_bad_mo, AsyncEventType::QpReqErr}, hdr, hdr_len,
+                 ulpdu_len);
+    return;
+  }
+  iw::ReadRequest r;
+  if (!h.last || plen != iw::kReadRequestLen || !iw::parse_read_request(payload, plen, r)) {
+    // A READ request is one segment of exactly its header.
+    iwarp_refuse(qp, {L::Ddp, kDdpUntagged, kDdpTooLong, &C::iw_bad_header, AsyncEventType::QpReqErr}, hdr, hdr_len,
+                 ulpdu_len);
+    return;
+  }
+  const uint8_t* rdmap = payload;
+  ++s.rx_msn[iw::kQnReadRequest];
+  if (s.read_jobs.size() >= s.ird) {
+    iwarp_refuse(qp, {L::Rdmap, kRdmapOperation, kRdmapCatastrophicStream, &C::iw_ird_exceeded,
+                      AsyncEventType::QpReqErr},
+                 hdr, hdr_len, ulpdu_len, rdmap, iw::kReadRequestLen);
+    return;
+  }
+  if (!serves_passive_.load(std::memory_order_relaxed)) serves_passive_.store(true, std::memory_order_relaxed);
+  uint8_t* src = nullptr;
+  if (r.size) {
+    // A zero-length READ (the RTR's) reads nothing: no STag check.
+    if (r.src_to + r.size < r.src_to) {
+      iwarp_refuse(qp, {L::Rdmap, kRdmapProtection, kRdmapToWrap, &C::iw_bad_bounds, AsyncEventType::QpAccessErr},
+                   hdr, hdr_len, ulpdu_len, rdmap, iw::kReadRequestLen);
+      return;
+    }
+    core::AccessResult a = core::AccessResult::NoPermission;
+    if (qp.access_flags & core::kRemoteRead)
+      a = mrs_.check_remote(r.src_stag, qp.cfg.pd, r.src_to, r.size, core::kRemoteRead, &src, qp.qpn);
+    if (a != core::AccessResult::Ok) {
+      iwarp_refuse(qp, {L::Rdmap, kRdmapProtection, rdmap_protection_code(a), stag_counter(a),
+                        AsyncEventType::QpAccessErr},
+                   hdr, hdr_len, ulpdu_len, rdmap, iw::kReadRequestLen);
+      return;
+    }
+  }
+  s.read_jobs.push_back({r.sink_stag, r.sink_to, src, r.size});
+}
+
+void Engine::iwarp_deliver_read_response(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
+                                         const uint8_t* payload, size_t plen, size_t ulpdu_len) {
+  Qp::IwarpState& s = qp.iw;
+  auto refuse = [&](const IwarpFault& f) { iwarp_refuse(qp, f, hdr, hdr_len, ulpdu_len); };
+  if (s.reads.empty()) {
+    refuse({L::Rdmap, kRdmapOperation, kRdmapOpcode, &C::iw_bad_response, AsyncEventType::QpReqErr});
+    return;
+  }
+  Qp::IwarpRead& rd = s.reads.front();
+  if (rd.rtr) {
+    // The answer to our RTR READ: zero-length, and it completes nothing.
+    if (plen || !h.last) {
+      refuse({L::Ddp, kDdpTagged, kDdpBaseBounds, &C::iw_bad_bounds, AsyncEventType::QpAccessErr});
+      return;
+    }
+    s.reads.pop_front();
+    return;
+  }
+  SqEntry& e = qp.sq.at(rd.sq_index);
+  const Sge& sink = e.wqe.sge[0];
+  // Responses come in request order (RFC 5040 §5.2), tagged to the sink we named: its STag, within it.
+  if (plen && h.stag != sink.lkey) {
+    refuse({L::Ddp, kDdpTagged, kDdpInvalidStag, &C::iw_bad_stag, AsyncEventType::QpAccessErr});
+    return;
+  }
+  if (plen && (h.to < sink.addr || h.to - sink.addr > e.wqe.length || plen > e.wqe.length - (h.to - sink.addr) ||
+               rd.placed + plen > e.wqe.length)) {
+    refuse({L::Ddp, kDdpTagged, kDdpBaseBounds, &C::iw_bad_bounds, AsyncEventType::QpAccessErr});
+    return;
+  }
+  if (plen) {
+    if (e.host[0])
+      std::memcpy(e.host[0] + (h.to - sink.addr), payload, plen);
+    else
+      e.status = WcStatus::LocProtErr;  // the sink was deregistered while the READ was outstanding
+  }
+  rd.placed += plen;
+  if (!h.last) return;
+  s.reads.pop_front();
+  e.acked = true;
+  complete_in_order(qp);
+}
+
+void Engine::iwarp_deliver_terminate(Qp& qp, const uint8_t* payload, size_t plen) {
+  Qp::IwarpState& s = qp.iw;
+  count(&qp, &C::iw_terminate_rcvd);
+  iw::Terminate t;
+  if (!iw::parse_terminate(payload, plen, t)) t = {L::Rdmap, kRdmapCatastrophic, kRdmapUnspecified};
+  async_events_.push(AsyncEvent{AsyncEventType::QpFatal, &qp, nullptr});
+  // The oldest WQE in progress takes the peer's verdict; the rest are flushed. SEND and WRITE
+  // already complete are not called back (iWARP completes them when written).
+  const uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
+  if (tail < qp.sq.head.load(std::memory_order_acquire) && qp.sq.at(tail).started)
+    requester_error(qp, terminate_status(t));
+  if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
+  iwarp_stop(qp);
+  s.tx.clear();  // nothing follows a Terminate either way (RFC 5040 §5.4)
+}
+
+}  // namespace softrdma::transport
