@@ -34,7 +34,7 @@ struct Device {
   uint16_t max_ird = 16, max_ord = 16;  // max_qp_rd_atom / max_qp_init_rd_atom
 };
 
-// ---- iWARP (iwarp.cpp; docs/iwarp-cm.md) -------------------------------------------------------------
+// ---- iWARP (iwarp.cpp; docs/iwarp.md) -------------------------------------------------------------
 inline constexpr size_t kMpaMaxFrame = wire::iwarp::kMpaHeaderLen + wire::iwarp::kMpaMaxPrivateData;
 // The most private data rdma_connect/accept/reject take on iWARP: 256 octets of MPA private data
 // (what siw takes, RDMA_MAX_PRIVATE_DATA) less the RFC 6581 IRD/ORD words.

@@ -1,4 +1,4 @@
-// rdma_cm on iWARP devices (cm.h, docs/iwarp-cm.md): the rdma_cm port is a TCP port; connect and
+// rdma_cm on iWARP devices (cm.h, docs/iwarp.md): the rdma_cm port is a TCP port; connect and
 // accept are TCP connect/accept plus the MPA request/reply exchange (RFC 5044 §7.1 with RFC 6581's
 // enhanced connection setup, peer-to-peer), after which the consumer hands the QP the socket. The CM
 // keeps its own descriptor of the socket and polls it for the peer's close only (DISCONNECTED).

@@ -537,7 +537,7 @@ SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
     attach_device(id);
     set_gid(id->pub.route.addr.addr.ibaddr.sgid, ip);
   }
-  // The port is a TCP port on iWARP (docs/iwarp-cm.md); unbound to a device, the first device decides.
+  // The port is a TCP port on iWARP (docs/iwarp.md); unbound to a device, the first device decides.
   id->conn.iwarp = id->conn.dev ? id->conn.dev->iwarp : abi().default_iwarp();
   if (int e = M().bind_port(id->conn, ip, sin_of(addr)->sin_port)) return fail(e);
   set_src(id);

@@ -147,7 +147,7 @@ void fill_device_attr(const SoftDevice& d, ibv_device_attr& a) {
   if (d.iwarp) {
     // As siw presents an RNIC (siw_query_device): no atomics, one READ sink SGE, no memory windows,
     // multicast, XRC or raw packet QPs; device_cap_flags are siw's. What stays ours is what we are:
-    // our vendor id, firmware string and object limits (docs/iwarp-device.md).
+    // our vendor id, firmware string and object limits (docs/iwarp.md).
     a.device_cap_flags = IBV_DEVICE_MEM_MGT_EXTENSIONS;
     a.atomic_cap = IBV_ATOMIC_NONE;
     a.max_sge_rd = 1;

@@ -1,4 +1,4 @@
-// The verbs side of iWARP QPs (docs/iwarp-device.md): the rules an RNIC's QPs follow (as siw's), and
+// The verbs side of iWARP QPs (docs/iwarp.md): the rules an RNIC's QPs follow (as siw's), and
 // softrdma_iwarp_attach (private_abi.h), by which librdmacm hands a QP its TCP connection once the MPA
 // exchange is done: to the engine's iWARP data path, or, when the peer is a softrdma QP of this host,
 // to the RC machinery so that the intra-host direct path runs as for RoCE.

@@ -26,7 +26,7 @@ struct SoftDevice {
   net::Interface iface;
   uint64_t guid_be;
   int index;
-  bool iwarp = false;  // an iWARP device (SOFTRDMA_TRANSPORT=iwarp|both; docs/iwarp-device.md)
+  bool iwarp = false;  // an iWARP device (SOFTRDMA_TRANSPORT=iwarp|both; docs/iwarp.md)
   std::atomic<uint64_t> dm_used{0};  // bytes of device memory allocated in this process (dm.cpp)
 };
 
@@ -201,7 +201,7 @@ inline bool is_iwarp(ibv_context* c) { return to_ctx(c)->device->iwarp; }
 // device.cpp: the devices SOFTRDMA_TRANSPORT selects now (roce, iwarp or both; read at each call, each
 // list made once and never freed).
 const std::vector<SoftDevice*>& all_devices();
-// iwarp.cpp: the verbs rules of iWARP QPs (as siw's; docs/iwarp-device.md). 0 or an errno.
+// iwarp.cpp: the verbs rules of iWARP QPs (as siw's; docs/iwarp.md). 0 or an errno.
 int iwarp_check_send(const transport::SendWqe& w);
 int iwarp_check_modify(ibv_qp_state cur, ibv_qp_state next, int mask);
 // device.cpp: the path MTU an iWARP QP's RC attach (the direct path) uses.

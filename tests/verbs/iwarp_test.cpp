@@ -1,4 +1,4 @@
-// iWARP verbs devices (SOFTRDMA_TRANSPORT=iwarp|both; docs/iwarp-device.md): the device list, the
+// iWARP verbs devices (SOFTRDMA_TRANSPORT=iwarp|both; docs/iwarp.md): the device list, the
 // attributes an RNIC reports (as siw), the verbs an iWARP QP refuses, and softrdma_iwarp_attach --
 // validation, and a QP pair over a loopback TCP connection moved to RTS by it, byte-verified SEND,
 // WRITE and READ on the intra-host direct path (and on the engine's TCP path where it exists).

@@ -1,4 +1,4 @@
-// rdma_cm on iWARP devices (docs/iwarp-cm.md): TCP connect/accept plus the MPA request/reply, with
+// rdma_cm on iWARP devices (docs/iwarp.md): TCP connect/accept plus the MPA request/reply, with
 // private data both ways, reject, refused and silent peers, disconnect from either side, IRD/ORD and
 // RTR negotiation checked on the wire against a hand-written TCP peer, and hostile TCP clients at a
 // listener; data between two local QPs (the direct path). Runs with SOFTRDMA_TRANSPORT=iwarp.
