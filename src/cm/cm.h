@@ -235,6 +235,8 @@ class Manager {
     size_t rx_len = 0;
     uint64_t deadline_ns = 0;
   };
+  // A non-blocking socket of type bound to (ip, port), as c's rdma_cm port. 0 or an errno.
+  int bind_socket(Connection& c, int type, uint32_t ip_be, uint16_t port_be);
   int iw_bind(Connection& c, uint32_t ip_be, uint16_t port_be);
   int iw_listen(Connection& c);
   int iw_connect(Connection& c, uint16_t dst_port, const ConnectParams& p);

@@ -84,26 +84,8 @@ void set_nodelay(int fd) {
 }  // namespace
 
 int Manager::iw_bind(Connection& c, uint32_t ip_be, uint16_t port_be) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return errno;
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // a listener may come back at once
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = ip_be;
-  a.sin_port = port_be;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    int e = errno;
-    close(fd);
-    return e;
-  }
-  socklen_t l = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
-  c.sock = fd;
-  c.service_port = c.local_port = ntohs(a.sin_port);
-  c.local_ip_be = ip_be;
+  if (int rc = bind_socket(c, SOCK_STREAM, ip_be, port_be)) return rc;
   if (!c.iw) c.iw = std::make_unique<IwarpState>();
-  if (c.st == St::Idle) c.st = St::Bound;
   return 0;
 }
 

@@ -230,8 +230,16 @@ void Manager::send_sidr_rep(Connection& c, uint8_t status, uint32_t qpn, const v
 
 int Manager::bind_port(Connection& c, uint32_t ip_be, uint16_t port_be) {
   if (c.iwarp) return iw_bind(c, ip_be, port_be);
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  return bind_socket(c, SOCK_DGRAM, ip_be, port_be);
+}
+
+int Manager::bind_socket(Connection& c, int type, uint32_t ip_be, uint16_t port_be) {
+  int fd = socket(AF_INET, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
+  if (type == SOCK_STREAM) {
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // a listener may come back at once
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = ip_be;
