@@ -111,42 +111,29 @@ int Engine::iwarp_attach(Qp* qp, const IwarpAttach& a) {
   s.send_offset = 0;
   // The RTR FPDU (RFC 6581 §4): the first thing on the stream after the MPA frames.
   uint8_t hdr[iw::kMaxHeaderLen];
-  switch (a.rtr) {
-    case IwarpRtr::SendWrite: {
-      iw::DdpHeader h;
-      h.tagged = true;
-      h.last = true;
-      h.opcode = iw::Opcode::Write;
-      iwarp_queue(*qp, hdr, iw::encode_header(h, hdr), nullptr, 0);
-      break;
+  if (a.rtr == IwarpRtr::SendWrite || a.rtr == IwarpRtr::SendRead || a.rtr == IwarpRtr::SendSend) {
+    // A zero-length message, last segment: a WRITE (tagged, STag 0), a READ request for nothing (its
+    // zero-length response completes no WQE) or a SEND on its queue.
+    iw::DdpHeader h;
+    h.last = true;
+    h.tagged = a.rtr == IwarpRtr::SendWrite;
+    h.opcode = a.rtr == IwarpRtr::SendWrite  ? iw::Opcode::Write
+               : a.rtr == IwarpRtr::SendRead ? iw::Opcode::ReadRequest
+                                             : iw::Opcode::Send;
+    if (!h.tagged) {
+      h.qn = a.rtr == IwarpRtr::SendRead ? iw::kQnReadRequest : iw::kQnSend;
+      h.msn = s.tx_msn[h.qn]++;
     }
-    case IwarpRtr::SendRead: {
-      iw::DdpHeader h;
-      h.last = true;
-      h.opcode = iw::Opcode::ReadRequest;
-      h.qn = iw::kQnReadRequest;
-      h.msn = s.tx_msn[iw::kQnReadRequest]++;
-      size_t n = iw::encode_header(h, hdr);
+    size_t n = iw::encode_header(h, hdr);
+    if (a.rtr == IwarpRtr::SendRead) {
       n += iw::encode_read_request(iw::ReadRequest{}, hdr + n);
-      iwarp_queue(*qp, hdr, n, nullptr, 0);
       s.reads.push_back({0, true, 0});
-      break;
     }
-    case IwarpRtr::SendSend: {
-      iw::DdpHeader h;
-      h.last = true;
-      h.opcode = iw::Opcode::Send;
-      h.qn = iw::kQnSend;
-      h.msn = s.tx_msn[iw::kQnSend]++;
-      iwarp_queue(*qp, hdr, iw::encode_header(h, hdr), nullptr, 0);
-      break;
-    }
-    case IwarpRtr::Await:
-      s.hold_tx = true;
-      s.rtr_pending_rx = true;
-      break;
-    case IwarpRtr::None:
-      break;
+    iwarp_queue(*qp, hdr, n, nullptr, 0);
+  }
+  if (a.rtr == IwarpRtr::Await) {
+    s.hold_tx = true;
+    s.rtr_pending_rx = true;
   }
   qp->state.store(QpState::Rts, std::memory_order_release);
   ++iw_qps_;
