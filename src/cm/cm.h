@@ -55,6 +55,7 @@ struct IwarpConn {
 enum class IwStep : uint8_t {
   None,
   Connecting,   // active: non-blocking TCP connect under way
+  Refused,      // active: the connect was refused; tried again at deadline_ns (refused_retries left)
   AwaitReply,   // active: MPA request sent (or being sent), reading the reply
   ReqRcvd,      // passive: MPA request read, the application decides
   Established,  // frames exchanged, the QP attached: polled for the peer's close only
@@ -80,6 +81,7 @@ struct IwarpState {
   bool published = false;
   bool hup_posted = false;
   uint64_t deadline_ns = 0;
+  uint8_t refused_retries = 0;
 };
 
 // What the iWARP CM counts (process-wide; softrdma_cm_iwarp_stats in librdmacm's private ABI).
@@ -90,6 +92,7 @@ struct IwarpStats {
   std::atomic<uint64_t> mpa_rejects_sent{0}, mpa_rejects_rcvd{0};
   std::atomic<uint64_t> tcp_refused{0};        // connect answered with RST / unreachable
   std::atomic<uint64_t> direct_hits{0};        // tuple table found a local peer QP
+  std::atomic<uint64_t> tcp_refused_retries{0};  // refused connects tried again (iw_retry_refused)
 };
 
 // Connection states, after the kernel's rdma_cm.
@@ -250,6 +253,8 @@ class Manager {
   void iw_on_listener(Connection& L);
   void iw_on_accepted(IwAccept& a, short revents);
   void iw_on_active(Connection& c, short revents);
+  void iw_start_connect(Connection& c);  // the TCP connect of iw_connect, and of each retry
+  bool iw_retry_refused(Connection& c);  // a refused connect: schedule another while retries last
   void iw_on_reply(Connection& c);
   void iw_fail(Connection& c, EventKind kind, int status, bool with_pdata = false);
   bool iw_flush(Connection& c);

@@ -48,6 +48,8 @@ bool direct_enabled() {
 
 constexpr size_t kMaxPendingAccepts = 1024;  // TCP connections whose MPA request is still awaited
 constexpr uint8_t kKindConn = 1, kKindAccept = 2;
+constexpr uint8_t kRefusedRetries = 20;              // a refused connect: 20 more tries,
+constexpr uint64_t kRefusedRetryNs = 50'000'000;     // 50 ms apart (about a second in all)
 
 // Reads the rest of one MPA frame into rx, never past its end: what follows belongs to the QP.
 // 1: complete; 0: more to come; -1: EOF or error; -2: not an MPA frame (key, length).
@@ -200,20 +202,47 @@ int Manager::iw_connect(Connection& c, uint16_t dst_port, const ConnectParams& p
   w.tx_off = 0;
   c.service_port = dst_port;
   c.st = St::ReqSent;
+  // A server that re-listens on its port between two connections (perftest, and qperf, which names
+  // its port before it listens) refuses a connect that comes too soon: as our RoCE CM holds a REQ
+  // back for a moment (manager.cpp, listener_probes), a refused connect is tried again for a second.
+  w.refused_retries = kRefusedRetries;
+  iw_start_connect(c);
+  return 0;
+}
+
+void Manager::iw_start_connect(Connection& c) {
+  IwarpState& w = *c.iw;
   w.step = IwStep::Connecting;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = c.peer_ip_be;
-  a.sin_port = htons(dst_port);
+  a.sin_port = htons(c.service_port);
   if (::connect(c.sock, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
     // Refused at once (loopback answers a SYN to a closed port before connect returns).
-    iw_stats_.tcp_refused++;
     int e = errno;
+    if (e == ECONNREFUSED && iw_retry_refused(c)) return;
+    iw_stats_.tcp_refused++;
     iw_fail(c, e == ECONNREFUSED ? EventKind::Rejected : EventKind::Unreachable, -e);
-    return 0;
+    return;
   }
   wake();
-  return 0;
+}
+
+bool Manager::iw_retry_refused(Connection& c) {
+  IwarpState& w = *c.iw;
+  if (w.refused_retries == 0) return false;
+  w.refused_retries--;
+  // A socket whose connect failed cannot connect again: a new one, on the same address and port.
+  const uint16_t service = c.service_port, port = c.local_port;
+  const uint32_t ip = c.local_ip_be;
+  close_fd(c.sock);
+  if (bind_socket(c, SOCK_STREAM, ip, htons(port)) != 0) return false;
+  c.service_port = service;
+  w.step = IwStep::Refused;
+  w.deadline_ns = now_ns() + kRefusedRetryNs;
+  iw_stats_.tcp_refused_retries++;
+  wake();
+  return true;
 }
 
 void Manager::iw_on_active(Connection& c, short revents) {
@@ -223,6 +252,7 @@ void Manager::iw_on_active(Connection& c, short revents) {
     socklen_t l = sizeof err;
     getsockopt(c.sock, SOL_SOCKET, SO_ERROR, &err, &l);
     if (err) {
+      if (err == ECONNREFUSED && iw_retry_refused(c)) return;
       // librdmacm over the kernel's iw_cm: a refused TCP connect is REJECTED (-ECONNREFUSED), one
       // that timed out UNREACHABLE (-ETIMEDOUT), anything else CONNECT_ERROR.
       iw_stats_.tcp_refused++;
@@ -506,7 +536,8 @@ int Manager::iw_reject(Connection& c, const void* pdata, uint8_t len) {
 void Manager::iw_disconnect(Connection& c) {
   if (!c.iw || c.sock < 0) return;
   IwStep s = c.iw->step;
-  if (s == IwStep::Established || s == IwStep::Connecting || s == IwStep::AwaitReply) {
+  if (s == IwStep::Established || s == IwStep::Connecting || s == IwStep::Refused ||
+      s == IwStep::AwaitReply) {
     // The socket is shared with the QP's descriptor: both ends see the close, the CM thread raises
     // DISCONNECTED here (POLLHUP) and the peer's at its end (POLLRDHUP).
     shutdown(c.sock, SHUT_RDWR);
@@ -544,6 +575,8 @@ void Manager::iw_poll_set(std::vector<pollfd>& fds, std::vector<void*>& owners, 
       ev = POLLIN;
     } else if (w.step == IwStep::Connecting) {
       ev = POLLOUT;
+    } else if (w.step == IwStep::Refused) {
+      until(w.deadline_ns);
     } else if (w.step == IwStep::AwaitReply) {
       ev = POLLIN | (w.tx_off < w.tx_len ? POLLOUT : 0);
       until(w.deadline_ns);
@@ -593,7 +626,12 @@ void Manager::iw_timers(uint64_t now) {
   }
   std::erase_if(iw_accepts_, [](const std::unique_ptr<IwAccept>& a) { return a->fd < 0; });
   for (Connection* c : conns_) {
-    if (!c->iwarp || !c->iw || c->iw->step != IwStep::AwaitReply || now < c->iw->deadline_ns) continue;
+    if (!c->iwarp || !c->iw || now < c->iw->deadline_ns) continue;
+    if (c->iw->step == IwStep::Refused) {
+      iw_start_connect(*c);
+      continue;
+    }
+    if (c->iw->step != IwStep::AwaitReply) continue;
     iw_stats_.mpa_timeouts++;
     iw_fail(*c, EventKind::Unreachable, -ETIMEDOUT);  // siw: no reply in time is -ETIMEDOUT
   }

@@ -1085,11 +1085,12 @@ SOFTRDMA_EXPORT const char* rdma_event_str(rdma_cm_event_type e) {
 
 // softrdma's private ABI (version node SOFTRDMA_PRIVATE_1; not for applications): the iWARP CM's
 // counters in cm::IwarpStats order (requests sent, received, bad frames, timeouts, rejects sent,
-// rejects received, refused TCP connects, direct-path hits). Fills up to n; returns how many exist.
+// rejects received, refused TCP connects, direct-path hits, refused connects retried). Fills up to n; returns how many exist.
 SOFTRDMA_EXPORT int softrdma_cm_iwarp_stats(uint64_t* values, unsigned n) {
   const cm::IwarpStats& s = M().iwarp_stats();
   const uint64_t all[] = {s.mpa_requests_sent, s.mpa_requests_rcvd, s.mpa_bad_frames, s.mpa_timeouts,
-                          s.mpa_rejects_sent,  s.mpa_rejects_rcvd,  s.tcp_refused,    s.direct_hits};
+                          s.mpa_rejects_sent,  s.mpa_rejects_rcvd,  s.tcp_refused,    s.direct_hits,
+                          s.tcp_refused_retries};
   const unsigned count = sizeof all / sizeof all[0];
   for (unsigned i = 0; values && i < n && i < count; ++i) values[i] = all[i];
   return static_cast<int>(count);

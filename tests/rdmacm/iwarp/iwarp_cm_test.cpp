@@ -33,7 +33,10 @@ const bool env_set = [] {
 constexpr int kWaitMs = 20000;
 constexpr const char* kIp = "127.0.0.1";
 
-enum Stat { kReqSent, kReqRcvd, kBadFrames, kTimeouts, kRejSent, kRejRcvd, kRefused, kDirectHits, kNStats };
+enum Stat {
+  kReqSent, kReqRcvd, kBadFrames, kTimeouts, kRejSent, kRejRcvd, kRefused, kDirectHits, kRefusedRetries,
+  kNStats
+};
 struct Stats {
   uint64_t v[kNStats] = {};
   Stats() { softrdma_cm_iwarp_stats(v, kNStats); }
@@ -105,9 +108,9 @@ struct Listener {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   uint16_t port = 0;
-  Listener() {
+  explicit Listener(uint16_t at = 0) {
     if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return;
-    sockaddr_in a = addr(kIp, 0);
+    sockaddr_in a = addr(kIp, at);
     if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(id, 8)) return;
     port = ntohs(rdma_get_src_port(id));
   }
@@ -364,13 +367,15 @@ TEST(IwarpCm, RejectCarriesPrivateData) {
 }
 
 // A port nobody listens on: the TCP connect is refused. siw refuses in rdma_connect itself (its
-// connect blocks); a NIC reports REJECTED with -ECONNREFUSED, as we do.
+// connect blocks); a NIC reports REJECTED with -ECONNREFUSED, as we do, after the second of retries
+// that a server re-listening on its port gets.
 TEST(IwarpCm, NobodyListeningIsRefused) {
   uint16_t port;
   {
     RawServer tmp;
     port = tmp.port;
   }
+  Stats before;
   Client C;
   ASSERT_TRUE(C.resolve(port, false));
   rdma_conn_param cp{};
@@ -382,6 +387,40 @@ TEST(IwarpCm, NobodyListeningIsRefused) {
   ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_REJECTED) << name(ev);
   EXPECT_EQ(ev->status, -ECONNREFUSED);
   rdma_ack_cm_event(ev);
+  Stats after;
+  EXPECT_EQ(after[kRefusedRetries] - before[kRefusedRetries], 20u);
+  EXPECT_EQ(after[kRefused] - before[kRefused], 1u);
+}
+
+// A server that listens only after the client's first connect was refused (perftest re-listens
+// between its two connections; qperf names its port before listening): the retry reaches it.
+TEST(IwarpCm, ListenerThatComesLateIsReached) {
+  uint16_t port;
+  {
+    RawServer tmp;
+    port = tmp.port;
+  }
+  Stats before;
+  Client C;
+  ASSERT_TRUE(C.resolve(port, false));
+  rdma_conn_param cp{};
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+  // No listener yet: wait until the CM has seen a refusal, then listen on the port.
+  for (int i = 0; i < 2000 && Stats()[kRefusedRetries] == before[kRefusedRetries]; ++i) usleep(1000);
+  ASSERT_GT(Stats()[kRefusedRetries], before[kRefusedRetries]);
+  Listener L(port);
+  ASSERT_EQ(L.port, port);
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  rdma_conn_param ap{};
+  ASSERT_EQ(rdma_accept(child, &ap), 0);
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+  rdma_ack_cm_event(ev);
+  EXPECT_EQ(Stats()[kRefused], before[kRefused]);  // no refusal reached the application
+  EXPECT_EQ(rdma_destroy_id(child), 0);
 }
 
 // Data over a connection rdma_cm set up between two softrdma iWARP QPs of this host: the tuple
