@@ -226,8 +226,8 @@ def main():
         if rep_i["R"]:
             faults.append(f"{conn}: rejected")
             continue
-        if req_i["C"] != rep_i["C"] and not req_i["C"]:
-            faults.append(f"{conn}: CRC flags differ (request {req_i['C']}, reply {rep_i['C']})")
+        # A reply may set C where the request did not (a responder that requires CRC, RFC 5044
+        # §7.1.3): then CRC runs both ways; the reverse (C dropped by the reply) is a fault below.
         crc_on = bool(req_i["C"] or rep_i["C"])
         if a.crc is not None and crc_on != bool(a.crc):
             faults.append(f"{conn}: CRC {'on' if crc_on else 'off'}, expected {'on' if a.crc else 'off'}")
