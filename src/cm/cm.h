@@ -48,6 +48,7 @@ struct IwarpConn {
   int fd = -1;  // the connection; the CM keeps it, the QP's owner dup()s what it keeps
   bool crc = false, markers_rx = false, markers_tx = false;
   IwRtr rtr = IwRtr::None;
+  bool await_grace = false;  // rtr Await from an initiator without peer-to-peer (IwarpAttach)
   uint32_t ird = 0, ord = 0;
   uint32_t peer_qpn = 0;  // direct path: the peer QP of this host (tuple table hit), 0 if none
 };

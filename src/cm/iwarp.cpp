@@ -333,7 +333,7 @@ void Manager::iw_on_reply(Connection& c) {
   }
   w.peer_qpn = iw_lookup_peer(c);
   if (consumer_ && consumer_->has_qp(c)) {
-    IwarpConn ic{c.sock, w.crc, false, w.markers_tx, w.rtr, w.ird, w.ord, w.peer_qpn};
+    IwarpConn ic{c.sock, w.crc, false, w.markers_tx, w.rtr, false, w.ird, w.ord, w.peer_qpn};
     if (int rc = consumer_->attach_iwarp(c, ic)) {
       iw_fail(c, EventKind::ConnectError, -rc);
       return;
@@ -486,7 +486,7 @@ int Manager::iw_accept(Connection& c, const AcceptParams& p) {
   iw_publish(c);  // before our reply leaves: the initiator looks us up once it has it
   w.peer_qpn = iw_lookup_peer(c);
   if (consumer_ && consumer_->has_qp(c)) {
-    IwarpConn ic{c.sock, w.crc, false, w.markers_tx, w.rtr, w.ird, w.ord, w.peer_qpn};
+    IwarpConn ic{c.sock, w.crc, false, w.markers_tx, w.rtr, !w.peer.peer_to_peer, w.ird, w.ord, w.peer_qpn};
     if (int rc = consumer_->attach_iwarp(c, ic)) {
       iw_reject(c, nullptr, 0);
       c.st = St::Failed;

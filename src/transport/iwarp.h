@@ -14,12 +14,19 @@ enum class IwarpRtr : uint8_t {
   Await,      // responder: nothing is sent until the first FPDU has arrived
 };
 
+inline constexpr uint64_t kIwarpAwaitGraceNs = 50'000'000;  // 50 ms
+
 struct IwarpAttach {
   int fd = -1;              // connected TCP socket; the engine owns (and closes) it from now on
   bool crc = false;         // MPA CRC in both directions
   bool markers_rx = false;  // the peer inserts markers in what we receive
   bool markers_tx = false;  // we insert markers in what we send
   IwarpRtr rtr = IwarpRtr::None;
+  // Await from an initiator without peer-to-peer: start sending after kIwarpAwaitGraceNs even if no
+  // FPDU came. RFC 5044 says wait, but siw as a responder does not, so applications whose server
+  // sends first (ucmatose, ib_write_lat) work between siw hosts and would wait for ever here; the
+  // grace lets the initiator take our MPA reply first (siw fails on bytes read along with it).
+  bool await_grace = false;
   uint32_t ird = 0, ord = 0;  // inbound / outbound READ depth
 };
 

@@ -134,6 +134,7 @@ int Engine::iwarp_attach(Qp* qp, const IwarpAttach& a) {
   if (a.rtr == IwarpRtr::Await) {
     s.hold_tx = true;
     s.rtr_pending_rx = true;
+    if (a.await_grace) s.hold_until_ns = now() + kIwarpAwaitGraceNs;
   }
   qp->state.store(QpState::Rts, std::memory_order_release);
   ++iw_qps_;
@@ -380,7 +381,11 @@ bool Engine::iwarp_progress(Qp& qp) {
   Qp::IwarpState& s = qp.iw;
   if (!s.active || s.shut) return false;
   bool did = false;
-  if (!s.closing) did = iwarp_receive(qp);
+  if (s.hold_tx && s.hold_until_ns && now() >= s.hold_until_ns) {
+    s.hold_tx = false;  // the grace is over: the requester runs in this pass
+    did = true;
+  }
+  if (!s.closing) did |= iwarp_receive(qp);
   // A QP in RTS writes from the requester (requester_run); one in error only finishes what is owed.
   if (s.closing || qp.state.load(std::memory_order_relaxed) != QpState::Rts) did |= iwarp_transmit(qp);
   return did;

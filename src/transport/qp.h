@@ -430,6 +430,7 @@ struct Qp {
     bool crc = false, markers_rx = false, markers_tx = false;
     uint32_t ird = 1, ord = 1;
     bool hold_tx = false;           // RTR Await: nothing is sent before the first FPDU arrives
+    uint64_t hold_until_ns = 0;     // ... or before this (IwarpAttach::await_grace), if set
     bool rtr_pending_rx = false;    // the peer's first FPDU may be its zero-length RTR
     bool closing = false;           // in error: the Terminate (if any) goes out, then shutdown
     bool shut = false;              // the socket is shut down and out of the epoll set

@@ -12,8 +12,8 @@
 # softrdma serves and siw connects, the initiator of the MPA exchange; "host-client" the reverse):
 #   rping.*          rping -v -C 100 (the client verifies every ping)
 #   perftest.*       ib_write_bw, ib_read_bw, ib_send_bw, ib_write_lat, ib_read_lat, ib_send_lat, all -R
-#   qperf.*          qperf -cm1 rc_bw rc_lat rc_rdma_write_bw rc_rdma_read_bw (qperf pushed into the guest)
-#   ucmatose.*       ucmatose -c 2 -C 10
+#   (qperf -cm1 is not run: siw refuses its QP, siw to siw too; qperf_case is kept)
+#   ucmatose.*       ucmatose -c 2 -C 10 (and p2p.ucmatose.host-server against siw-p2p)
 #   crc.*            rping with MPA CRCs: softrdma asks (SOFTRDMA_MPA_CRC=1) and stock siw agrees;
 #                    then siw-crc.ko (siw asks) against softrdma without SOFTRDMA_MPA_CRC
 #   p2p.*            siw-p2p.ko: siw as initiator offers peer-to-peer (zero-length WRITE/READ RTR)
@@ -361,6 +361,11 @@ capture_case() {
 
 # ---------------------------------------------------------------- the cases
 log "logs: $INTEROP_LOG_DIR"
+# qperf is not run against siw: siw refuses the QP qperf asks for ("failed to create QP: Invalid
+# argument", also siw to siw inside one guest, no softrdma involved), and that failure path left
+# the guest's iw_cm to hit its kernel BUG in cm_close_handler in a later case (docs/iwarp.md).
+# qperf_case stays for a siw that accepts it.
+log "qperf: not run (siw refuses qperf's QP; see docs/iwarp.md)"
 for role in host-server host-client; do
   rping_case "rping.$role" "$role" -
   perftest_case "perftest.$role.ib_write_bw" "$role" ib_write_bw -n 100
@@ -369,7 +374,9 @@ for role in host-server host-client; do
   perftest_case "perftest.$role.ib_write_lat" "$role" ib_write_lat -n 100
   perftest_case "perftest.$role.ib_read_lat" "$role" ib_read_lat -n 100
   perftest_case "perftest.$role.ib_send_lat" "$role" ib_send_lat -n 100
-  qperf_case "qperf.$role" "$role"
+  # ucmatose's server (and ib_write_lat's) sends first. Stock siw as the initiator offers no
+  # peer-to-peer mode, and without it an RFC 5044 responder must wait for the initiator's first
+  # FPDU; softrdma waits for it at most 50 ms (IwarpAttach::await_grace), as siw does not wait.
   ucmatose_case "ucmatose.$role" "$role"
 done
 capture_case capture.nocrc - 0
@@ -389,6 +396,7 @@ if case_wanted 'p2p'; then
   siw_load p2p
   rping_case p2p.host-server host-server -
   rping_case p2p.host-client host-client -
+  ucmatose_case p2p.ucmatose.host-server host-server
 fi
 
 # ---------------------------------------------------------------- summary

@@ -161,6 +161,47 @@ TEST(Iwarp, AwaitHoldsTransmissionUntilFirstFpdu) {
   EXPECT_EQ(p.a.engine().poll_cq(p.a.scq.get(), &c, 1), 0);
 }
 
+// A responder whose initiator offered no peer-to-peer mode (await_grace): it waits for the first
+// FPDU as RFC 5044 says, but only for kIwarpAwaitGraceNs, as siw's responder does not wait at all;
+// an application whose server sends first then works against such an initiator.
+TEST(Iwarp, AwaitGraceStartsAfterItsTime) {
+  IwPair p(IwOptions{});  // both attached without RTR; a is attached again below as the responder
+  auto src = register_region(p.a.engine(), 1, 64, kAllAccess);
+  auto dst = register_region(p.b.engine(), 1, 64, kAllAccess);
+  // A fresh pair of ends: a awaits with the grace, b is an initiator that does not send first.
+  End a2, b2;
+  make_iw_end(a2, *p.a.host);
+  make_iw_end(b2, *p.b.host);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  IwarpAttach aa;
+  aa.fd = sv[0];
+  aa.rtr = IwarpRtr::Await;
+  aa.await_grace = true;
+  aa.ird = aa.ord = 8;
+  ASSERT_EQ(p.a.engine().iwarp_attach(a2.qp, aa), 0);
+  IwarpAttach ab;
+  ab.fd = sv[1];
+  ab.ird = ab.ord = 8;
+  ASSERT_EQ(p.b.engine().iwarp_attach(b2.qp, ab), 0);
+  fill(*src, 3);
+  ASSERT_EQ(post(b2, recv_wqe(1, *dst, 0, 64)), 0);
+  const uint64_t before = p.a.engine().counters().iw_tx_fpdus;
+  ASSERT_EQ(post(a2, send_wqe(2, *src, 0, 64)), 0);
+  for (int i = 0; i < 100; ++i) {
+    p.a.engine().step();
+    p.b.engine().step();
+  }
+  EXPECT_EQ(p.a.engine().counters().iw_tx_fpdus, before);  // held within the grace
+  p.f.net.advance_to(p.f.now() + kIwarpAwaitGraceNs + 1);
+  std::vector<core::Cqe> got;
+  ASSERT_TRUE(wait_cqes(p, b2, *b2.rcq, 1, got));
+  EXPECT_EQ(got[0].status, core::WcStatus::Success);
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), 64), 0);
+  destroy(a2);
+  destroy(b2);
+}
+
 TEST(Iwarp, CompletionsInSendQueueOrder) {
   IwPair p;
   auto la = register_region(p.a.engine(), 1, 1 << 20, kAllAccess);
