@@ -143,13 +143,10 @@ SOFTRDMA_EXPORT int softrdma_iwarp_attach(ibv_qp* qp, const softrdma_iwarp_conn*
   if (getpeername(conn->fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0)
     return errno == ENOTCONN ? ENOTCONN : EINVAL;
   if (peer.sin_family != AF_INET) return EINVAL;
+  if (conn->peer_qpn > 0xFFFFFF) return EINVAL;  // a QPN has 24 bits, whichever path is taken
   const int fd = fcntl(conn->fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return errno;
   if (conn->peer_qpn != 0 && !direct_disabled()) {
-    if (conn->peer_qpn > 0xFFFFFF) {
-      close(fd);
-      return EINVAL;
-    }
     int rc = attach_direct(qp, *conn, peer.sin_addr.s_addr);
     if (rc) {
       close(fd);

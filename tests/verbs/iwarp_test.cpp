@@ -544,6 +544,9 @@ void IwarpVerbsPair::traffic() {
 }
 
 TEST_F(IwarpVerbsPair, DirectPathSendWriteRead) {
+  const char* direct_env = getenv("SOFTRDMA_DIRECT");
+  if (direct_env && std::string(direct_env) == "0")
+    GTEST_SKIP() << "SOFTRDMA_DIRECT=0: the direct path is off (TcpPathSendWriteRead covers the TCP path)";
   const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
   const uint64_t fpdus_before = my_counter(&core::Counters::iw_tx_fpdus);
   ASSERT_EQ(attach(true), 0);
@@ -664,6 +667,9 @@ TEST_F(IwarpVerbsPair, PostSendRefusesWhatRdmapLacks) {
 
 // RESET releases a direct-path QP's connection (the peer reads EOF); INIT then attaches it again.
 TEST_F(IwarpVerbsPair, ResetReleasesTheConnection) {
+  const char* direct_env = getenv("SOFTRDMA_DIRECT");
+  if (direct_env && std::string(direct_env) == "0")
+    GTEST_SKIP() << "SOFTRDMA_DIRECT=0: the direct path is off (TcpPathSendWriteRead covers the TCP path)";
   ASSERT_EQ(attach(true), 0);
   close(fds[0]);
   fds[0] = -1;

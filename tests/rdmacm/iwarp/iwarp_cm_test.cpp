@@ -366,15 +366,35 @@ TEST(IwarpCm, RejectCarriesPrivateData) {
   EXPECT_EQ(rdma_destroy_id(child), 0);
 }
 
+// A TCP port of this host that is bound but not listening, held for as long as the object lives: a
+// connect to it is refused, and no other socket (a parallel test, or the client's own ephemeral port)
+// can take it meanwhile.
+struct RefusingPort {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  uint16_t port = 0;
+  RefusingPort() {
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a = addr(kIp, 0);
+    socklen_t l = sizeof a;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l) == 0)
+      port = ntohs(a.sin_port);
+  }
+  void release() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  ~RefusingPort() { release(); }
+};
+
 // A port nobody listens on: the TCP connect is refused. siw refuses in rdma_connect itself (its
 // connect blocks); a NIC reports REJECTED with -ECONNREFUSED, as we do, after the second of retries
 // that a server re-listening on its port gets.
 TEST(IwarpCm, NobodyListeningIsRefused) {
-  uint16_t port;
-  {
-    RawServer tmp;
-    port = tmp.port;
-  }
+  RefusingPort refusing;
+  ASSERT_NE(refusing.port, 0);
+  const uint16_t port = refusing.port;
   Stats before;
   Client C;
   ASSERT_TRUE(C.resolve(port, false));
@@ -395,11 +415,9 @@ TEST(IwarpCm, NobodyListeningIsRefused) {
 // A server that listens only after the client's first connect was refused (perftest re-listens
 // between its two connections; qperf names its port before listening): the retry reaches it.
 TEST(IwarpCm, ListenerThatComesLateIsReached) {
-  uint16_t port;
-  {
-    RawServer tmp;
-    port = tmp.port;
-  }
+  RefusingPort refusing;
+  ASSERT_NE(refusing.port, 0);
+  const uint16_t port = refusing.port;
   Stats before;
   Client C;
   ASSERT_TRUE(C.resolve(port, false));
@@ -408,6 +426,7 @@ TEST(IwarpCm, ListenerThatComesLateIsReached) {
   // No listener yet: wait until the CM has seen a refusal, then listen on the port.
   for (int i = 0; i < 2000 && Stats()[kRefusedRetries] == before[kRefusedRetries]; ++i) usleep(1000);
   ASSERT_GT(Stats()[kRefusedRetries], before[kRefusedRetries]);
+  refusing.release();
   Listener L(port);
   ASSERT_EQ(L.port, port);
   rdma_cm_event* ev = next_event(L.ch);
