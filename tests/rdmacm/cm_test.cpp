@@ -13,124 +13,17 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cm_helpers.h"
+
 namespace {
 
-constexpr int kWaitMs = 20000;  // bound on every wait: fail instead of hanging
-constexpr const char* kIp = "127.0.0.1";
-
-sockaddr_in addr(const char* ip, uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, ip, &a.sin_addr);
-  return a;
-}
-
-// The next event on ch (nullptr after kWaitMs). The caller acks it.
-rdma_cm_event* next_event(rdma_event_channel* ch, int timeout_ms = kWaitMs) {
-  pollfd p{ch->fd, POLLIN, 0};
-  if (poll(&p, 1, timeout_ms) != 1) return nullptr;
-  rdma_cm_event* ev = nullptr;
-  if (rdma_get_cm_event(ch, &ev)) return nullptr;
-  return ev;
-}
-
-std::string name(const rdma_cm_event* ev) { return ev ? rdma_event_str(ev->event) : "no event"; }
-
-// One side's verbs resources on a cm id: PD, one CQ, an RC QP, a registered buffer.
-struct Side {
-  rdma_cm_id* id = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_cq* cq = nullptr;
-  ibv_mr* mr = nullptr;
-  std::vector<uint8_t> buf;
-
-  bool setup(rdma_cm_id* cm_id, size_t len, ibv_qp_type type = IBV_QPT_RC) {
-    id = cm_id;
-    buf.assign(len, 0);
-    pd = ibv_alloc_pd(id->verbs);
-    cq = pd ? ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0) : nullptr;
-    if (!cq) return false;
-    mr = ibv_reg_mr(pd, buf.data(), len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
-    ibv_qp_init_attr qa{};
-    qa.send_cq = qa.recv_cq = cq;
-    qa.qp_type = type;
-    qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
-    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
-    return mr && rdma_create_qp(id, pd, &qa) == 0;
-  }
-  // Frees the QP and the rest; the id itself stays (its owner destroys it afterwards).
-  void release() {
-    if (id && id->qp) rdma_destroy_qp(id);
-    if (mr) ibv_dereg_mr(mr);
-    if (cq) ibv_destroy_cq(cq);
-    if (pd) ibv_dealloc_pd(pd);
-    id = nullptr;
-    mr = nullptr;
-    cq = nullptr;
-    pd = nullptr;
-  }
-  ~Side() { release(); }
-  ibv_sge sge(size_t off, size_t len) const {
-    return ibv_sge{reinterpret_cast<uint64_t>(buf.data() + off), static_cast<uint32_t>(len), mr->lkey};
-  }
-  // Polls one completion (status IBV_WC_GENERAL_ERR + 1000 when none comes).
-  ibv_wc poll_one() {
-    ibv_wc wc{};
-    wc.status = static_cast<ibv_wc_status>(IBV_WC_GENERAL_ERR + 1000);
-    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kWaitMs);
-    while (std::chrono::steady_clock::now() < end)
-      if (ibv_poll_cq(cq, 1, &wc) == 1) break;
-    return wc;
-  }
-};
-
-// A listener on 127.0.0.1 with an ephemeral port.
-struct Listener {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  uint16_t port = 0;
-  explicit Listener(rdma_port_space ps = RDMA_PS_TCP) {
-    if (!ch || rdma_create_id(ch, &id, nullptr, ps)) return;
-    sockaddr_in a = addr(kIp, 0);
-    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(id, 8)) return;
-    port = ntohs(rdma_get_src_port(id));
-  }
-  ~Listener() {
-    if (id) rdma_destroy_id(id);
-    if (ch) rdma_destroy_event_channel(ch);
-  }
-};
-
-// An active id with its route resolved to 127.0.0.1:port.
-struct Client {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  bool resolve(uint16_t port, rdma_port_space ps = RDMA_PS_TCP) {
-    if (!ch || rdma_create_id(ch, &id, nullptr, ps)) return false;
-    sockaddr_in a = addr(kIp, port);
-    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 2000)) return false;
-    rdma_cm_event* ev = next_event(ch);
-    bool ok = ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->status == 0;
-    if (ev) rdma_ack_cm_event(ev);
-    if (!ok || rdma_resolve_route(id, 2000)) return false;
-    ev = next_event(ch);
-    ok = ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED && ev->status == 0;
-    if (ev) rdma_ack_cm_event(ev);
-    return ok && id->verbs != nullptr;
-  }
-  ~Client() {
-    if (id) rdma_destroy_id(id);
-    if (ch) rdma_destroy_event_channel(ch);
-  }
-};
+using namespace softrdma::cm_test;
 
 // What the server tells the client in its accept: where to RDMA READ from.
 struct Remote {

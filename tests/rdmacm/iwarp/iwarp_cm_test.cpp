@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "cm_helpers.h"
+
 extern "C" int softrdma_cm_iwarp_stats(uint64_t* values, unsigned n);
 
 namespace {
@@ -30,8 +32,13 @@ const bool env_set = [] {
   return true;
 }();
 
-constexpr int kWaitMs = 20000;
-constexpr const char* kIp = "127.0.0.1";
+namespace cmt = softrdma::cm_test;  // the helpers shared with tests/rdmacm/cm_test.cpp
+using cmt::addr;
+using cmt::kIp;
+using cmt::kWaitMs;
+using cmt::Listener;
+using cmt::name;
+using cmt::next_event;
 
 enum Stat {
   kReqSent, kReqRcvd, kBadFrames, kTimeouts, kRejSent, kRejRcvd, kRefused, kDirectHits, kRefusedRetries,
@@ -43,106 +50,17 @@ struct Stats {
   uint64_t operator[](Stat s) const { return v[s]; }
 };
 
-sockaddr_in addr(const char* ip, uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, ip, &a.sin_addr);
-  return a;
-}
-
-rdma_cm_event* next_event(rdma_event_channel* ch, int timeout_ms = kWaitMs) {
-  pollfd p{ch->fd, POLLIN, 0};
-  if (poll(&p, 1, timeout_ms) != 1) return nullptr;
-  rdma_cm_event* ev = nullptr;
-  if (rdma_get_cm_event(ch, &ev)) return nullptr;
-  return ev;
-}
-std::string name(const rdma_cm_event* ev) {
-  return ev ? std::string(rdma_event_str(ev->event)) + " status " + std::to_string(ev->status) : "no event";
-}
-
-struct Side {
-  rdma_cm_id* id = nullptr;
-  ibv_cq* cq = nullptr;
-  ibv_mr* mr = nullptr;
-  std::vector<uint8_t> buf = std::vector<uint8_t>(16384);
-  bool setup(rdma_cm_id* cm_id) {
-    id = cm_id;
-    cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
-    if (!cq) return false;
-    mr = ibv_reg_mr(id->pd, buf.data(), buf.size(),
-                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
-    if (!mr) return false;
-    ibv_qp_init_attr qa{};
-    qa.send_cq = qa.recv_cq = cq;
-    qa.qp_type = IBV_QPT_RC;
-    qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
-    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
-    return rdma_create_qp(id, nullptr, &qa) == 0;
-  }
-  void release() {
-    if (id && id->qp) rdma_destroy_qp(id);
-    if (mr) ibv_dereg_mr(mr);
-    if (cq) ibv_destroy_cq(cq);
-    id = nullptr;
-    cq = nullptr;
-    mr = nullptr;
-  }
-  ibv_sge sge(size_t off, size_t len) const {
-    return ibv_sge{reinterpret_cast<uint64_t>(buf.data() + off), static_cast<uint32_t>(len), mr->lkey};
-  }
-  ibv_wc poll_one() {  // status IBV_WC_GENERAL_ERR + 1000 when nothing comes
-    ibv_wc wc{};
-    wc.status = static_cast<ibv_wc_status>(IBV_WC_GENERAL_ERR + 1000);
-    for (int i = 0; i < kWaitMs * 10; ++i) {
-      if (ibv_poll_cq(cq, 1, &wc) == 1) break;
-      usleep(100);
-    }
-    return wc;
-  }
-  ~Side() { release(); }
+// An iWARP side: the id's PD (rdma_create_qp without one), a 16 KiB buffer, a pause between polls.
+struct Side : cmt::Side {
+  Side() { poll_pause_us = 100; }
+  bool setup(rdma_cm_id* cm_id) { return cmt::Side::setup(cm_id, 16384, IBV_QPT_RC, false); }
 };
 
-struct Listener {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  uint16_t port = 0;
-  explicit Listener(uint16_t at = 0) {
-    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return;
-    sockaddr_in a = addr(kIp, at);
-    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(id, 8)) return;
-    port = ntohs(rdma_get_src_port(id));
-  }
-  ~Listener() {
-    if (id) rdma_destroy_id(id);
-    if (ch) rdma_destroy_event_channel(ch);
-  }
-};
-
-struct Client {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
+// A client whose Side is set up on its id once the route is resolved (unless qp is false). The
+// Side, a member, is released before the base destroys the id.
+struct Client : cmt::Client {
   Side side;
-  bool resolve(uint16_t port, bool qp = true) {
-    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return false;
-    sockaddr_in a = addr(kIp, port);
-    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 2000)) return false;
-    rdma_cm_event* ev = next_event(ch);
-    bool ok = ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED;
-    if (ev) rdma_ack_cm_event(ev);
-    if (!ok || rdma_resolve_route(id, 2000)) return false;
-    ev = next_event(ch);
-    ok = ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED;
-    if (ev) rdma_ack_cm_event(ev);
-    return ok && id->verbs && (!qp || side.setup(id));
-  }
-  ~Client() {
-    if (id && id->qp) rdma_destroy_qp(id);
-    side.id = nullptr;
-    if (id) rdma_destroy_id(id);
-    if (ch) rdma_destroy_event_channel(ch);
-  }
+  bool resolve(uint16_t port, bool qp = true) { return cmt::Client::resolve(port) && (!qp || side.setup(id)); }
 };
 
 // The tests against a hand-written peer use ids without QPs: the CM protocol alone (a QP would need
@@ -427,7 +345,7 @@ TEST(IwarpCm, ListenerThatComesLateIsReached) {
   for (int i = 0; i < 2000 && Stats()[kRefusedRetries] == before[kRefusedRetries]; ++i) usleep(1000);
   ASSERT_GT(Stats()[kRefusedRetries], before[kRefusedRetries]);
   refusing.release();
-  Listener L(port);
+  Listener L(RDMA_PS_TCP, port);
   ASSERT_EQ(L.port, port);
   rdma_cm_event* ev = next_event(L.ch);
   ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) << name(ev);
