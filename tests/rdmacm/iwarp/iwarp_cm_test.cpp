@@ -440,16 +440,15 @@ void disconnect_test(bool active_side) {
   Side ss;
   rdma_cm_id* child = connect_pair(L, C, ss, rdma_conn_param{}, rdma_conn_param{});
   ASSERT_NE(child, nullptr);
-  rdma_cm_event* ev = next_event(L.ch);
-  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
-  rdma_ack_cm_event(ev);
-  ev = next_event(C.ch);
-  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
-  rdma_ack_cm_event(ev);
+  for (rdma_event_channel* ch : {L.ch, C.ch}) {
+    rdma_cm_event* ev = next_event(ch);
+    ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED) << name(ev);
+    rdma_ack_cm_event(ev);
+  }
   ASSERT_EQ(rdma_disconnect(active_side ? C.id : child), 0);
   // iWARP: both ends get DISCONNECTED, the one that closed too; each exactly once.
   for (rdma_event_channel* ch : {C.ch, L.ch}) {
-    ev = next_event(ch);
+    rdma_cm_event* ev = next_event(ch);
     ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED) << name(ev);
     rdma_ack_cm_event(ev);
   }
