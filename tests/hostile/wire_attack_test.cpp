@@ -657,7 +657,8 @@ TEST(WireAttack, ReplayOfFinishedTransfer) {
 // packets are accepted exactly where the PSN window allows (one packet at the expected PSN executes:
 // the on-path limit, which only an authenticated mode removes), and nothing outside it; garbage
 // from the forged address changes nothing and crashes nothing. The same packets from the attacker's
-// own address are printed beside them.
+// own address never reach the PSN check: b takes packets from its peer's address only, and drops and
+// counts the rest (drop_src_addr), in the window or not.
 TEST(WireAttack, ForgedPeerSource) {
   WIRE_ATTACK_PROLOGUE();
   for (bool forged : {true, false}) {
@@ -697,19 +698,30 @@ TEST(WireAttack, ForgedPeerSource) {
       v.send_udp(junk, src, sport);
     }
     core::Counters after = v.settle();
-    EXPECT_GE(d(before.dev, after, &C::duplicates), dups);
-    EXPECT_GE(d(before.dev, after, &C::out_of_sequence), ooo);
     EXPECT_EQ(d(before.dev, after, &C::rx_packets), kOut + kJunk);
+    if (forged) {
+      // Junk that parses as a request for b adds its own duplicates and gaps.
+      EXPECT_GE(d(before.dev, after, &C::duplicates), dups);
+      EXPECT_GE(d(before.dev, after, &C::out_of_sequence), ooo);
+      EXPECT_EQ(d(before.dev, after, &C::drop_src_addr), 0u);
+    } else {
+      // From any other address nothing reaches b's PSN check: dropped and counted.
+      EXPECT_GE(d(before.dev, after, &C::drop_src_addr), kOut);
+      EXPECT_EQ(d(before.dev, after, &C::duplicates) + d(before.dev, after, &C::out_of_sequence), 0u);
+      EXPECT_EQ(v.stats().qp.drop_src_addr - before.qp.drop_src_addr, d(before.dev, after, &C::drop_src_addr))
+          << "in b's QP set too";
+    }
     v.expect_untouched("out of the window");
     v.expect_no_completions();
     const bool b_alive = qp_state(v.b.qp) == IBV_QPS_RTS;
     // A junk packet that parses as an in-window request a correct peer could have sent wrongly may
     // have NAKed and moved b to ERR (the spec's answer); then the in-window packet below is dropped.
     std::printf("[ attack ] %s source: %llu out-of-window WRITEs with the right rkey: %llu duplicates, %llu "
-                "out of sequence, 0 executed; %llu junk packets; b %s\n",
+                "out of sequence, %llu dropped for their source, 0 executed; %llu junk packets; b %s\n",
                 forged ? "forged peer" : "attacker's own", static_cast<unsigned long long>(kOut),
                 static_cast<unsigned long long>(d(before.dev, after, &C::duplicates)),
                 static_cast<unsigned long long>(d(before.dev, after, &C::out_of_sequence)),
+                static_cast<unsigned long long>(d(before.dev, after, &C::drop_src_addr)),
                 static_cast<unsigned long long>(kJunk), b_alive ? "in RTS" : "in ERR");
     if (!b_alive) continue;
 
@@ -718,12 +730,15 @@ TEST(WireAttack, ForgedPeerSource) {
     uint8_t mine[64];
     std::memset(mine, 0xC3, sizeof mine);
     v.inject(v.write(v.epsn, v.target->addr(128), v.target->rkey(), 64), mine, 64, src, sport);
-    v.settle();
+    const core::Counters after_in = v.settle();
     const bool landed = std::memcmp(v.target->data + 128, mine, 64) == 0;
     EXPECT_EQ(check_pattern(v.target->data, 128, kPatternSeed), 128u);
     EXPECT_EQ(check_pattern(v.target->data + 192, kLen - 192, kPatternSeed, 192), kLen - 192);
     if (forged) {
       EXPECT_TRUE(landed) << "plain RoCEv2 accepts an in-window packet from the peer's address";
+    } else {
+      EXPECT_FALSE(landed) << "an in-window packet from another address was executed";
+      EXPECT_EQ(d(v.phase_before, after_in, &C::drop_src_addr), 1u);
     }
     std::printf("[ attack ] %s source: one WRITE at the expected PSN with the right rkey: %s\n",
                 forged ? "forged peer" : "attacker's own", landed ? "executed" : "not executed");
