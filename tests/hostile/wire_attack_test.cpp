@@ -7,8 +7,8 @@
 // prints the measured rates (docs/security-sec-attacks.md).
 //
 // The process moves into the victim namespace before it opens a device, so a case runs in a process
-// of its own (ctest gives it one; run together, each case re-executes the binary for itself). Needs
-// root (namespaces, veth, raw sockets); skips without.
+// of its own (ctest gives it one; run with other cases, it re-executes the binary for itself alone).
+// Needs root (namespaces, veth, raw sockets); skips without.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/if_packet.h>
@@ -166,15 +166,11 @@ struct Lab {
   }
 };
 
-// True when no case ran in this process before: it may still move into the namespaces.
-bool fresh_process() {
-  static const bool fresh = [] {
-    if (std::getenv("SOFTRDMA_WIRE_ATTACK_ALONE")) return true;  // rerun_alone's child
-    // The running case counts as successful so far.
-    auto* u = ::testing::UnitTest::GetInstance();
-    return u->successful_test_count() + u->failed_test_count() + u->skipped_test_count() <= 1;
-  }();
-  return fresh;
+// True when this process runs this case and no other (ctest's way, or rerun_alone's child): only
+// then may it move into the namespaces and set the environment its devices read.
+bool alone_in_process() {
+  if (std::getenv("SOFTRDMA_WIRE_ATTACK_ALONE")) return true;
+  return ::testing::UnitTest::GetInstance()->test_to_run_count() == 1;
 }
 
 // Runs the current case alone in a new process of this binary; its output goes where ours does.
@@ -194,7 +190,7 @@ void rerun_alone() {
 }
 
 #define WIRE_ATTACK_PROLOGUE()                                 \
-  if (!fresh_process() && !Lab::instance()) {                  \
+  if (!alone_in_process()) {                                   \
     rerun_alone();                                             \
     return;                                                    \
   }                                                            \
