@@ -357,9 +357,9 @@ struct Victim {
 uint64_t d(const core::Counters& before, const core::Counters& after, Counter f) { return after.*f - before.*f; }
 using C = core::Counters;
 
-// What the responder makes of a request at psn when it expects epsn (IBTA 9.7.5.1): the expected PSN
-// executes, the 2^23 PSNs behind it are duplicates (acknowledged, not executed again), the 2^23 - 1
-// ahead are out of sequence (one NAK per gap, nothing executed).
+// What the responder makes of a request at psn when it expects epsn (its PSN check, IBTA 9.7): the
+// expected PSN executes, the 2^23 PSNs behind it are duplicates (acknowledged, not executed again),
+// the 2^23 - 1 ahead are out of sequence (one NAK per gap, nothing executed).
 enum class Fate { Execute, Duplicate, OutOfSequence };
 Fate fate(uint32_t psn, uint32_t epsn) {
   int32_t diff = wire::psn_diff(psn, epsn);
@@ -379,8 +379,8 @@ uint64_t scaled(uint64_t n) {
 // 1. Guessed rkeys. The attacker knows b's QPN and expected PSN (an on-path observer, or the worst
 // case of a blind one) and the target's address, not its rkey. The first guess at the expected PSN
 // meets the rkey check: NAK Remote Access Error, b's QP to ERR with IBV_EVENT_QP_ACCESS_ERR (IBTA
-// 9.7.5.2.4, a class C error); every further guess finds a QP in ERR and is dropped. So a wrong guess
-// costs the victim its connection (the denial of service ReDMArk reports) and the attacker gets one
+// 9.7, a remote access error); every further guess finds a QP in ERR and is dropped. So a wrong guess
+// costs the victim its connection (a denial of service, as in ReDMArk) and the attacker gets one
 // guess per connection, each a hit with probability (live rkeys) / 2^32. Nothing is ever written.
 TEST(WireAttack, GuessedRkeys) {
   WIRE_ATTACK_PROLOGUE();
@@ -544,7 +544,7 @@ TEST(WireAttack, BlindInjectionByPsnWindow) {
 // 3. Replay. The attacker captured a finished WRITE (four packets) and SEND (one) of a to b and
 // resends them byte for byte (source address included; only the UDP checksum, which the ICRC does not
 // cover, is zeroed). Every one is behind b's expected PSN: a duplicate, acknowledged again and not
-// executed (IBTA 9.7.5.1.2): the memory b has changed since stays as it is, and the replayed SEND
+// executed (IBTA 9.7): the memory b has changed since stays as it is, and the replayed SEND
 // takes no receive WQE.
 struct Captured {
   std::vector<uint8_t> udp_payload;
