@@ -428,6 +428,14 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
       return;
     }
   }
+  // A connected QP takes packets from its peer's address only (the header validation IBTA asks of
+  // connected services; kernel rxe compares the IP source with the QP's path likewise). The port is
+  // not checked: RoCE senders vary it for entropy. This stops off-path injection from any other
+  // address; a forged source still gets through (plain RoCEv2 has no source authentication).
+  if ((qp.cfg.type == QpType::Rc || qp.cfg.type == QpType::Uc) && qp.dest_ip_be != 0 && peer_ip != qp.dest_ip_be) {
+    count(&qp, &core::Counters::drop_src_addr);
+    return;
+  }
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   QpState st = qp.state.load(std::memory_order_relaxed);
   if (qp.cfg.type != QpType::Rc) {
