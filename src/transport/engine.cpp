@@ -609,7 +609,8 @@ uint64_t Engine::next_deadline_ns() {
   uint64_t d = 0;
   for (Qp* qp : qp_list_) {
     for (uint64_t t : {qp->comp.timer_deadline_ns, qp->comp.rnr_resume_ns,
-                       qp->iw.hold_tx ? qp->iw.hold_until_ns : uint64_t{0}, qp->iw.tx_hold_until_ns})
+                       qp->iw.hold_tx ? qp->iw.hold_until_ns : uint64_t{0}, qp->iw.tx_hold_until_ns,
+                       qp->iw.kicks ? iwarp_kick_due(qp->iw) : uint64_t{0}})
       if (t && (!d || t < d)) d = t;
   }
   return d;

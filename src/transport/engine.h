@@ -308,6 +308,8 @@ class Engine {
   // iwarp_qp.cpp, iwarp_responder.cpp: the iWARP data path of attached RC QPs (docs/iwarp.md).
   // One pass over a QP's socket: receive and parse, then write what is owed; true when anything moved.
   bool iwarp_progress(Qp& qp);
+  // When the next zero-length WRITE after a held RTR is due (kIwarpRtrKickNs; valid while s.kicks).
+  static uint64_t iwarp_kick_due(const Qp::IwarpState& s) { return s.attached_ns + kIwarpRtrKickNs[s.kicks_sent]; }
   bool iwarp_receive(Qp& qp);
   // One ULPDU as the FPDU receiver found it; false when it failed the QP (a Terminate is queued).
   bool iwarp_deliver(Qp& qp, const uint8_t* ulpdu, size_t len);

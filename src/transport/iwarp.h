@@ -16,6 +16,9 @@ enum class IwarpRtr : uint8_t {
 
 inline constexpr uint64_t kIwarpAwaitGraceNs = 50'000'000;  // 50 ms
 inline constexpr uint64_t kIwarpRtrHoldNs = 10'000'000;     // 10 ms
+// After a held RTR, while the peer has sent nothing: a zero-length RDMA WRITE (a no-op, RFC 5040) at
+// these times after the attach, in case our first bytes still came before siw read its socket.
+inline constexpr uint64_t kIwarpRtrKickNs[] = {100'000'000, 400'000'000, 1'500'000'000};
 
 struct IwarpAttach {
   int fd = -1;              // connected TCP socket; the engine owns (and closes) it from now on
@@ -33,7 +36,7 @@ struct IwarpAttach {
   // that reads the RTR: bytes that arrive in between wait unread until more data comes, and when the
   // RTR and the ULP's first message both came too early the connection hangs, then trips a kernel
   // BUG in iw_cm (cm_close_handler) when it is torn down half-established (tests/interop/iwarp.sh).
-  bool rtr_hold = false;
+  bool rtr_hold = false;  // ... and kIwarpRtrKickNs apply
   uint32_t ird = 0, ord = 0;  // inbound / outbound READ depth
 };
 

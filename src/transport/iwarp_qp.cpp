@@ -130,7 +130,11 @@ int Engine::iwarp_attach(Qp* qp, const IwarpAttach& a) {
       s.reads.push_back({0, true, 0});
     }
     iwarp_queue(*qp, hdr, n, nullptr, 0);
-    if (a.rtr_hold) s.tx_hold_until_ns = now() + kIwarpRtrHoldNs;
+    if (a.rtr_hold) {
+      s.tx_hold_until_ns = now() + kIwarpRtrHoldNs;
+      s.attached_ns = now();
+      s.kicks = true;
+    }
   }
   if (a.rtr == IwarpRtr::Await) {
     s.hold_tx = true;
@@ -391,6 +395,19 @@ bool Engine::iwarp_progress(Qp& qp) {
     did = true;
   }
   if (s.tx_hold_until_ns && now() >= s.tx_hold_until_ns) did = true;  // the RTR hold is over
+  if (s.kicks && now() >= iwarp_kick_due(s) && !s.closing &&
+      qp.state.load(std::memory_order_relaxed) == QpState::Rts) {
+    // The peer has said nothing yet: a zero-length RDMA WRITE (STag 0, touches no memory) makes a
+    // siw that missed our first bytes read its socket again.
+    iw::DdpHeader h;
+    h.last = true;
+    h.tagged = true;
+    h.opcode = iw::Opcode::Write;
+    uint8_t hdr[iw::kMaxHeaderLen];
+    iwarp_queue(qp, hdr, iw::encode_header(h, hdr), nullptr, 0);
+    if (++s.kicks_sent == std::size(kIwarpRtrKickNs)) s.kicks = false;
+    did = true;
+  }
   if (!s.closing) did |= iwarp_receive(qp);
   // A QP in RTS writes from the requester (requester_run); one in error only finishes what is owed.
   if (s.closing || qp.state.load(std::memory_order_relaxed) != QpState::Rts) did |= iwarp_transmit(qp);

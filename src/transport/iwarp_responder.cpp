@@ -154,6 +154,7 @@ bool Engine::iwarp_receive(Qp& qp) {
       }
       off += f.consumed;
       count(&qp, &C::iw_rx_fpdus);
+      s.kicks = false;  // the peer reads and writes: no zero-length WRITE needed
       if (!iwarp_deliver(qp, f.ulpdu, f.ulpdu_len)) break;
     }
     if (s.closing) {

@@ -243,6 +243,61 @@ TEST(Iwarp, RtrHoldDelaysTheFirstFpdu) {
   EXPECT_EQ(got[0].status, core::WcStatus::Success);
   EXPECT_EQ(std::memcmp(dst->data(), src->data(), 64), 0);
   EXPECT_EQ(p.b.engine().counters().iw_terminate_sent, 0u);
+  // The responder has said nothing: each kick is one zero-length RDMA WRITE, which touches nothing
+  // and fails nothing; after the last one there are no more.
+  const uint64_t rx_after_send = p.b.engine().counters().iw_rx_fpdus;
+  for (uint64_t t : kIwarpRtrKickNs) {
+    p.f.net.advance_to(p.f.now() + t);
+    for (int i = 0; i < 20; ++i) {
+      p.a.engine().step();
+      p.b.engine().step();
+    }
+  }
+  EXPECT_EQ(p.b.engine().counters().iw_rx_fpdus, rx_after_send + std::size(kIwarpRtrKickNs));
+  EXPECT_EQ(p.b.engine().counters().iw_terminate_sent, 0u);
+  EXPECT_EQ(b2.qp->state.load(), QpState::Rts);
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), 64), 0);
+  destroy(a2);
+  destroy(b2);
+}
+
+// Once the peer has sent an FPDU, no zero-length WRITE follows.
+TEST(Iwarp, NoRtrKickOnceThePeerSpoke) {
+  IwPair p(IwOptions{});
+  auto buf_a = register_region(p.a.engine(), 1, 64, kAllAccess);
+  auto buf_b = register_region(p.b.engine(), 1, 64, kAllAccess);
+  End a2, b2;
+  make_iw_end(a2, *p.a.host);
+  make_iw_end(b2, *p.b.host);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  IwarpAttach aa;
+  aa.fd = sv[0];
+  aa.rtr = IwarpRtr::SendWrite;
+  aa.rtr_hold = true;
+  aa.ird = aa.ord = 8;
+  ASSERT_EQ(p.a.engine().iwarp_attach(a2.qp, aa), 0);
+  IwarpAttach ab;
+  ab.fd = sv[1];
+  ab.rtr = IwarpRtr::Await;
+  ab.ird = ab.ord = 8;
+  ASSERT_EQ(p.b.engine().iwarp_attach(b2.qp, ab), 0);
+  ASSERT_EQ(post(a2, recv_wqe(1, *buf_a, 0, 64)), 0);
+  fill(*buf_b, 9);
+  ASSERT_EQ(post(b2, send_wqe(2, *buf_b, 0, 64)), 0);  // sent once our RTR came
+  p.f.net.advance_to(p.f.now() + kIwarpRtrHoldNs + 1);
+  std::vector<core::Cqe> got;
+  ASSERT_TRUE(wait_cqes(p, a2, *a2.rcq, 1, got));
+  EXPECT_EQ(got[0].status, core::WcStatus::Success);
+  const uint64_t rx = p.b.engine().counters().iw_rx_fpdus;
+  for (uint64_t t : kIwarpRtrKickNs) {
+    p.f.net.advance_to(p.f.now() + t);
+    for (int i = 0; i < 20; ++i) {
+      p.a.engine().step();
+      p.b.engine().step();
+    }
+  }
+  EXPECT_EQ(p.b.engine().counters().iw_rx_fpdus, rx);
   destroy(a2);
   destroy(b2);
 }
