@@ -118,6 +118,8 @@ class Engine {
   // QP in RESET or INIT protects its packets with from RTR on (mode Off: none). 0, or EINVAL (length,
   // mode, state, QP type: UD, XRC, raw and iWARP QPs carry no protection).
   int set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, size_t len);
+  // The CM refused a connection of this device for a protection mismatch (auth_cm_reject).
+  void count_wire_reject();
   // iWARP: moves an RC QP in INIT to RTS over a connected TCP socket (iwarp_qp.cpp). 0 or an errno.
   int iwarp_attach(Qp* qp, const IwarpAttach& a);
 

@@ -29,6 +29,11 @@ int Engine::set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, s
   return 0;
 }
 
+void Engine::count_wire_reject() {
+  std::lock_guard lock(lock_);
+  count(nullptr, &core::Counters::auth_cm_reject);
+}
+
 bool Engine::derive_wire_keys(Qp& qp) {
   if (qp.prot.mode == wire::Protection::Off || qp.prot.tx) return true;
   wire::DirectionKey out{}, in{};
