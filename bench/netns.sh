@@ -261,7 +261,7 @@ perftest_pairs() {
     spid[i]=$SPAWNED
   done
   for ((i = 0; i < n; i++)); do
-    if ((ok == 0)) && ! compat_wait_listen $((base + i)) "${spid[i]}" "${inA[@]}"; then
+    if ((ok == 0)) && ! ${PT_WAIT:-compat_wait_listen} $((base + i)) "${spid[i]}" "${inA[@]}"; then
       echo "bench: $tool $* server $i never listened; log ${slog[i]}" >&2
       ok=1
     fi
@@ -485,10 +485,23 @@ run_group() {
 # protect_rows: RoCEv2 over rdma_cm (perftest -R) with SOFTRDMA_WIRE_PROTECT off, auth and encrypt
 # (docs/security.md): bandwidth and latency, each as a ratio to the unprotected run. Recorded as
 # "protect.MODE.NAME" in netns.dat.
+# A RoCE rdma_cm server holds a UDP port, not a TCP one: wait for that.
+wait_udp_bound() {
+  local port=$1 pid=$2 hex i
+  shift 2
+  hex=$(printf '%04X' "$port")
+  for ((i = 0; i < 300; i++)); do
+    "$@" awk -v p=":$hex" 'NR>1 && substr($2, length($2)-4)==p { f=1 } END { exit !f }' /proc/net/udp 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
 protect_rows() {
   local mode r key=000102030405060708090a0b0c0d0e0f
   local -A PB=() PL=()
-  PT_MODE=protect
+  PT_MODE=protect PT_WAIT=wait_udp_bound
   for mode in off "${PROTECT[@]}"; do
     [[ -n ${PB[$mode]+set} ]] && continue
     if [[ $mode == off ]]; then unset SOFTRDMA_WIRE_PROTECT SOFTRDMA_AUTH_KEY
@@ -502,7 +515,7 @@ protect_rows() {
     record "protect.$mode.ib_write_bw" 65536 "${PB[$mode]}" GB/s
     record "protect.$mode.ib_write_lat.t_typical" 8 "${PL[$mode]}" us
   done
-  unset SOFTRDMA_WIRE_PROTECT SOFTRDMA_AUTH_KEY
+  unset SOFTRDMA_WIRE_PROTECT SOFTRDMA_AUTH_KEY PT_WAIT
   for mode in "${PROTECT[@]}"; do
     [[ $mode == off ]] && continue
     row "ib_write_bw -R, wire $mode (BW average)" "64 KiB" "${PB[$mode]}" "ib_write_bw -R, wire off" "${PB[off]}" "GB/s"
