@@ -248,7 +248,7 @@ perftest_pairs() {
   local -a PT_RUN=(run --) PT_SRV=(-d "$devA") PT_CLI=(-d "$devB")
   [[ ${PT_MODE:-roce} == iwarp ]] && PT_RUN=(run --iwarp --) PT_SRV=(-R) PT_CLI=(-R)
   # Wire protection rows: keys are agreed in the rdma_cm exchange, so rdma_cm (-R) it is.
-  [[ ${PT_MODE:-roce} == protect ]] && PT_SRV=(-R) PT_CLI=(-R)
+  [[ ${PT_MODE:-roce} == protect.* ]] && PT_SRV=(-R) PT_CLI=(-R)
   base=$(next_ports "$n")
   slug=${PT_MODE:-roce}.${tool}_${*// /_}
   slug=${slug//[^A-Za-z0-9_.-]/}
@@ -501,9 +501,10 @@ wait_udp_bound() {
 protect_rows() {
   local mode r key=000102030405060708090a0b0c0d0e0f
   local -A PB=() PL=()
-  PT_MODE=protect PT_WAIT=wait_udp_bound
+  PT_WAIT=wait_udp_bound
   for mode in off "${PROTECT[@]}"; do
     [[ -n ${PB[$mode]+set} ]] && continue
+    PT_MODE=protect.$mode  # also names the logs
     if [[ $mode == off ]]; then unset SOFTRDMA_WIRE_PROTECT SOFTRDMA_AUTH_KEY
     else export SOFTRDMA_WIRE_PROTECT=$mode SOFTRDMA_AUTH_KEY=$key; fi
     compat_log "wire $mode: ib_write_bw -R -s 65536 -D $SECONDS_RUN"

@@ -68,7 +68,7 @@ class StatsPage {
  public:
   static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
   // Bumped whenever Counters or the page layout changes; readers skip other versions.
-  static constexpr uint32_t kVersion = 7;
+  static constexpr uint32_t kVersion = 8;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
   // Creates /dev/shm/softrdma-stats-<pid>-<n>; falls back to private memory if that fails.
