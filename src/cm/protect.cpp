@@ -7,6 +7,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/kdf.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -66,6 +67,13 @@ WireConfig parse_wire_config(const char* mode, const char* key_hex, const char* 
     int fd = open(key_file, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       c.error = "SOFTRDMA_AUTH_KEY_FILE cannot be read";
+      return c;
+    }
+    // Like ssh with its private keys: a key others may read is no secret, so it is refused.
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || (st.st_mode & 077) != 0) {
+      close(fd);
+      c.error = "SOFTRDMA_AUTH_KEY_FILE must not be accessible to group or others (chmod 600)";
       return c;
     }
     char buf[1024];

@@ -156,6 +156,7 @@ void client(const char* path, uint16_t port) {
 struct Config {
   const char* mode;  // nullptr: unprotected
   const char* key;
+  const char* key_file = nullptr;  // SOFTRDMA_AUTH_KEY_FILE instead
 };
 
 pid_t spawn(const char* role, const std::string& path, const Config& c, uint16_t port = 0) {
@@ -165,7 +166,7 @@ pid_t spawn(const char* role, const std::string& path, const Config& c, uint16_t
     setenv("WIRE_OUT", path.c_str(), 1);
     setenv("WIRE_PORT", std::to_string(port).c_str(), 1);
     setenv("SOFTRDMA_DIRECT", "0", 1);
-    unsetenv("SOFTRDMA_AUTH_KEY_FILE");
+    if (c.key_file) setenv("SOFTRDMA_AUTH_KEY_FILE", c.key_file, 1); else unsetenv("SOFTRDMA_AUTH_KEY_FILE");
     if (c.mode) setenv("SOFTRDMA_WIRE_PROTECT", c.mode, 1); else unsetenv("SOFTRDMA_WIRE_PROTECT");
     if (c.key) setenv("SOFTRDMA_AUTH_KEY", c.key, 1); else unsetenv("SOFTRDMA_AUTH_KEY");
     int null = open("/dev/null", O_WRONLY);
@@ -227,6 +228,18 @@ TEST(WireProtect, BothAuthDeliverEveryByte) {
 
 TEST(WireProtect, BothEncryptDeliverEveryByte) {
   auto [s, c] = run_pair({"encrypt", kKey1}, {"encrypt", kKey1});
+  EXPECT_EQ(s, "ok");
+  EXPECT_EQ(c, "ok");
+}
+
+TEST(WireProtect, OperatorKeyFromAFile) {
+  char path[] = "/tmp/wire_key_XXXXXX";
+  int fd = mkstemp(path);  // mode 0600, as the key file must have
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, kKey1, sizeof kKey1 - 1), static_cast<ssize_t>(sizeof kKey1 - 1));
+  close(fd);
+  auto [s, c] = run_pair({"encrypt", nullptr, path}, {"encrypt", kKey1});
+  unlink(path);
   EXPECT_EQ(s, "ok");
   EXPECT_EQ(c, "ok");
 }

@@ -3,6 +3,7 @@
 #include "cm/protect.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -35,6 +36,10 @@ TEST(WireConfig, OffUnlessAskedAndNeverSilentlyPlain) {
   EXPECT_TRUE(c.error.empty());
   ASSERT_EQ(c.key.size(), 18u);
   EXPECT_EQ(c.key[17], 0x11);
+  ASSERT_EQ(0, chmod(path, 0640));  // readable by the group: refused
+  c = parse_wire_config("auth", nullptr, path);
+  EXPECT_TRUE(c.on());
+  EXPECT_NE(c.error.find("chmod 600"), std::string::npos) << c.error;
   unlink(path);
   EXPECT_FALSE(parse_wire_config("auth", nullptr, "/nonexistent/key").error.empty());
 }
