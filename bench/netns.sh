@@ -24,6 +24,8 @@
 #   BENCH_TRANSPORTS ["roce iwarp"]  softrdma's rows: RoCEv2 (perftest's TCP exchange, -d device) and
 #                             iWARP (`softrdma run --iwarp`, perftest -R: connected through rdma_cm,
 #                             FPDUs on a TCP connection over the veth), the same programs and sizes
+#   BENCH_PROTECT ["auth encrypt"]  wire protection rows (RoCEv2 over rdma_cm, perftest -R, as a ratio to
+#                             the same run unprotected); "" for none
 #   BENCH_CURVE_SIZES ["256 1024 4096 16384 65536 262144 1048576"]  sizes of the plot (pinned only)
 #   BENCH_SECONDS [2]         seconds of each timed run (perftest -D, qperf -t, sockperf -t, iperf3 -t)
 #   BENCH_LAT_ITERS [5000]    iterations of each perftest latency run (t_typical needs iteration mode)
@@ -72,6 +74,10 @@ else
   CPU_ITERS=${BENCH_CPU_ITERS:-30000}
 fi
 MULTI_ALL=${BENCH_MULTI_ALL:-0}
+PROTECT=(${BENCH_PROTECT-auth encrypt})
+for p in "${PROTECT[@]}"; do
+  [[ $p == auth || $p == encrypt ]] || { echo "bench: BENCH_PROTECT: auth and/or encrypt, not $p" >&2; exit 2; }
+done
 TRANSPORTS=(${BENCH_TRANSPORTS:-roce iwarp})
 for t in "${TRANSPORTS[@]}"; do
   [[ $t == roce || $t == iwarp ]] || { echo "bench: BENCH_TRANSPORTS: roce and/or iwarp, not $t" >&2; exit 2; }
@@ -241,6 +247,8 @@ perftest_pairs() {
   # the iWARP device of the address.
   local -a PT_RUN=(run --) PT_SRV=(-d "$devA") PT_CLI=(-d "$devB")
   [[ ${PT_MODE:-roce} == iwarp ]] && PT_RUN=(run --iwarp --) PT_SRV=(-R) PT_CLI=(-R)
+  # Wire protection rows: keys are agreed in the rdma_cm exchange, so rdma_cm (-R) it is.
+  [[ ${PT_MODE:-roce} == protect.* ]] && PT_SRV=(-R) PT_CLI=(-R)
   base=$(next_ports "$n")
   slug=${PT_MODE:-roce}.${tool}_${*// /_}
   slug=${slug//[^A-Za-z0-9_.-]/}
@@ -253,7 +261,7 @@ perftest_pairs() {
     spid[i]=$SPAWNED
   done
   for ((i = 0; i < n; i++)); do
-    if ((ok == 0)) && ! compat_wait_listen $((base + i)) "${spid[i]}" "${inA[@]}"; then
+    if ((ok == 0)) && ! ${PT_WAIT:-compat_wait_listen} $((base + i)) "${spid[i]}" "${inA[@]}"; then
       echo "bench: $tool $* server $i never listened; log ${slog[i]}" >&2
       ok=1
     fi
@@ -471,6 +479,50 @@ run_group() {
   local tr
   MPEER=()
   for tr in "${TRANSPORTS[@]}"; do softrdma_rows "$tr"; done
+  ((${#PROTECT[@]})) && protect_rows
+}
+
+# protect_rows: RoCEv2 over rdma_cm (perftest -R) with SOFTRDMA_WIRE_PROTECT off, auth and encrypt
+# (docs/security.md): bandwidth and latency, each as a ratio to the unprotected run. Recorded as
+# "protect.MODE.NAME" in netns.dat.
+# A RoCE rdma_cm server holds a UDP port, not a TCP one: wait for that.
+wait_udp_bound() {
+  local port=$1 pid=$2 hex i
+  shift 2
+  hex=$(printf '%04X' "$port")
+  for ((i = 0; i < 300; i++)); do
+    "$@" awk -v p=":$hex" 'NR>1 && substr($2, length($2)-4)==p { f=1 } END { exit !f }' /proc/net/udp 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+protect_rows() {
+  local mode r key=000102030405060708090a0b0c0d0e0f
+  local -A PB=() PL=()
+  PT_WAIT=wait_udp_bound
+  for mode in off "${PROTECT[@]}"; do
+    [[ -n ${PB[$mode]+set} ]] && continue
+    PT_MODE=protect.$mode  # also names the logs
+    if [[ $mode == off ]]; then unset SOFTRDMA_WIRE_PROTECT SOFTRDMA_AUTH_KEY
+    else export SOFTRDMA_WIRE_PROTECT=$mode SOFTRDMA_AUTH_KEY=$key; fi
+    compat_log "wire $mode: ib_write_bw -R -s 65536 -D $SECONDS_RUN"
+    perftest1 ib_write_bw -s 65536 -D "$SECONDS_RUN"; r=$PT1
+    PB[$mode]=$([[ -n $r ]] && bw_gbs "$r")
+    compat_log "wire $mode: ib_write_lat -R -s 8 -n $LAT_ITERS"
+    perftest1 ib_write_lat -s 8 -n "$LAT_ITERS"; r=$PT1
+    PL[$mode]=$([[ -n $r ]] && t_typ "$r")
+    record "protect.$mode.ib_write_bw" 65536 "${PB[$mode]}" GB/s
+    record "protect.$mode.ib_write_lat.t_typical" 8 "${PL[$mode]}" us
+  done
+  unset SOFTRDMA_WIRE_PROTECT SOFTRDMA_AUTH_KEY PT_WAIT
+  for mode in "${PROTECT[@]}"; do
+    [[ $mode == off ]] && continue
+    row "ib_write_bw -R, wire $mode (BW average)" "64 KiB" "${PB[$mode]}" "ib_write_bw -R, wire off" "${PB[off]}" "GB/s"
+    row "ib_write_lat -R, wire $mode (t_typical)" "8 B" "${PL[$mode]}" "ib_write_lat -R, wire off" "${PL[off]}" "us one-way"
+  done
+  PT_MODE=roce
 }
 
 # softrdma_rows roce|iwarp: the softrdma rows of one group, on RoCEv2 (perftest's own TCP exchange,

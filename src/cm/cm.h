@@ -138,6 +138,13 @@ struct Connection {
   uint64_t next_probe_ns = 0;   // connected to another host: when to check on the peer next
   bool iwarp = false;           // TCP + MPA instead of CM MADs; sock is a TCP socket (iwarp.cpp)
   std::unique_ptr<IwarpState> iw;
+  // Wire protection (protect.h): the mode agreed (0: none) and the secret the consumer installs on
+  // the QP before RTR; the active side keeps its X25519 share, QPN and expected PSN until the REP.
+  uint8_t wire_mode = 0;
+  uint8_t wire_secret[32] = {};
+  bool wire_pending = false;  // active: our REQ carried a share
+  uint8_t wire_priv[32] = {}, wire_pub[32] = {};
+  uint32_t wire_qpn = 0;
 };
 
 enum class EventKind {
@@ -177,6 +184,8 @@ class Consumer {
   virtual int attach_iwarp(Connection&, const IwarpConn&) { return EOPNOTSUPP; }
   // Whether ids bound to no device (wildcard, loopback) are iWARP: the first device's transport.
   virtual bool default_iwarp() { return false; }
+  // A connection refused for a wire protection mismatch (protect.h), by either side: counted.
+  virtual void wire_rejected(Connection&) {}
 };
 
 // What the active side asks for (rdma_connect's parameters).
@@ -230,6 +239,8 @@ class Manager {
   void destroy(Connection& c, std::unique_lock<std::mutex>& lock);
   void wake();
   const IwarpStats& iwarp_stats() const { return iw_stats_; }
+  // Connections this process refused, or was refused, for a wire protection mismatch (protect.h).
+  uint64_t wire_rejects() const { return wire_rejects_.load(); }
 
  private:
   // iWARP (iwarp.cpp).
@@ -285,6 +296,10 @@ class Manager {
   void send_rtu(Connection& c);  // answers the REP of c's connection (tid of its REQ)
   void send_rej(Connection& c, uint16_t reason, uint8_t msg, const void* pdata, uint8_t len);
   void post(Connection& c, Event e);
+
+  // Wire protection (protect.h): the REJ for a mismatch, counted and told to the consumer.
+  void wire_reject(Connection& c, uint8_t msg);
+  std::atomic<uint64_t> wire_rejects_{0};
 
   Consumer* consumer_ = nullptr;
   std::vector<Connection*> conns_;

@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <openssl/crypto.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <thread>
 
 #include "cm/cm.h"
+#include "cm/protect.h"
 #include "net/interfaces.h"
 #include "net/registry.h"
 #include "net/udp_port.h"
@@ -201,6 +203,12 @@ void Manager::send_rej(Connection& c, uint16_t reason, uint8_t msg, const void* 
   send_mad(c, mad, false);
 }
 
+void Manager::wire_reject(Connection& c, uint8_t msg) {
+  send_rej(c, kRejWireProtection, msg, kProtectRejText, sizeof kProtectRejText);
+  wire_rejects_.fetch_add(1);
+  if (consumer_) consumer_->wire_rejected(c);
+}
+
 void Manager::send_simple(Connection& c, wire::CmAttr attr, uint64_t tid, uint32_t remote_qpn, bool request) {
   wire::MadHeader h;
   h.tid = tid;
@@ -328,7 +336,10 @@ int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
     h.attr_id = static_cast<uint16_t>(wire::CmAttr::SidrReq);
     wire::encode_sidr_req(h, req, mad);
   } else {
-    if (p.private_data_len > wire::kReqPrivateLen - wire::kCmaHeaderLen) return EINVAL;
+    const WireConfig& wc = wire_config();
+    const size_t block = wc.on() ? kProtectBlockLen : 0;
+    if (wc.on() && !wc.error.empty()) return EINVAL;
+    if (p.private_data_len > wire::kReqPrivateLen - wire::kCmaHeaderLen - block) return EINVAL;
     uint8_t max_rd = c.dev->max_rd_atom;
     if (p.responder_resources != kMaxRdAtomic && p.responder_resources > max_rd) return EINVAL;
     if (p.initiator_depth != kMaxRdAtomic && p.initiator_depth > max_rd) return EINVAL;
@@ -364,7 +375,28 @@ int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
     req.primary.local_ack_timeout = c.ack_timeout_opt != 0xFF ? c.ack_timeout_opt : 17;
     c.ack_timeout = req.primary.local_ack_timeout;
     wire::encode_cma_header(cma, req.private_data);
-    if (p.private_data_len) std::memcpy(req.private_data + wire::kCmaHeaderLen, p.private_data, p.private_data_len);
+    if (block) {
+      // Our X25519 share and a MAC under the operator key, before the application's private data.
+      Share sh;
+      if (!make_share(&sh)) return ENOMEM;
+      std::memcpy(c.wire_priv, sh.priv, 32);
+      std::memcpy(c.wire_pub, sh.pub, 32);
+      OPENSSL_cleanse(sh.priv, sizeof sh.priv);
+      c.wire_pending = true;
+      c.wire_qpn = p.qpn;
+      Transcript t;
+      t.mode = wc.mode;
+      std::memcpy(t.share_a, c.wire_pub, 32);
+      t.qpn_a = p.qpn;
+      t.psn_a = c.remote_psn;
+      Block b;
+      b.mode = wc.mode;
+      std::memcpy(b.share, c.wire_pub, 32);
+      req_mac(wc.key, t, b.mac);
+      encode_block(b, req.private_data + wire::kCmaHeaderLen);
+    }
+    if (p.private_data_len)
+      std::memcpy(req.private_data + wire::kCmaHeaderLen + block, p.private_data, p.private_data_len);
     h.tid = c.tid;
     h.attr_id = static_cast<uint16_t>(wire::CmAttr::Req);
     wire::encode_req(h, req, mad);
@@ -392,7 +424,28 @@ int Manager::accept(Connection& c, const AcceptParams& p) {
     c.st = St::Connected;
     return 0;
   }
-  if (p.private_data_len > wire::kRepPrivateLen) return EINVAL;
+  const size_t block = c.wire_mode ? kProtectBlockLen : 0;
+  if (p.private_data_len > wire::kRepPrivateLen - block) return EINVAL;
+  Block rep_block{};
+  if (block) {
+    // Our share, the connection secret from both, and the MAC over the whole exchange.
+    Share sh;
+    Transcript t;
+    t.mode = c.wire_mode;
+    std::memcpy(t.share_a, c.wire_pub, 32);  // the peer's share, kept by on_req
+    if (!make_share(&sh)) return ENOMEM;
+    std::memcpy(t.share_b, sh.pub, 32);
+    t.qpn_a = c.remote_qpn;
+    t.qpn_b = p.qpn;
+    t.psn_a = c.my_psn;
+    t.psn_b = c.remote_psn;
+    const bool ok = derive_secret(wire_config().key, sh.priv, t.share_a, t, c.wire_secret);
+    OPENSSL_cleanse(sh.priv, sizeof sh.priv);
+    if (!ok) return ENOMEM;
+    rep_block.mode = c.wire_mode;
+    std::memcpy(rep_block.share, sh.pub, 32);
+    rep_mac(wire_config().key, t, rep_block.mac);
+  }
   uint8_t max_rd = c.dev ? c.dev->max_rd_atom : 16;
   c.resp_res = std::min(p.responder_resources, max_rd);
   c.init_depth = std::min<uint8_t>(std::min(p.initiator_depth, max_rd), c.init_depth);
@@ -413,7 +466,8 @@ int Manager::accept(Connection& c, const AcceptParams& p) {
   rep.rnr_retry_count = std::min<uint8_t>(p.rnr_retry_count, 7);
   rep.srq = p.srq;
   rep.local_ca_guid = c.dev ? c.dev->guid_be : 0;
-  if (p.private_data_len) std::memcpy(rep.private_data, p.private_data, p.private_data_len);
+  if (block) encode_block(rep_block, rep.private_data);
+  if (p.private_data_len) std::memcpy(rep.private_data + block, p.private_data, p.private_data_len);
   wire::MadHeader h;
   h.tid = c.tid;
   h.attr_id = static_cast<uint16_t>(wire::CmAttr::Rep);
@@ -535,8 +589,37 @@ void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Connection* L
     consumer_->discard(*c);
     return;
   }
+  size_t off = have_cma ? wire::kCmaHeaderLen : 0;
+  if (!c->ud) {
+    // Wire protection (protect.h): a REQ must carry a block exactly when we protect, with our mode
+    // and a MAC under our operator key; anything else is refused here, before the application sees it.
+    const WireConfig& wc = wire_config();
+    Block b;
+    const bool has_block = off + kProtectBlockLen <= wire::kReqPrivateLen && parse_block(req.private_data + off, &b);
+    bool ok = !has_block && !wc.on();
+    if (has_block && wc.on() && wc.error.empty() && b.mode == wc.mode) {
+      Transcript t;
+      t.mode = b.mode;
+      std::memcpy(t.share_a, b.share, 32);
+      t.qpn_a = req.local_qpn;
+      t.psn_a = req.starting_psn;
+      uint8_t mac[kProtectMacLen];
+      req_mac(wc.key, t, mac);
+      ok = mac_equal(mac, b.mac);
+    }
+    if (!ok) {
+      wire_reject(*c, wire::kMsgReq);
+      release_comm_id(*c);
+      consumer_->discard(*c);
+      return;
+    }
+    if (has_block) {
+      c->wire_mode = b.mode;
+      std::memcpy(c->wire_pub, b.share, 32);
+      off += kProtectBlockLen;
+    }
+  }
   conns_.push_back(c);
-  const size_t off = have_cma ? wire::kCmaHeaderLen : 0;
   Event e{EventKind::ConnectRequest};
   e.private_data = req.private_data + off;
   e.private_data_len = static_cast<uint8_t>(wire::kReqPrivateLen - off);
@@ -648,6 +731,38 @@ void Manager::on_mad(const uint8_t* mad, Connection* listener) {
       c.my_psn = rep.starting_psn;  // we send from the PSN the passive side expects
       c.init_depth = std::min(c.init_depth, rep.responder_resources);
       c.rnr_retry = rep.rnr_retry_count;
+      size_t pd_off = 0;
+      if (c.wire_pending) {
+        // The passive side's share and its MAC over the whole exchange: the secret, or a refusal.
+        const WireConfig& wc = wire_config();
+        Block b;
+        Transcript t;
+        bool ok = parse_block(rep.private_data, &b) && b.mode == wc.mode;
+        if (ok) {
+          t.mode = b.mode;
+          std::memcpy(t.share_a, c.wire_pub, 32);
+          std::memcpy(t.share_b, b.share, 32);
+          t.qpn_a = c.wire_qpn;
+          t.qpn_b = rep.local_qpn;
+          t.psn_a = c.remote_psn;
+          t.psn_b = rep.starting_psn;
+          uint8_t mac[kProtectMacLen];
+          rep_mac(wc.key, t, mac);
+          ok = mac_equal(mac, b.mac) && derive_secret(wc.key, c.wire_priv, b.share, t, c.wire_secret);
+        }
+        OPENSSL_cleanse(c.wire_priv, sizeof c.wire_priv);
+        c.wire_pending = false;
+        if (!ok) {
+          wire_reject(c, wire::kMsgRep);
+          c.st = St::Rejected;
+          Event rj{EventKind::Rejected};
+          rj.status = kRejWireProtection;
+          post(c, rj);
+          return;
+        }
+        c.wire_mode = b.mode;
+        pd_off = kProtectBlockLen;
+      }
       Event e{EventKind::Established};
       if (!consumer_ || !consumer_->has_qp(c)) {
         c.st = St::RepRcvd;
@@ -663,8 +778,8 @@ void Manager::on_mad(const uint8_t* mad, Connection* listener) {
         send_rtu(c);
         c.st = St::Connected;
       }
-      e.private_data = rep.private_data;
-      e.private_data_len = wire::kRepPrivateLen;
+      e.private_data = rep.private_data + pd_off;
+      e.private_data_len = static_cast<uint8_t>(wire::kRepPrivateLen - pd_off);
       e.responder_resources = rep.initiator_depth;
       e.initiator_depth = rep.responder_resources;
       e.flow_control = rep.e2e_flow_control;
@@ -697,6 +812,10 @@ void Manager::on_mad(const uint8_t* mad, Connection* listener) {
         return;
       }
       if (c.st != St::ReqSent && c.st != St::RepSent && c.st != St::RepRcvd) return;
+      if (rej.reason == kRejWireProtection) {  // the peer refused our protection (or its absence)
+        wire_rejects_.fetch_add(1);
+        consumer_->wire_rejected(c);
+      }
       c.awaiting = false;
       c.st = St::Rejected;
       Event e{EventKind::Rejected};

@@ -13,6 +13,9 @@ namespace softrdma::core {
 
 // One set of counters, kept for the device and for each QP. Fields that happen before a packet is
 // matched to a QP (malformed, ICRC, P_Key, unknown QP) stay zero in a QP's set.
+// Wire protection (transport/protect.cpp, cm): auth_ok packets whose tag verified; auth_fail tag or
+// trailer wrong (forged, tampered, unprotected); auth_replay verified but its counter seen before;
+// auth_cm_reject connections refused for a protection mismatch (mode, operator key, MAC).
 #define SOFTRDMA_COUNTERS(X)                                                                   \
   X(rx_packets) X(rx_bytes) X(tx_packets) X(tx_bytes) X(retransmits) X(timeouts) X(duplicates)  \
   X(out_of_sequence) X(naks_sent_seq) X(naks_sent_inv_req) X(naks_sent_rem_access)              \
@@ -25,7 +28,8 @@ namespace softrdma::core {
   X(icrc_moved_segment) X(peer_port_learned) X(xrc_bad_srqn) X(raw_drop_no_recv) X(raw_drop_filtered)  \
   X(raw_drop_bad_state) X(raw_send_errors) X(tm_expected) X(tm_unexpected) X(tm_rendezvous) X(tm_no_header) \
   SOFTRDMA_IWARP_COUNTERS(X)                                                                  \
-  X(drop_src_addr) /* RC/UC packet from an IPv4 source other than the QP's peer (forged or stray) */
+  X(drop_src_addr) /* RC/UC packet from an IPv4 source other than the QP's peer (forged or stray) */ \
+  X(auth_ok) X(auth_fail) X(auth_replay) X(auth_cm_reject)
 
 // iWARP (transport/iwarp_*.cpp): FPDUs each way, and every refused input by the reason its
 // Terminate names (RFC 5040 §4.8, RFC 5041 §7, RFC 5044 §8).
@@ -65,7 +69,7 @@ class StatsPage {
  public:
   static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
   // Bumped whenever Counters or the page layout changes; readers skip other versions.
-  static constexpr uint32_t kVersion = 7;
+  static constexpr uint32_t kVersion = 8;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
   // Creates /dev/shm/softrdma-stats-<pid>-<n>; falls back to private memory if that fails.

@@ -5,6 +5,7 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <openssl/crypto.h>
 #include <rdma/rdma_verbs.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -18,6 +19,7 @@
 #include <cstring>
 
 #include "cm/cm.h"
+#include "cm/protect.h"
 #include "verbs/private_abi.h"
 #include "rdmacm/ids.h"
 
@@ -79,6 +81,9 @@ struct Abi final : cm::Consumer {
     return qp ? qp->qp_num : 0;
   }
   int attach_iwarp(cm::Connection& c, const cm::IwarpConn& ic) override;
+  void wire_rejected(cm::Connection& c) override {
+    if (Device* d = device_for(c.local_ip_be)) softrdma_count_wire_reject(d->ctx);
+  }
   bool default_iwarp() override {
     device_for(0);
     return !devices.empty() && devices.front()->iwarp;
@@ -308,6 +313,12 @@ int Abi::attach_iwarp(cm::Connection& c, const cm::IwarpConn& ic) {
 int Abi::ready_qp(cm::Connection& c) {
   Id* id = id_of(c);
   if (!id->pub.qp) return 0;
+  // Wire protection agreed in the REQ/REP (cm/protect.h): the QP gets the secret while still in INIT.
+  if (c.wire_mode) {
+    const int rc = softrdma_qp_set_wire_key(id->pub.qp, c.wire_mode, c.wire_secret, cm::kWireSecretLen);
+    OPENSSL_cleanse(c.wire_secret, sizeof c.wire_secret);
+    if (rc) return rc;
+  }
   ibv_qp_attr a;
   int mask;
   for (ibv_qp_state s : {IBV_QPS_RTR, IBV_QPS_RTS}) {

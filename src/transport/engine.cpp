@@ -362,13 +362,37 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
   } else {
     forwarded = false;
   }
+  wire::IpIdent ident{addr.ip_id, addr.ip_flags};
+  // A protected QP's packets carry a trailer before the ICRC (wire/protect.h): the ICRC is checked
+  // over all of it, then the tag and the replay window, then the packet without it is parsed.
+  Qp* sealed = nullptr;
+  bool local_qp = false;
+  if (len >= wire::kBthLen) {
+    auto sit = qps_.find(uint32_t{data[5]} << 16 | uint32_t{data[6]} << 8 | data[7]);
+    local_qp = sit != qps_.end();
+    if (local_qp && sit->second->prot.rx) sealed = sit->second;
+  }
+  if (sealed) {
+    if (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident)) return;
+    // The cheap source check (below, for every connected QP) before any cryptography.
+    if (sealed->dest_ip_be != 0 && peer_ip != sealed->dest_ip_be) {
+      count(sealed, &core::Counters::drop_src_addr);
+      return;
+    }
+    if (!open_protected(*sealed, data, len)) return;
+  }
   wire::Packet pkt;
-  if (wire::parse_packet(data, len, pkt) != wire::ParseError::Ok) {
+  wire::ParseError perr = wire::parse_packet(data, len, pkt);
+  // For a QP of another process here (forwarded below), which may be protected: the headers are what
+  // matters, and a trailer makes a packet without payload look too long.
+  if (perr != wire::ParseError::Ok && !local_qp && roce_port_ && local_port == wire::kRoceUdpPort &&
+      len >= wire::kProtectTrailerLen + wire::kBthLen + wire::kIcrcLen)
+    perr = wire::parse_packet(data, len - static_cast<uint32_t>(wire::kProtectTrailerLen), pkt);
+  if (perr != wire::ParseError::Ok) {
     count(nullptr, &core::Counters::drop_malformed);
     return;
   }
-  wire::IpIdent ident{addr.ip_id, addr.ip_flags};
-  if (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident)) return;
+  if (!sealed && (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident))) return;
   // A single P_Key (the default, full or limited member) is all a softrdma port has.
   if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
     count(nullptr, &core::Counters::drop_pkey);
@@ -510,7 +534,8 @@ void Engine::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, u
   pkt.bth.pkey = wire::kDefaultPkey;
   pkt.bth.pad_count = wire::pad_for(len);
   const uint32_t hdr = wire::opcode_info(pkt.bth.opcode).header_len;
-  const uint32_t n = hdr + len + pkt.bth.pad_count + wire::kIcrcLen;
+  wire::PacketCipher* seal = qp.prot.tx.get();  // protected QP: a trailer before the ICRC
+  const uint32_t n = hdr + len + pkt.bth.pad_count + (seal ? uint32_t{wire::kProtectTrailerLen} : 0) + wire::kIcrcLen;
   // Written in place into the port's send buffer. Packets to a softrdma context (not to 4791, where
   // RoCE stacks listen) may travel as segments of one send; the ICRC covers the identification that
   // segment gets on the wire.
@@ -520,6 +545,8 @@ void Engine::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, u
   wire::write_headers(pkt, buf);
   if (len) std::memcpy(buf + hdr, payload, len);
   for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[hdr + len + i] = 0;
+  // Every packet takes the next counter, a retransmission too: a nonce is never used twice.
+  if (seal && !seal->seal(buf, hdr, len + pkt.bth.pad_count, qp.prot.tx_counter++)) return;
   wire::Ipv4UdpAddr addr{iface_.ip_be, dest_ip_be, port_->port(), dest_port, ip_id};
   wire::append_icrc(addr, buf, n - wire::kIcrcLen);
   port_->commit();
@@ -925,6 +952,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           iwarp_release(*qp);  // the connection ends; the QP may be connected again
           tm_drop_sq(*qp);
           reset_transport_state(*qp);
+          forget_wire_keys(*qp);
           // Its completions not yet polled go too (IBTA allows either; mlx4/mlx5 clean them, and
           // rdma-core's tests count on it: a QP recovered through RESET must not return the flush
           // errors of its previous life). Receive CQEs of an SRQ's WQEs stay: those WQEs were the
@@ -938,6 +966,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           if (qp->cfg.type == QpType::Raw) break;  // no peer: frames carry their own addresses
           resolve_destination(*qp);
           attach_direct(*qp);
+          if (!derive_wire_keys(*qp)) return ENOMEM;  // the QP stays where it was
           break;
         case QpState::Err:
           move_to_error(*qp);

@@ -114,6 +114,12 @@ class Engine {
   Qp* create_qp(const QpConfig& cfg);
   void destroy_qp(Qp* qp);
   int modify_qp(Qp* qp, const QpModify& m);
+  // Wire protection (transport/protect.cpp): installs the connection secret (16 or 32 bytes) an RC or UC
+  // QP in RESET or INIT protects its packets with from RTR on (mode Off: none). 0, or EINVAL (length,
+  // mode, state, QP type: UD, XRC, raw and iWARP QPs carry no protection).
+  int set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, size_t len);
+  // The CM refused a connection of this device for a protection mismatch (auth_cm_reject).
+  void count_wire_reject();
   // iWARP: moves an RC QP in INIT to RTS over a connected TCP socket (iwarp_qp.cpp). 0 or an errno.
   int iwarp_attach(Qp* qp, const IwarpAttach& a);
 
@@ -200,6 +206,13 @@ class Engine {
   void try_take_roce_port(uint64_t now_ns);
   uint64_t next_deadline_ns();
   void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
+  // protect.cpp: at RTR, the direction keys from the secret (false: none could be set up); on RESET, all
+  // forgotten. open_protected verifies a packet of a protected QP (ICRC already checked), counts the
+  // verdict, and on success points data/len at the packet without its trailer, decrypted.
+  bool derive_wire_keys(Qp& qp);
+  static void forget_wire_keys(Qp& qp);
+  bool open_protected(Qp& qp, const uint8_t*& data, uint32_t& len);
+  std::vector<uint8_t> open_buf_;  // decrypted packets (Encrypt mode), one at a time
   void resolve_destination(Qp& qp);
   void attach_direct(Qp& qp);
   // The direct path's receive side (direct_receive.cpp): places what initiators left in the QP's inbox

@@ -24,6 +24,7 @@
 #include "net/raw_port.h"
 #include "transport/iwarp.h"
 #include "wire/iwarp.h"
+#include "wire/protect.h"
 
 namespace softrdma::transport {
 
@@ -390,6 +391,19 @@ struct Qp {
     int peer_wake_fd = -1;         // the wake-up pipe of the peer QP's receive CQ channel (initiator side)
     DirectRecvView recv;
   } direct;
+
+  // Wire protection (wire/protect.h, transport/protect.cpp): the connection's secret, installed before
+  // RTR (Engine::set_wire_key); at RTR the two direction keys are derived from it and both ends'
+  // address and QPN. tx_counter is the nonce of the next packet sent: it only grows, retransmissions
+  // included, so no nonce repeats under the key. RESET forgets all of it (a new connection, a new key).
+  struct WireProtect {
+    wire::Protection mode = wire::Protection::Off;
+    uint8_t secret[32] = {};
+    uint8_t secret_len = 0;
+    std::unique_ptr<wire::PacketCipher> tx, rx;  // set in RTR and later
+    uint64_t tx_counter = 0;
+    wire::ReplayWindow replay;
+  } prot;
 
   // RAW_PACKET (raw.cpp): the frame port, and the flows that steer frames to this QP.
   struct RawState {

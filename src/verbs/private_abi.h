@@ -4,6 +4,7 @@
 #ifndef SOFTRDMA_PRIVATE_ABI_H
 #define SOFTRDMA_PRIVATE_ABI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -44,6 +45,25 @@ int softrdma_iwarp_attach(struct ibv_qp *qp, const struct softrdma_iwarp_conn *c
 /* The IPv4 address (network byte order) that a device of ibv_get_device_list is bound to: librdmacm
  * finds an iWARP device by it, since an iWARP GID holds the interface's MAC, not the address. */
 uint32_t softrdma_device_ipv4(struct ibv_device *dev);
+
+/* Wire protection of a RoCEv2 QP's packets (docs/security.md): every packet it sends carries an
+ * AES-GCM tag (and, ENCRYPT, its payload encrypted), every packet it receives must verify. */
+enum softrdma_wire_mode {
+  SOFTRDMA_WIRE_OFF = 0,
+  SOFTRDMA_WIRE_AUTH = 1,    /* headers and payload authenticated, payload in clear */
+  SOFTRDMA_WIRE_ENCRYPT = 2, /* headers authenticated, payload encrypted and authenticated */
+};
+
+/* Installs the connection's secret (16 bytes: AES-128-GCM, 32: AES-256-GCM) on an RC or UC QP in
+ * RESET or INIT; at RTR the per-direction keys are derived from it, both ends' IPv4 addresses and
+ * QPNs. The peer QP must install the same secret and mode. A secret must protect one connection only:
+ * never install one twice (GCM nonces would repeat). RESET forgets it. 0 or an errno (EINVAL: mode,
+ * length, state, QP type or device). librdmacm calls it with keys agreed in the CM exchange. */
+int softrdma_qp_set_wire_key(struct ibv_qp *qp, uint32_t mode, const void *secret, size_t len);
+
+/* librdmacm refused, or was refused, a connection on this device for a wire protection mismatch:
+ * counted in the device's auth_cm_reject. */
+void softrdma_count_wire_reject(struct ibv_context *ctx);
 
 #ifdef __cplusplus
 }

@@ -103,6 +103,7 @@ void bring_up(End& e, const End& peer, uint32_t my_psn, uint32_t peer_psn, const
   m.state = QpState::Init;
   m.access_flags = p.access;
   e.engine().modify_qp(e.qp, m);
+  if (p.before_rtr) p.before_rtr(e);
   m = {};
   m.mask = kModState | kModPathMtu | kModDestQpn | kModAv | kModRqPsn | kModMaxDestRdAtomic | kModMinRnrTimer;
   m.state = QpState::Rtr;

@@ -67,6 +67,7 @@ struct RcParams {
   uint32_t max_rd_atomic = 16;
   uint32_t access = core::kLocalWrite | core::kRemoteWrite | core::kRemoteRead | core::kRemoteAtomic;
   uint32_t max_wr = 256;
+  std::function<void(End&)> before_rtr;  // called in INIT, before RTR (e.g. to install a wire key)
 };
 
 // Two connected RC QPs: a on host 0, b on host 1.

@@ -1,0 +1,104 @@
+// Wire protection of a QP's packets (wire/protect.h, docs/security.md): the secret an application or
+// librdmacm installs, the direction keys derived from it at RTR, and the receive-side check: tag, then
+// replay window, before the packet is parsed. The send side seals in Engine::send_packet_to.
+#include <openssl/crypto.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "transport/engine.h"
+#include "wire/headers.h"
+#include "wire/opcode.h"
+
+namespace softrdma::transport {
+
+int Engine::set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, size_t len) {
+  if (mode != wire::Protection::Off && mode != wire::Protection::Auth && mode != wire::Protection::Encrypt)
+    return EINVAL;
+  if (mode != wire::Protection::Off && (!secret || (len != 16 && len != 32))) return EINVAL;
+  std::lock_guard lock(lock_);
+  if (qp->cfg.type != QpType::Rc && qp->cfg.type != QpType::Uc) return EINVAL;
+  if (qp->cfg.xrc != XrcRole::None || qp->iw.active) return EINVAL;
+  const QpState st = qp->state.load(std::memory_order_relaxed);
+  if (st != QpState::Reset && st != QpState::Init) return EINVAL;
+  forget_wire_keys(*qp);
+  if (mode == wire::Protection::Off) return 0;
+  qp->prot.mode = mode;
+  std::memcpy(qp->prot.secret, secret, len);
+  qp->prot.secret_len = static_cast<uint8_t>(len);
+  return 0;
+}
+
+void Engine::count_wire_reject() {
+  std::lock_guard lock(lock_);
+  count(nullptr, &core::Counters::auth_cm_reject);
+}
+
+bool Engine::derive_wire_keys(Qp& qp) {
+  if (qp.prot.mode == wire::Protection::Off || qp.prot.tx) return true;
+  wire::DirectionKey out{}, in{};
+  auto tx = std::make_unique<wire::PacketCipher>();
+  auto rx = std::make_unique<wire::PacketCipher>();
+  const bool ok =
+      wire::derive_direction_key(qp.prot.secret, qp.prot.secret_len, qp.prot.mode, iface_.ip_be, qp.qpn,
+                                 qp.dest_ip_be, qp.dest_qpn, &out) &&
+      wire::derive_direction_key(qp.prot.secret, qp.prot.secret_len, qp.prot.mode, qp.dest_ip_be, qp.dest_qpn,
+                                 iface_.ip_be, qp.qpn, &in) &&
+      tx->init(qp.prot.mode, out, true) && rx->init(qp.prot.mode, in, false);
+  OPENSSL_cleanse(&out, sizeof out);
+  OPENSSL_cleanse(&in, sizeof in);
+  if (!ok) return false;
+  qp.prot.tx = std::move(tx);
+  qp.prot.rx = std::move(rx);
+  qp.prot.tx_counter = 0;
+  qp.prot.replay = {};
+  return true;
+}
+
+void Engine::forget_wire_keys(Qp& qp) {
+  OPENSSL_cleanse(qp.prot.secret, sizeof qp.prot.secret);
+  qp.prot.secret_len = 0;
+  qp.prot.mode = wire::Protection::Off;
+  qp.prot.tx.reset();
+  qp.prot.rx.reset();
+  qp.prot.tx_counter = 0;
+  qp.prot.replay = {};
+}
+
+bool Engine::open_protected(Qp& qp, const uint8_t*& data, uint32_t& len) {
+  const wire::OpcodeInfo& info = wire::opcode_info(data[0]);
+  const uint32_t hdr = info.header_len;
+  if (!info.valid || len < hdr + wire::kProtectTrailerLen + wire::kIcrcLen) {
+    count(&qp, &core::Counters::auth_fail);
+    return false;
+  }
+  const uint32_t body = len - hdr - static_cast<uint32_t>(wire::kProtectTrailerLen) - wire::kIcrcLen;
+  uint64_t counter = 0;
+  const bool encrypted = qp.prot.rx->mode() == wire::Protection::Encrypt;
+  uint8_t* out = nullptr;
+  if (encrypted) {
+    if (open_buf_.size() < len) open_buf_.resize(len);
+    out = open_buf_.data();
+    std::memcpy(out, data, hdr);
+  }
+  if (!qp.prot.rx->open(data, hdr, body, encrypted ? out + hdr : nullptr, &counter)) {
+    count(&qp, &core::Counters::auth_fail);
+    return false;
+  }
+  // A genuine packet seen before (captured and sent again): its PSN may well be acceptable, its
+  // counter is not.
+  if (!qp.prot.replay.fresh(counter)) {
+    count(&qp, &core::Counters::auth_replay);
+    return false;
+  }
+  qp.prot.replay.accept(counter);
+  count(&qp, &core::Counters::auth_ok);
+  if (encrypted) {
+    std::memset(out + hdr + body, 0, wire::kIcrcLen);  // parse_packet reads no ICRC, but wants its room
+    data = out;
+  }
+  len = hdr + body + wire::kIcrcLen;
+  return true;
+}
+
+}  // namespace softrdma::transport

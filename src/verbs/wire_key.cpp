@@ -1,0 +1,23 @@
+// softrdma_qp_set_wire_key (private_abi.h): an application or librdmacm installs the secret a RoCEv2
+// QP protects its packets with (transport/protect.cpp).
+#include <cerrno>
+
+#include "verbs/private_abi.h"
+#include "verbs/soft_objects.h"
+
+using namespace softrdma;
+using namespace softrdma::verbs;
+
+SOFTRDMA_EXPORT int softrdma_qp_set_wire_key(ibv_qp* qp, uint32_t mode, const void* secret, size_t len) {
+  if (!qp || mode > SOFTRDMA_WIRE_ENCRYPT) return EINVAL;
+  // iWARP QPs run over TCP: no RoCEv2 packets to protect.
+  if (is_iwarp(qp->context)) return EINVAL;
+  SoftQp* q = to_qp(qp);
+  if (q->opened_of) return EINVAL;  // an XRC target handle
+  return engine_of(qp->context)
+      .set_wire_key(q->tqp, static_cast<wire::Protection>(mode), static_cast<const uint8_t*>(secret), len);
+}
+
+SOFTRDMA_EXPORT void softrdma_count_wire_reject(ibv_context* ctx) {
+  if (ctx) engine_of(ctx).count_wire_reject();
+}
