@@ -26,9 +26,15 @@ class RegistryTest : public ::testing::Test {
   void SetUp() override {
     static std::atomic<int> n{0};
     path_ = "/dev/shm/softrdma-unit-registry-" + std::to_string(getpid()) + "-" + std::to_string(n++);
-    unlink(path_.c_str());
+    remove_files();
   }
-  void TearDown() override { unlink(path_.c_str()); }
+  void TearDown() override { remove_files(); }
+  // The files live at <path_>-u<uid>[.<k>] (net/user_files.h).
+  std::string own_file() const { return path_ + "-u" + std::to_string(geteuid()); }
+  void remove_files() const {
+    unlink(own_file().c_str());
+    for (int k = 1; k < UserFiles::kMaxSuffix; ++k) unlink((own_file() + "." + std::to_string(k)).c_str());
+  }
   std::string path_;
 };
 
@@ -266,7 +272,7 @@ TEST_F(RegistryTest, IncompatibleFileIsRejected) {
   {
     Registry r(path_);
   }
-  int fd = open(path_.c_str(), O_RDWR);
+  int fd = open(own_file().c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   uint32_t bad_version = 999;
   ASSERT_EQ(pwrite(fd, &bad_version, sizeof(bad_version), 8), 4);  // version follows the 8-byte magic
