@@ -122,6 +122,10 @@ Registry::Stats Registry::stats() const {
   return s;
 }
 
+namespace {
+uint64_t effective_claim(const Registry::Raw& r) { return std::max(r.claim_ns, (r.start + 1) * tick_ns()); }
+}  // namespace
+
 bool Registry::vouched(const UserFiles::Other& o, uint32_t index, const Raw& r) const {
   const uint64_t key = (static_cast<uint64_t>(o.ino) << 16) ^ (static_cast<uint64_t>(o.dev) << 48) ^ index;
   const uint64_t now = boottime_ns();
@@ -144,6 +148,7 @@ std::optional<Endpoint> Registry::lookup_others(uint32_t qpn) const {
   const off_t off = static_cast<off_t>(kHeaderSize + sizeof(Slot) * index);
   std::optional<Endpoint> best;
   Raw best_raw{};
+  uint64_t best_eff = 0;
   uint32_t best_uid = 0;
   int claims = 0;
   for (const UserFiles::Other& o : files_->others()) {
@@ -151,11 +156,14 @@ std::optional<Endpoint> Registry::lookup_others(uint32_t qpn) const {
     if (!UserFiles::read_stable(o.fd, off, &r, sizeof r)) continue;
     if (state_of(r.tag) != kLive || qpn_of(r.tag) != qpn || !vouched(o, index, r)) continue;
     ++claims;
-    // The earlier claim wins; vouched() made sure no claim predates its claimant's start.
-    bool better = !best || r.claim_ns < best_raw.claim_ns ||
-                  (r.claim_ns == best_raw.claim_ns && (r.start < best_raw.start ||
-                                                       (r.start == best_raw.start && o.uid < best_uid)));
+    // The earlier claim wins. vouched() made sure no claim predates its claimant's start tick; a claim
+    // dated inside that tick counts from the tick's end, since the process may have started just
+    // after the claim it names (a later claimant must not win by up to a tick).
+    const uint64_t eff = effective_claim(r);
+    bool better = !best || eff < best_eff ||
+                  (eff == best_eff && (r.start < best_raw.start || (r.start == best_raw.start && o.uid < best_uid)));
     if (better) {
+      best_eff = eff;
       best = Endpoint{static_cast<uint32_t>(r.endpoint >> 32), static_cast<uint16_t>(r.endpoint & 0xFFFF),
                       pid_of(r.tag)};
       best_raw = r;

@@ -13,8 +13,9 @@
 // racing for one QPN both back off). A lookup reads that slot of the own file, then of the others'.
 // Another user's entry counts only if the kernel vouches for it: its pid is alive, runs as that user
 // and started when the entry says (/proc/PID/status, /proc/PID/stat). When two users' files claim one
-// QPN, the earlier claim (CLOCK_BOOTTIME; never earlier than the claimant's verified start) wins, so a
-// process started after a QPN was claimed cannot take it over. Liveness of owners is judged with
+// QPN, the earlier claim (CLOCK_BOOTTIME, counted from no earlier than the end of the claimant's
+// verified start tick) wins, so a process started after a QPN was claimed cannot take it over; a
+// lookup trusts its own user's file first. Liveness of owners is judged with
 // kill(pid, 0) and /proc, so all users must share a PID namespace (and a /proc of it).
 #pragma once
 
@@ -89,10 +90,11 @@ class Registry {
     std::atomic<uint64_t> start;     // the owner's start time, clock ticks since boot (/proc/PID/stat)
   };
 
- private:
-  struct Raw {
+  struct Raw {  // a slot as read from another user's file
     uint64_t tag, endpoint, claim_ns, start;
   };
+
+ private:
   struct Verdict {
     Raw raw;
     uint64_t checked_ns;
