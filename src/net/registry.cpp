@@ -6,13 +6,14 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <system_error>
@@ -46,6 +47,14 @@ static_assert(sizeof(Registry::Slot) == 32);
 // may have died and its pid gone to someone else).
 constexpr uint64_t kVerdictNs = 1'000'000'000;
 constexpr size_t kMaxVerdicts = 4096;
+constexpr uint32_t kRecentSlots = 4096;
+constexpr uint64_t kRecentNs = 1'000'000;
+
+uint64_t monotonic_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000 + static_cast<uint64_t>(t.tv_nsec);
+}
 
 uint64_t state_of(uint64_t tag) { return (tag >> kStateShift) & kStateMask; }
 uint32_t qpn_of(uint64_t tag) { return static_cast<uint32_t>(tag & kQpnMask); }
@@ -109,6 +118,7 @@ Registry& Registry::instance() {
 Registry::Registry(const std::string& path)
     : path_(path), files_(std::make_unique<UserFiles>(path, kFileSize, kMagic, kVersion)) {
   slots_ = reinterpret_cast<Slot*>(files_->own() + kHeaderSize);
+  recent_.resize(kRecentSlots);
   std::lock_guard<std::mutex> lk(files_->mu());
   files_->refresh();
 }
@@ -191,7 +201,7 @@ uint32_t Registry::allocate_qpn(uint32_t ip_be, uint16_t port) {
   const int32_t me = static_cast<int32_t>(getpid());
   const uint64_t start = own_start_ticks();
   std::lock_guard<std::mutex> lk(files_->mu());
-  files_->refresh();
+  files_->refresh(true);
   // Takes slot index for a new QPN with a random upper byte, if it is empty or its owner has died and
   // no other user's file holds that QPN.
   auto try_claim = [&](uint32_t index) -> uint32_t {
@@ -257,10 +267,17 @@ std::optional<Endpoint> Registry::lookup(uint32_t qpn) const {
     }
   }
   std::lock_guard<std::mutex> lk(files_->mu());
-  if (auto ep = lookup_others(qpn)) return ep;
+  const uint64_t now = monotonic_ns();
+  Recent& c = recent_[qpn & (kRecentSlots - 1)];
+  if (c.qpn == qpn && now < c.until_ns) return c.found ? std::optional<Endpoint>(c.ep) : std::nullopt;
+  auto ep = lookup_others(qpn);
   // A user whose file we have not met yet (the directory changed since the last scan)?
-  if (files_->refresh()) return lookup_others(qpn);
-  return std::nullopt;
+  if (!ep && files_->refresh()) {
+    for (Recent& r : recent_) r.until_ns = 0;
+    ep = lookup_others(qpn);
+  }
+  c = Recent{qpn, ep.has_value(), ep.value_or(Endpoint{}), now + kRecentNs};
+  return ep;
 }
 
 size_t Registry::reclaim_dead() {

@@ -109,6 +109,15 @@ class Registry {
   std::unique_ptr<UserFiles> files_;
   Slot* slots_ = nullptr;
   mutable std::unordered_map<uint64_t, Verdict> verdicts_;  // bounded cache, see vouched()
+  // What other users' files said about a QPN, for a millisecond: a UD requester looks its destination
+  // up on every send, and a miss (a QPN of another host) would otherwise read every user's file.
+  struct Recent {
+    uint32_t qpn = 0xFFFFFFFF;
+    bool found = false;
+    Endpoint ep{};
+    uint64_t until_ns = 0;
+  };
+  mutable std::vector<Recent> recent_;
   mutable Stats stats_;
 };
 

@@ -31,8 +31,8 @@ int64_t ns_between(const timespec& a, const timespec& b) {
 // A directory change within this long before a scan may share its mtime with a later change (tmpfs
 // stamps with a coarse clock), so the next refresh scans again.
 constexpr int64_t kRacyNs = 50'000'000;
-// Files that look half-initialised make refresh() scan again, but at most this often: anyone can
-// leave such a file behind.
+// Files that look half-initialised make refresh() scan again, but at most this often (anyone can
+// leave such a file behind); so do lookups in a racy window.
 constexpr int64_t kPendingRescanNs = 10'000'000;
 
 uint64_t realtime_ns() {
@@ -141,14 +141,16 @@ bool UserFiles::read_stable(int fd, off_t off, void* buf, size_t n) {
   return false;
 }
 
-bool UserFiles::refresh() {
+bool UserFiles::refresh(bool strict) {
   struct stat st{};
   if (stat(dir_.c_str(), &st) != 0) return false;
   const bool moved = !scanned_ || st.st_mtim.tv_sec != dir_mtime_.tv_sec ||
                      st.st_mtim.tv_nsec != dir_mtime_.tv_nsec || st.st_size != dir_size_ || st.st_ino != dir_ino_;
   const uint64_t now = realtime_ns();
   if (!moved && !racy_) return false;
-  if (!moved && racy_ && now - last_scan_ns_ < static_cast<uint64_t>(kPendingRescanNs) && !recent_change_) return false;
+  // Unmoved but racy: allocation (strict) looks again every time, lookups at most every few ms.
+  if (!moved && !strict && now - last_scan_ns_ < static_cast<uint64_t>(kPendingRescanNs)) return false;
+  if (!moved && !recent_change_ && now - last_scan_ns_ < static_cast<uint64_t>(kPendingRescanNs)) return false;
   timespec now_ts{static_cast<time_t>(now / 1000000000), static_cast<long>(now % 1000000000)};
   recent_change_ = ns_between(st.st_mtim, now_ts) < kRacyNs;
   dir_mtime_ = st.st_mtim;

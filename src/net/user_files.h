@@ -51,7 +51,8 @@ class UserFiles {
   std::mutex& mu() const { return mu_; }
   // Re-reads the directory if it may have changed since the last scan (its mtime, size or inode moved,
   // or the last scan raced a change); returns whether the set of other files changed. Caller holds mu().
-  bool refresh();
+  // strict (allocation): a racy window rescans every time; otherwise at most every 10 ms.
+  bool refresh(bool strict = false);
   const std::vector<Other>& others() const { return others_; }
   // Files seen and refused (wrong owner, symlink, writable by others, wrong size or header), all scans.
   uint64_t rejected() const { return rejected_; }
