@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -39,6 +40,37 @@ uint64_t realtime_ns() {
   timespec t{};
   clock_gettime(CLOCK_REALTIME, &t);
   return static_cast<uint64_t>(t.tv_sec) * 1000000000 + static_cast<uint64_t>(t.tv_nsec);
+}
+
+// Every live UserFiles, so fork() can take their locks: a child forked while another thread held one
+// would otherwise find it locked forever (the registry was lock-free before; fork must stay safe).
+std::mutex g_all_mu;
+std::vector<UserFiles*>& all_files() {
+  static auto* v = new std::vector<UserFiles*>;  // leaked: used from exit-time code
+  return *v;
+}
+void before_fork() {
+  g_all_mu.lock();
+  for (UserFiles* f : all_files()) f->mu().lock();
+}
+void after_fork() {
+  for (UserFiles* f : all_files()) f->mu().unlock();
+  g_all_mu.unlock();
+}
+void track(UserFiles* f) {
+  static const bool registered = [] { return pthread_atfork(before_fork, after_fork, after_fork) == 0; }();
+  (void)registered;
+  std::lock_guard<std::mutex> lk(g_all_mu);
+  all_files().push_back(f);
+}
+void untrack(UserFiles* f) {
+  std::lock_guard<std::mutex> lk(g_all_mu);
+  auto& v = all_files();
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] == f) {
+      v.erase(v.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
 }
 
 }  // namespace
@@ -118,6 +150,7 @@ UserFiles::UserFiles(std::string base, size_t length, uint64_t magic, uint64_t v
     own_path_ = path;
     own_dev_ = st.st_dev;
     own_ino_ = st.st_ino;
+    track(this);
     return;
   }
   throw std::runtime_error("softrdma: every name for uid " + std::to_string(uid_) + " under " + base_ +
@@ -125,6 +158,7 @@ UserFiles::UserFiles(std::string base, size_t length, uint64_t magic, uint64_t v
 }
 
 UserFiles::~UserFiles() {
+  untrack(this);
   for (const Other& o : others_) close(o.fd);
   if (map_) munmap(map_, length_);
 }

@@ -463,5 +463,26 @@ TEST_F(RegistryTest, SymlinkUnderOwnNameIsNotFollowed) {
   unlink(target.c_str());
 }
 
+// The registry's lock is taken around fork(): a child forked while another thread was in a lookup
+// must not find it held forever.
+TEST_F(RegistryTest, ForkDuringLookupsLeavesTheChildUsable) {
+  Registry r(path_);
+  const uint32_t q = r.allocate_qpn(kLo, 5);
+  std::atomic<bool> stop{false};
+  std::thread t([&] {
+    while (!stop.load()) (void)r.lookup(q ^ 0x20000);  // misses take the lock
+  });
+  for (int i = 0; i < 50; ++i) {
+    int rc = in_child([&] {
+      alarm(20);  // a deadlocked child dies of SIGALRM instead of hanging the test
+      bool ok = !r.lookup(q ^ 0x20000) && r.lookup(q) && r.allocate_qpn(kLo, 6) != 0;
+      return ok ? 0 : 1;
+    });
+    ASSERT_EQ(rc, 0) << "child " << i;
+  }
+  stop = true;
+  t.join();
+}
+
 }  // namespace
 }  // namespace softrdma::net
