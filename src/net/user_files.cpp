@@ -216,8 +216,22 @@ void UserFiles::scan() {
       continue;
     }
     struct stat st{};
-    if (fstat(fd, &st) != 0 || (st.st_dev == own_dev_ && st.st_ino == own_ino_)) {
+    if (fstat(fd, &st) != 0) {
       close(fd);
+      continue;
+    }
+    bool twice = false;  // one file under two names (hard links): read it once
+    for (const Other& f : found) twice = twice || (f.dev == st.st_dev && f.ino == st.st_ino);
+    if (twice || (st.st_dev == own_dev_ && st.st_ino == own_ino_)) {
+      close(fd);
+      continue;
+    }
+    // Checked again for files we already hold: an owner may have widened its file's mode since.
+    const bool sound = S_ISREG(st.st_mode) && st.st_uid == static_cast<uid_t>(uid) && (st.st_mode & 022) == 0 &&
+                       static_cast<size_t>(st.st_size) == length_;
+    if (!sound) {
+      close(fd);
+      ++rejected_;
       continue;
     }
     bool known = false;
@@ -233,8 +247,7 @@ void UserFiles::scan() {
       continue;
     }
     Header h{};
-    bool ok = S_ISREG(st.st_mode) && st.st_uid == static_cast<uid_t>(uid) && (st.st_mode & 022) == 0 &&
-              static_cast<size_t>(st.st_size) == length_ && pread(fd, &h, sizeof h, 0) == sizeof h;
+    bool ok = pread(fd, &h, sizeof h, 0) == sizeof h;
     if (ok && h.magic == 0) pending_ = true;  // possibly being initialised right now: look again later
     if (!ok || h.magic != magic_ || h.version != version_ || h.length != length_) {
       close(fd);
