@@ -189,8 +189,9 @@ bool Registry::taken_elsewhere(uint32_t qpn) const {
   const off_t off = static_cast<off_t>(kHeaderSize + sizeof(Slot) * index);
   for (const UserFiles::Other& o : files_->others()) {
     Raw r{};
-    // An unreadable slot counts as taken: a fresh QPN is cheap, a duplicate is not.
-    if (!UserFiles::read_stable(o.fd, off, &r, sizeof r)) return true;
+    // A slot that cannot be read (a truncated file, or one rewritten without pause) holds nothing that
+    // a lookup could read either; counting it as taken would let its owner block every allocation.
+    if (!UserFiles::read_stable(o.fd, off, &r, sizeof r)) continue;
     // Anything live-looking counts, vouched for or not: avoiding a squatted QPN costs nothing.
     if (state_of(r.tag) != kEmpty && qpn_of(r.tag) == qpn && !process_dead(pid_of(r.tag))) return true;
   }

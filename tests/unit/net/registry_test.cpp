@@ -484,5 +484,19 @@ TEST_F(RegistryTest, ForkDuringLookupsLeavesTheChildUsable) {
   t.join();
 }
 
+// Another file's owner truncates it under a reader that holds it: no SIGBUS (others' files are read,
+// never mapped), its entries are gone, and allocation goes on.
+TEST_F(RegistryTest, OtherFileTruncatedUnderAReader) {
+  Registry r(path_);
+  const uint32_t q = 0x2B0555;
+  write_file(own_file() + ".1", 0644, q, 4321, getpid(), own_start_ticks());
+  Registry reader(path_);
+  ASSERT_TRUE(reader.lookup(q));
+  ASSERT_EQ(truncate((own_file() + ".1").c_str(), 100), 0);
+  EXPECT_FALSE(reader.lookup(q ^ 0x10000));  // not cached: the slot is read again, short
+  for (int i = 0; i < 1000; ++i) ASSERT_NE(reader.allocate_qpn(kLo, 1), 0u);
+  EXPECT_EQ(reader.entries().size(), 1000u);
+}
+
 }  // namespace
 }  // namespace softrdma::net
