@@ -51,6 +51,7 @@ struct IwarpConn {
   bool await_grace = false;  // rtr Await from an initiator without peer-to-peer (IwarpAttach)
   uint32_t ird = 0, ord = 0;
   uint32_t peer_qpn = 0;  // direct path: the peer QP of this host (tuple table hit), 0 if none
+  bool rtr_hold = false;  // our RTR waits a moment after the MPA reply (IwarpAttach::rtr_hold)
 };
 
 enum class IwStep : uint8_t {

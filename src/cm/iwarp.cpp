@@ -334,6 +334,7 @@ void Manager::iw_on_reply(Connection& c) {
   w.peer_qpn = iw_lookup_peer(c);
   if (consumer_ && consumer_->has_qp(c)) {
     IwarpConn ic{c.sock, w.crc, false, w.markers_tx, w.rtr, false, w.ird, w.ord, w.peer_qpn};
+    ic.rtr_hold = w.rtr != IwRtr::None;
     if (int rc = consumer_->attach_iwarp(c, ic)) {
       iw_fail(c, EventKind::ConnectError, -rc);
       return;

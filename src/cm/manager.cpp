@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,9 +47,16 @@ int cm_retries() { return static_cast<int>(env_u64("SOFTRDMA_CM_RETRIES", 15)); 
 // How often a connection to another host checks that its peer process still exists (docs/rdmacm.md).
 uint64_t cm_probe_ns() { return env_u64("SOFTRDMA_CM_PROBE_MS", 2000) * 1000000ull; }
 
+// Starting PSNs, communication IDs and transaction IDs come from the kernel's CSPRNG: a peer that
+// saw the values of its own connections must learn nothing about another's (a seeded mt19937 gives
+// its 32-bit seed away, and with it the PSNs of the next connections: a blind injector's target).
 uint32_t random_u32() {
-  thread_local std::mt19937 gen{std::random_device{}() ^ static_cast<uint32_t>(getpid())};
-  return gen();
+  uint32_t v = 0;
+  for (;;) {
+    ssize_t n = getrandom(&v, sizeof v, 0);
+    if (n == static_cast<ssize_t>(sizeof v)) return v;
+    if (n < 0 && errno != EINTR) return static_cast<uint32_t>(std::random_device{}());  // no getrandom(2)
+  }
 }
 uint64_t random_tid() { return (uint64_t(random_u32()) << 32) | random_u32(); }
 

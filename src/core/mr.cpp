@@ -1,20 +1,35 @@
 #include "core/mr.h"
 
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <random>
 
 namespace softrdma::core {
 
 namespace {
 uint32_t slot_hash(uint32_t key) { return (key * 0x9E3779B1u) >> 16; }  // kCapacity == 1 << 16
+
+// Keys are capabilities (an rkey is all a peer needs to reach a region), so each comes from the
+// kernel's CSPRNG: the keys a peer was given say nothing about the others. A seeded mt19937 did not
+// do that (32 bits of seed to search, a linear state to solve), and its state, like any user-space
+// pool, would be copied by fork. No pool: a registration can afford the system call.
+uint32_t random_key_bits() {
+  uint32_t v = 0;
+  for (;;) {
+    ssize_t n = getrandom(&v, sizeof v, 0);
+    if (n == static_cast<ssize_t>(sizeof v)) return v;
+    if (n < 0 && errno != EINTR) return static_cast<uint32_t>(std::random_device{}());  // no getrandom(2)
+  }
+}
 }  // namespace
 
-MrTable::MrTable(Arena& arena) : arena_(arena), rng_(std::random_device{}()) {
+MrTable::MrTable(Arena& arena) : arena_(arena) {
   slots_ = static_cast<Slot*>(arena_.allocate(sizeof(Slot) * kCapacity));
   if (!slots_) throw std::bad_alloc();
   seq_ = new (arena_.allocate(sizeof(std::atomic<uint64_t>))) std::atomic<uint64_t>(0);
@@ -27,7 +42,7 @@ MrTable::~MrTable() {
 
 uint32_t MrTable::fresh_key() {
   for (;;) {
-    uint32_t k = static_cast<uint32_t>(rng_());
+    uint32_t k = random_key_bits();
     // 0 is what an uninitialised SGE carries; never hand it out. The upper 24 bits of a window's
     // keys are reserved for it: its key tag changes with every bind.
     if (k != 0 && !find(k, false) && !find(k, true) && !windows_.count(k >> 8)) return k;
@@ -215,7 +230,7 @@ AccessResult MrTable::check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint
 bool MrTable::alloc_window(MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey) {
   if (windows_.size() >= kMaxMw) return false;
   for (;;) {
-    uint32_t k = static_cast<uint32_t>(rng_());
+    uint32_t k = random_key_bits();
     uint32_t h = k >> 8;
     if (h == 0 || windows_.count(h)) continue;
     // No region key may carry this prefix: every tag of it must stay free for the window.

@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <atomic>
 #include <cstdint>
-#include <random>
 #include <unordered_map>
 #include <utility>
 
@@ -129,7 +128,6 @@ class MrTable {
   Slot* slots_;
   std::atomic<uint64_t>* seq_;  // in the arena, next to the slots
   size_t count_ = 0;
-  std::mt19937 rng_;
   std::unordered_map<uint32_t, Window> windows_;  // by handle: the upper 24 bits of its keys
 };
 

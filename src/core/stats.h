@@ -24,7 +24,8 @@ namespace softrdma::core {
   X(direct_ops) X(direct_bytes) X(direct_fallbacks) X(direct_late_events) X(direct_channel_wakes) X(icrc_solved_ip_id) X(drop_icrc_ip_id) \
   X(icrc_moved_segment) X(peer_port_learned) X(xrc_bad_srqn) X(raw_drop_no_recv) X(raw_drop_filtered)  \
   X(raw_drop_bad_state) X(raw_send_errors) X(tm_expected) X(tm_unexpected) X(tm_rendezvous) X(tm_no_header) \
-  SOFTRDMA_IWARP_COUNTERS(X)
+  SOFTRDMA_IWARP_COUNTERS(X)                                                                  \
+  X(drop_src_addr) /* RC/UC packet from an IPv4 source other than the QP's peer (forged or stray) */
 
 // iWARP (transport/iwarp_*.cpp): FPDUs each way, and every refused input by the reason its
 // Terminate names (RFC 5040 §4.8, RFC 5041 §7, RFC 5044 §8).

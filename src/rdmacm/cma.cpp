@@ -296,7 +296,8 @@ int Abi::attach_iwarp(cm::Connection& c, const cm::IwarpConn& ic) {
   softrdma_iwarp_conn conn{};
   conn.fd = ic.fd;
   conn.flags = (ic.crc ? SOFTRDMA_IW_CRC : 0) | (ic.markers_rx ? SOFTRDMA_IW_MARKERS_RX : 0) |
-               (ic.markers_tx ? SOFTRDMA_IW_MARKERS_TX : 0) | (ic.await_grace ? SOFTRDMA_IW_AWAIT_GRACE : 0);
+               (ic.markers_tx ? SOFTRDMA_IW_MARKERS_TX : 0) | (ic.await_grace ? SOFTRDMA_IW_AWAIT_GRACE : 0) |
+               (ic.rtr_hold ? SOFTRDMA_IW_RTR_HOLD : 0);
   conn.rtr = static_cast<uint32_t>(ic.rtr);
   conn.ird = ic.ird;
   conn.ord = ic.ord;

@@ -428,6 +428,14 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
       return;
     }
   }
+  // A connected QP takes packets from its peer's address only (the header validation IBTA asks of
+  // connected services; kernel rxe compares the IP source with the QP's path likewise). The port is
+  // not checked: RoCE senders vary it for entropy. This stops off-path injection from any other
+  // address; a forged source still gets through (plain RoCEv2 has no source authentication).
+  if ((qp.cfg.type == QpType::Rc || qp.cfg.type == QpType::Uc) && qp.dest_ip_be != 0 && peer_ip != qp.dest_ip_be) {
+    count(&qp, &core::Counters::drop_src_addr);
+    return;
+  }
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   QpState st = qp.state.load(std::memory_order_relaxed);
   if (qp.cfg.type != QpType::Rc) {
@@ -601,7 +609,7 @@ uint64_t Engine::next_deadline_ns() {
   uint64_t d = 0;
   for (Qp* qp : qp_list_) {
     for (uint64_t t : {qp->comp.timer_deadline_ns, qp->comp.rnr_resume_ns,
-                       qp->iw.hold_tx ? qp->iw.hold_until_ns : uint64_t{0}})
+                       qp->iw.hold_tx ? qp->iw.hold_until_ns : uint64_t{0}, qp->iw.tx_hold_until_ns})
       if (t && (!d || t < d)) d = t;
   }
   return d;

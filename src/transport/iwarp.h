@@ -15,6 +15,7 @@ enum class IwarpRtr : uint8_t {
 };
 
 inline constexpr uint64_t kIwarpAwaitGraceNs = 50'000'000;  // 50 ms
+inline constexpr uint64_t kIwarpRtrHoldNs = 10'000'000;     // 10 ms
 
 struct IwarpAttach {
   int fd = -1;              // connected TCP socket; the engine owns (and closes) it from now on
@@ -27,6 +28,12 @@ struct IwarpAttach {
   // sends first (ucmatose, ib_write_lat) work between siw hosts and would wait for ever here; the
   // grace lets the initiator take our MPA reply first (siw fails on bytes read along with it).
   bool await_grace = false;
+  // An initiator's RTR (and all that follows it) leaves kIwarpRtrHoldNs after the MPA reply came.
+  // siw (Linux 6.1) as a responder sends its MPA reply and only then installs the socket callback
+  // that reads the RTR: bytes that arrive in between wait unread until more data comes, and when the
+  // RTR and the ULP's first message both came too early the connection hangs, then trips a kernel
+  // BUG in iw_cm (cm_close_handler) when it is torn down half-established (tests/interop/iwarp.sh).
+  bool rtr_hold = false;
   uint32_t ird = 0, ord = 0;  // inbound / outbound READ depth
 };
 

@@ -130,6 +130,7 @@ int Engine::iwarp_attach(Qp* qp, const IwarpAttach& a) {
       s.reads.push_back({0, true, 0});
     }
     iwarp_queue(*qp, hdr, n, nullptr, 0);
+    if (a.rtr_hold) s.tx_hold_until_ns = now() + kIwarpRtrHoldNs;
   }
   if (a.rtr == IwarpRtr::Await) {
     s.hold_tx = true;
@@ -307,6 +308,10 @@ bool Engine::iwarp_transmit(Qp& qp) {
       }
     }
     if (s.tx.empty()) break;
+    if (s.tx_hold_until_ns) {
+      if (now() < s.tx_hold_until_ns) break;  // the RTR hold: queued, not yet written
+      s.tx_hold_until_ns = 0;
+    }
     iovec iov[kMaxIov];
     int n = 0;
     size_t total = 0;
@@ -385,6 +390,7 @@ bool Engine::iwarp_progress(Qp& qp) {
     s.hold_tx = false;  // the grace is over: the requester runs in this pass
     did = true;
   }
+  if (s.tx_hold_until_ns && now() >= s.tx_hold_until_ns) did = true;  // the RTR hold is over
   if (!s.closing) did |= iwarp_receive(qp);
   // A QP in RTS writes from the requester (requester_run); one in error only finishes what is owed.
   if (s.closing || qp.state.load(std::memory_order_relaxed) != QpState::Rts) did |= iwarp_transmit(qp);

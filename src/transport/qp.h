@@ -432,6 +432,7 @@ struct Qp {
     bool hold_tx = false;           // RTR Await: nothing is sent before the first FPDU arrives
     uint64_t hold_until_ns = 0;     // ... or before this (IwarpAttach::await_grace), if set
     bool rtr_pending_rx = false;    // the peer's first FPDU may be its zero-length RTR
+    uint64_t tx_hold_until_ns = 0;  // nothing is written to the socket before this (IwarpAttach::rtr_hold)
     bool closing = false;           // in error: the Terminate (if any) goes out, then shutdown
     bool shut = false;              // the socket is shut down and out of the epoll set
     bool want_out = false;          // EPOLLOUT registered (the socket's send buffer was full)

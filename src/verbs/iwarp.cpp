@@ -103,6 +103,7 @@ int attach_tcp(ibv_qp* qp, const softrdma_iwarp_conn& c, int fd) {
   a.markers_rx = (c.flags & SOFTRDMA_IW_MARKERS_RX) != 0;
   a.markers_tx = (c.flags & SOFTRDMA_IW_MARKERS_TX) != 0;
   a.await_grace = (c.flags & SOFTRDMA_IW_AWAIT_GRACE) != 0;
+  a.rtr_hold = (c.flags & SOFTRDMA_IW_RTR_HOLD) != 0;
   switch (c.rtr) {
     case SOFTRDMA_IW_RTR_SEND_WRITE: a.rtr = transport::IwarpRtr::SendWrite; break;
     case SOFTRDMA_IW_RTR_SEND_READ: a.rtr = transport::IwarpRtr::SendRead; break;
@@ -131,7 +132,8 @@ SOFTRDMA_EXPORT int softrdma_iwarp_attach(ibv_qp* qp, const softrdma_iwarp_conn*
   if (to_ibv(q->tqp->state.load()) != IBV_QPS_INIT) return EINVAL;
   if (conn->rtr > SOFTRDMA_IW_RTR_AWAIT) return EINVAL;
   if (conn->flags &
-      ~uint32_t{SOFTRDMA_IW_CRC | SOFTRDMA_IW_MARKERS_RX | SOFTRDMA_IW_MARKERS_TX | SOFTRDMA_IW_AWAIT_GRACE})
+      ~uint32_t{SOFTRDMA_IW_CRC | SOFTRDMA_IW_MARKERS_RX | SOFTRDMA_IW_MARKERS_TX | SOFTRDMA_IW_AWAIT_GRACE |
+                  SOFTRDMA_IW_RTR_HOLD})
     return EINVAL;
   // A connected IPv4 stream socket: its peer address names the other end.
   sockaddr_in peer{};

@@ -18,6 +18,7 @@ enum softrdma_iwarp_flags {
   SOFTRDMA_IW_MARKERS_RX = 1 << 1, /* the peer inserts markers in what we receive */
   SOFTRDMA_IW_MARKERS_TX = 1 << 2, /* we insert markers in what we send */
   SOFTRDMA_IW_AWAIT_GRACE = 1 << 3, /* RTR_AWAIT without peer-to-peer: also start after a grace */
+  SOFTRDMA_IW_RTR_HOLD = 1 << 4,    /* initiator: the RTR leaves a short hold after the MPA reply */
 };
 
 /* The first FPDU rule after the MPA exchange (RFC 5044 §7.1.5, RFC 6581). */

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <map>
 #include <random>
@@ -57,6 +59,60 @@ TEST(MrTable, ChurnKeepsEveryLiveKeyAndForgetsRemovedOnes) {
       EXPECT_EQ(table.check_remote(r.rkey, 1, r.iova, 1, kRemoteRead, &host), AccessResult::BadKey);
     }
   }
+}
+
+// Keys are capabilities: they come from the kernel's CSPRNG, not from a generator state in the
+// process. A forked child that registers (and deregisters) a region gets other keys than its parent
+// registering the same region next; a seeded PRNG, or any user-space pool, would hand both the same.
+// And a thousand registrations give a thousand distinct keys with no fixed step between them.
+TEST(MrTable, KeysComeFromTheKernelNotFromProcessState) {
+  Arena arena(64 << 20);
+  MrTable table(arena);
+  MrRegion warm{0x10000, 0x10000, 4096, kRemoteWrite, 1, 0, 0};
+  ASSERT_TRUE(table.add(warm));
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    MrRegion r{0x20000, 0x20000, 4096, kRemoteWrite, 1, 0, 0};
+    uint32_t k[2] = {0, 0};
+    if (table.add(r)) {
+      k[0] = r.lkey;
+      k[1] = r.rkey;
+      table.remove(r);  // the arena is shared with the parent: leave its table as it was
+    }
+    _exit(write(fds[1], k, sizeof k) == sizeof k ? 0 : 1);
+  }
+  uint32_t child[2] = {0, 0};
+  ASSERT_EQ(read(fds[0], child, sizeof child), static_cast<ssize_t>(sizeof child));
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(fds[0]);
+  close(fds[1]);
+  ASSERT_NE(child[1], 0u);
+  MrRegion r{0x20000, 0x20000, 4096, kRemoteWrite, 1, 0, 0};
+  ASSERT_TRUE(table.add(r));
+  EXPECT_NE(r.rkey, child[1]) << "the parent drew the rkey its child drew";
+  EXPECT_NE(r.lkey, child[0]) << "the parent drew the lkey its child drew";
+
+  std::map<uint32_t, int> seen;
+  std::map<uint32_t, int> steps;
+  uint32_t prev = r.rkey;
+  for (int i = 0; i < 1000; ++i) {
+    MrRegion m{0x100000ull * (i + 1), 0x100000ull * (i + 1), 4096, kRemoteWrite, 1, 0, 0};
+    ASSERT_TRUE(table.add(m));
+    EXPECT_NE(m.rkey, 0u);
+    ++seen[m.rkey];
+    ++seen[m.lkey];
+    ++steps[m.rkey - prev];
+    prev = m.rkey;
+    uint8_t* host = nullptr;
+    ASSERT_EQ(table.check_remote(m.rkey, 1, m.iova, 8, kRemoteWrite, &host), AccessResult::Ok);
+  }
+  EXPECT_EQ(seen.size(), 2000u) << "keys repeat";
+  EXPECT_GT(steps.size(), 990u) << "keys follow each other at a fixed step";
 }
 
 TEST(MrTable, AccessChecks) {

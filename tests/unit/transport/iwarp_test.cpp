@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 
 #include <algorithm>
 #include <cstring>
@@ -198,6 +199,50 @@ TEST(Iwarp, AwaitGraceStartsAfterItsTime) {
   ASSERT_TRUE(wait_cqes(p, b2, *b2.rcq, 1, got));
   EXPECT_EQ(got[0].status, core::WcStatus::Success);
   EXPECT_EQ(std::memcmp(dst->data(), src->data(), 64), 0);
+  destroy(a2);
+  destroy(b2);
+}
+
+// An initiator with rtr_hold (what our CM asks for towards any peer): its RTR and the SEND posted
+// behind it stay queued for kIwarpRtrHoldNs after the attach, then leave in order, the RTR first.
+TEST(Iwarp, RtrHoldDelaysTheFirstFpdu) {
+  IwPair p(IwOptions{});
+  auto src = register_region(p.a.engine(), 1, 64, kAllAccess);
+  auto dst = register_region(p.b.engine(), 1, 64, kAllAccess);
+  End a2, b2;
+  make_iw_end(a2, *p.a.host);
+  make_iw_end(b2, *p.b.host);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  IwarpAttach aa;
+  aa.fd = sv[0];
+  aa.rtr = IwarpRtr::SendWrite;
+  aa.rtr_hold = true;
+  aa.ird = aa.ord = 8;
+  ASSERT_EQ(p.a.engine().iwarp_attach(a2.qp, aa), 0);
+  IwarpAttach ab;
+  ab.fd = sv[1];
+  ab.rtr = IwarpRtr::Await;
+  ab.ird = ab.ord = 8;
+  ASSERT_EQ(p.b.engine().iwarp_attach(b2.qp, ab), 0);
+  fill(*src, 5);
+  ASSERT_EQ(post(b2, recv_wqe(1, *dst, 0, 64)), 0);
+  const uint64_t rx_before = p.b.engine().counters().iw_rx_fpdus;
+  ASSERT_EQ(post(a2, send_wqe(2, *src, 0, 64)), 0);
+  for (int i = 0; i < 100; ++i) {
+    p.a.engine().step();
+    p.b.engine().step();
+  }
+  EXPECT_EQ(p.b.engine().counters().iw_rx_fpdus, rx_before);  // nothing reached the socket yet
+  int queued = -1;
+  ASSERT_EQ(ioctl(sv[1], FIONREAD, &queued), 0);
+  EXPECT_EQ(queued, 0);
+  p.f.net.advance_to(p.f.now() + kIwarpRtrHoldNs + 1);
+  std::vector<core::Cqe> got;
+  ASSERT_TRUE(wait_cqes(p, b2, *b2.rcq, 1, got));
+  EXPECT_EQ(got[0].status, core::WcStatus::Success);
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), 64), 0);
+  EXPECT_EQ(p.b.engine().counters().iw_terminate_sent, 0u);
   destroy(a2);
   destroy(b2);
 }
