@@ -130,7 +130,7 @@ teardown() {
     done
     cleanup
   fi
-  for p in "${NS_INODES[@]+"${NS_INODES[@]}"}"; do rm -f "/dev/shm/softrdma-registry-$p"; done
+  for p in "${NS_INODES[@]+"${NS_INODES[@]}"}"; do rm -f "/dev/shm/softrdma-registry-$p"-u*; done
   while read -r p; do
     for ((i = 0; i < 20; i++)); do kill -0 "$p" 2>/dev/null || break; nap 0.1; done
     kill -0 "$p" 2>/dev/null || rm -f /dev/shm/softrdma-stats-"$p"-*

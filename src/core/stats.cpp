@@ -1,3 +1,4 @@
+// Shared-memory counter pages (stats.h): one owner-only file per context under /dev/shm.
 #include "core/stats.h"
 
 #include <dirent.h>
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace softrdma::core {
@@ -28,9 +30,37 @@ const std::vector<const char*>& counter_names() {
   return names;
 }
 
+namespace {
+mode_t stats_mode() {
+  // Owner only unless widened: counters reveal QPNs, peers and traffic volumes.
+  const char* env = std::getenv("SOFTRDMA_STATS_MODE");
+  if (!env || !*env) return 0600;
+  char* end = nullptr;
+  unsigned long m = std::strtoul(env, &end, 8);
+  // No write bits for anyone else, nothing beyond rwx: a page others could write would lie to readers.
+  if (*end != '\0' || m > 0777) return 0600;
+  return static_cast<mode_t>((m & 0644) | 0600);
+}
+}  // namespace
+
 StatsPage::StatsPage(const std::string& device) {
   path_ = std::string(kDir) + "/" + kPrefix + std::to_string(getpid()) + "-" + std::to_string(g_serial++);
-  int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_EXCL | O_NOFOLLOW: a file or symlink planted under our name must not be written through. A
+  // leftover of our own (an earlier process with this pid) is removed first; anyone else's stays, and
+  // then counting stays private.
+  int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    struct stat st{};
+    if (lstat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
+      unlink(path_.c_str());
+      fd = open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    }
+  }
+  if (fd >= 0 && fchmod(fd, stats_mode()) != 0) {
+    close(fd);
+    unlink(path_.c_str());
+    fd = -1;
+  }
   void* m = MAP_FAILED;
   if (fd >= 0 && ftruncate(fd, sizeof(Page)) == 0)
     m = mmap(nullptr, sizeof(Page), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -88,12 +118,14 @@ std::vector<StatsPage::Snapshot> StatsPage::read_all() {
       unlink(path.c_str());  // left behind by a process that died: reclaim it
       continue;
     }
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Another user's page is unreadable (0600) unless its owner widened SOFTRDMA_STATS_MODE; root reads
+    // them all.
+    int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) continue;
     // Any local user can leave a file here, and older builds wrote smaller pages: reading past the
     // end of a short file would raise SIGBUS, so only full-size pages of this layout are mapped.
     struct stat st{};
-    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != sizeof(Page)) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) != sizeof(Page)) {
       close(fd);
       continue;
     }

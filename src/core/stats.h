@@ -72,7 +72,8 @@ class StatsPage {
   static constexpr uint32_t kVersion = 8;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
-  // Creates /dev/shm/softrdma-stats-<pid>-<n>; falls back to private memory if that fails.
+  // Creates /dev/shm/softrdma-stats-<pid>-<n>, mode 0600 (owner and root only; $SOFTRDMA_STATS_MODE, in
+  // octal, widens it to at most 0644); falls back to private memory if that fails.
   explicit StatsPage(const std::string& device);
   ~StatsPage();
   StatsPage(const StatsPage&) = delete;

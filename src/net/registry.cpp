@@ -1,3 +1,4 @@
+// The host-local QPN registry over per-user files (registry.h).
 #include "net/registry.h"
 
 #include <fcntl.h>
@@ -5,12 +6,14 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <system_error>
@@ -30,19 +33,28 @@ constexpr int kPidShift = 32;
 enum State : uint64_t { kEmpty = 0, kClaiming = 1, kLive = 2 };
 
 constexpr uint64_t kMagic = 0x474552414d445253ull;  // "SRDMAREG" in memory; stored last: header is ready
-constexpr uint32_t kVersion = 1;
+// 2: per-user files, slots carry the claim time and the owner's start time.
+constexpr uint64_t kVersion = 2;
 constexpr size_t kHeaderSize = 64;
 constexpr uint32_t kSlotMask = Registry::kCapacity - 1;
+constexpr size_t kFileSize = kHeaderSize + sizeof(Registry::Slot) * Registry::kCapacity;
 
-struct Header {
-  std::atomic<uint64_t> magic;
-  uint32_t version;
-  uint32_t capacity;
-  uint32_t slot_size;
-};
-static_assert(sizeof(Header) <= kHeaderSize);
+static_assert(sizeof(UserFiles::Header) <= kHeaderSize);
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory atomics must be lock-free");
-static_assert(sizeof(Registry::Slot) == 16);
+static_assert(sizeof(Registry::Slot) == 32);
+
+// A cached verdict on another user's entry is trusted this long; then /proc is asked again (the owner
+// may have died and its pid gone to someone else).
+constexpr uint64_t kVerdictNs = 1'000'000'000;
+constexpr size_t kMaxVerdicts = 4096;
+constexpr uint32_t kRecentSlots = 4096;
+constexpr uint64_t kRecentNs = 1'000'000;
+
+uint64_t monotonic_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000 + static_cast<uint64_t>(t.tv_nsec);
+}
 
 uint64_t state_of(uint64_t tag) { return (tag >> kStateShift) & kStateMask; }
 uint32_t qpn_of(uint64_t tag) { return static_cast<uint32_t>(tag & kQpnMask); }
@@ -87,28 +99,7 @@ uint32_t random_u32() {
   return static_cast<uint32_t>(gen());
 }
 
-// Tries to take slot s for a new QPN with a random upper byte. Succeeds on an empty slot or one whose
-// owner has died.
-uint32_t try_claim(Registry::Slot& s, uint32_t index, uint32_t ip_be, uint16_t port, int32_t me) {
-  uint64_t tag = s.tag.load(std::memory_order_acquire);
-  // Our own entries are alive by definition; checking them would cost a syscall per occupied slot.
-  if (state_of(tag) != kEmpty && (pid_of(tag) == me || !process_dead(pid_of(tag)))) return 0;
-  uint32_t qpn;
-  do {
-    qpn = ((random_u32() & 0xFF) << 16) | index;
-  } while (reserved_qpn(qpn));
-  uint64_t claim = make_tag(qpn, kClaiming, gen_of(tag) + 1, me);
-  if (!s.tag.compare_exchange_strong(tag, claim, std::memory_order_acq_rel)) return 0;
-  s.endpoint.store(make_endpoint(ip_be, port), std::memory_order_relaxed);
-  s.tag.store(make_tag(qpn, kLive, gen_of(claim), me), std::memory_order_release);
-  return qpn;
-}
-
 std::string shm_path_for(const std::string& name) { return name.front() == '/' ? name : "/dev/shm/" + name; }
-
-[[noreturn]] void throw_errno(const std::string& what) {
-  throw std::system_error(errno, std::generic_category(), what);
-}
 
 }  // namespace
 
@@ -124,69 +115,130 @@ Registry& Registry::instance() {
   return *r;
 }
 
-Registry::Registry(const std::string& path) : path_(path) {
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) throw_errno("softrdma registry: open " + path);
-  // The lock serialises initialisation between processes opening the file at once; it is dropped as soon
-  // as the header is valid, since all later access is lock-free.
-  if (flock(fd, LOCK_EX) != 0) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    throw_errno("softrdma registry: flock " + path);
-  }
-  auto fail = [&](const std::string& what) {
-    int e = errno;
-    close(fd);  // nothing is mapped yet, so this drops the lock
-    errno = e;
-    throw_errno("softrdma registry: " + what + " " + path);
-  };
-  const size_t len = kHeaderSize + sizeof(Slot) * kCapacity;
-  struct stat st{};
-  if (fstat(fd, &st) != 0) fail("fstat");
-  if (static_cast<size_t>(st.st_size) < len) {
-    // umask would otherwise keep other users' processes out of a per-host registry.
-    (void)fchmod(fd, 0666);
-    if (ftruncate(fd, static_cast<off_t>(len)) != 0) fail("ftruncate");
-  }
-  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) fail("mmap");
-  auto* hdr = static_cast<Header*>(m);
-  if (hdr->magic.load(std::memory_order_acquire) != kMagic) {
-    // Fresh (zero-filled) file: every slot tag is already kEmpty.
-    hdr->version = kVersion;
-    hdr->capacity = kCapacity;
-    hdr->slot_size = sizeof(Slot);
-    hdr->magic.store(kMagic, std::memory_order_release);
-  } else if (hdr->version != kVersion || hdr->capacity != kCapacity || hdr->slot_size != sizeof(Slot)) {
-    munmap(m, len);
-    close(fd);
-    throw std::runtime_error("softrdma registry: incompatible layout in " + path);
-  }
-  // The mapping holds a reference to the open file, so close() alone would not drop the lock.
-  flock(fd, LOCK_UN);
-  close(fd);
-  map_ = m;
-  map_len_ = len;
-  slots_ = reinterpret_cast<Slot*>(static_cast<uint8_t*>(m) + kHeaderSize);
+Registry::Registry(const std::string& path)
+    : path_(path), files_(std::make_unique<UserFiles>(path, kFileSize, kMagic, kVersion)) {
+  slots_ = reinterpret_cast<Slot*>(files_->own() + kHeaderSize);
+  recent_.resize(kRecentSlots);
+  std::lock_guard<std::mutex> lk(files_->mu());
+  files_->refresh();
 }
 
-Registry::~Registry() {
-  if (map_) munmap(map_, map_len_);
+Registry::~Registry() = default;
+
+Registry::Stats Registry::stats() const {
+  std::lock_guard<std::mutex> lk(files_->mu());
+  Stats s = stats_;
+  s.files_refused = files_->rejected();
+  return s;
+}
+
+namespace {
+uint64_t effective_claim(const Registry::Raw& r) { return std::max(r.claim_ns, (r.start + 1) * tick_ns()); }
+}  // namespace
+
+bool Registry::vouched(const UserFiles::Other& o, uint32_t index, const Raw& r) const {
+  const uint64_t key = (static_cast<uint64_t>(o.ino) << 16) ^ (static_cast<uint64_t>(o.dev) << 48) ^ index;
+  const uint64_t now = boottime_ns();
+  auto it = verdicts_.find(key);
+  if (it != verdicts_.end() && std::memcmp(&it->second.raw, &r, sizeof r) == 0 &&
+      now - it->second.checked_ns < kVerdictNs)
+    return it->second.valid;
+  ProcessFacts f{};
+  const int32_t pid = pid_of(r.tag);
+  bool valid = process_facts(pid, &f) && (f.euid == o.uid || f.ruid == o.uid) && f.start_ticks == r.start &&
+               r.claim_ns >= f.start_ticks * tick_ns();
+  if (!valid) ++stats_.refused;
+  if (verdicts_.size() >= kMaxVerdicts) verdicts_.clear();  // an attacker's file can hold 64K entries
+  verdicts_[key] = Verdict{r, now, valid};
+  return valid;
+}
+
+std::optional<Endpoint> Registry::lookup_others(uint32_t qpn) const {
+  const uint32_t index = qpn & kSlotMask;
+  const off_t off = static_cast<off_t>(kHeaderSize + sizeof(Slot) * index);
+  std::optional<Endpoint> best;
+  Raw best_raw{};
+  uint64_t best_eff = 0;
+  uint32_t best_uid = 0;
+  int claims = 0;
+  for (const UserFiles::Other& o : files_->others()) {
+    Raw r{};
+    if (!UserFiles::read_stable(o.fd, off, &r, sizeof r)) continue;
+    if (state_of(r.tag) != kLive || qpn_of(r.tag) != qpn || !vouched(o, index, r)) continue;
+    ++claims;
+    // The earlier claim wins. vouched() made sure no claim predates its claimant's start tick; a claim
+    // dated inside that tick counts from the tick's end, since the process may have started just
+    // after the claim it names (a later claimant must not win by up to a tick).
+    const uint64_t eff = effective_claim(r);
+    bool better = !best || eff < best_eff ||
+                  (eff == best_eff && (r.start < best_raw.start || (r.start == best_raw.start && o.uid < best_uid)));
+    if (better) {
+      best_eff = eff;
+      best = Endpoint{static_cast<uint32_t>(r.endpoint >> 32), static_cast<uint16_t>(r.endpoint & 0xFFFF),
+                      pid_of(r.tag)};
+      best_raw = r;
+      best_uid = o.uid;
+    }
+  }
+  if (claims > 1) ++stats_.conflicts;
+  return best;
+}
+
+bool Registry::taken_elsewhere(uint32_t qpn) const {
+  const uint32_t index = qpn & kSlotMask;
+  const off_t off = static_cast<off_t>(kHeaderSize + sizeof(Slot) * index);
+  for (const UserFiles::Other& o : files_->others()) {
+    Raw r{};
+    // A slot that cannot be read (a truncated file, or one rewritten without pause) holds nothing that
+    // a lookup could read either; counting it as taken would let its owner block every allocation.
+    if (!UserFiles::read_stable(o.fd, off, &r, sizeof r)) continue;
+    // Anything live-looking counts, vouched for or not: avoiding a squatted QPN costs nothing.
+    if (state_of(r.tag) != kEmpty && qpn_of(r.tag) == qpn && !process_dead(pid_of(r.tag))) return true;
+  }
+  return false;
 }
 
 uint32_t Registry::allocate_qpn(uint32_t ip_be, uint16_t port) {
   const int32_t me = static_cast<int32_t>(getpid());
+  const uint64_t start = own_start_ticks();
+  std::lock_guard<std::mutex> lk(files_->mu());
+  files_->refresh(true);
+  // Takes slot index for a new QPN with a random upper byte, if it is empty or its owner has died and
+  // no other user's file holds that QPN.
+  auto try_claim = [&](uint32_t index) -> uint32_t {
+    Slot& s = slots_[index];
+    uint64_t tag = s.tag.load(std::memory_order_acquire);
+    // Our own entries are alive by definition; checking them would cost a syscall per occupied slot.
+    if (state_of(tag) != kEmpty && (pid_of(tag) == me || !process_dead(pid_of(tag)))) return 0;
+    uint32_t qpn;
+    do {
+      qpn = ((random_u32() & 0xFF) << 16) | index;
+    } while (reserved_qpn(qpn));
+    if (taken_elsewhere(qpn)) return 0;
+    uint64_t claim = make_tag(qpn, kClaiming, gen_of(tag) + 1, me);
+    if (!s.tag.compare_exchange_strong(tag, claim, std::memory_order_acq_rel)) return 0;
+    s.endpoint.store(make_endpoint(ip_be, port), std::memory_order_relaxed);
+    s.claim_ns.store(boottime_ns(), std::memory_order_relaxed);
+    s.start.store(start, std::memory_order_relaxed);
+    uint64_t live = make_tag(qpn, kLive, gen_of(claim), me);
+    s.tag.store(live, std::memory_order_release);
+    // Another user may have claimed the same QPN between our check and our claim: then both see the
+    // other now, and both give up this one.
+    files_->refresh();
+    if (taken_elsewhere(qpn)) {
+      s.tag.compare_exchange_strong(live, emptied(live), std::memory_order_acq_rel);
+      return 0;
+    }
+    return qpn;
+  };
   // Random slots first: QPNs must look random, and this almost always succeeds at once.
   for (int attempt = 0; attempt < 64; ++attempt) {
-    uint32_t index = random_u32() & kSlotMask;
-    if (uint32_t qpn = try_claim(slots_[index], index, ip_be, port, me)) return qpn;
+    if (uint32_t qpn = try_claim(random_u32() & kSlotMask)) return qpn;
   }
   // Nearly full: sweep every slot once from a random start.
-  uint32_t start = random_u32() & kSlotMask;
+  uint32_t first = random_u32() & kSlotMask;
   for (uint32_t i = 0; i < kCapacity; ++i) {
-    uint32_t index = (start + i) & kSlotMask;
-    if (uint32_t qpn = try_claim(slots_[index], index, ip_be, port, me)) return qpn;
+    if (uint32_t qpn = try_claim((first + i) & kSlotMask)) return qpn;
   }
   return 0;
 }
@@ -205,7 +257,9 @@ std::optional<Endpoint> Registry::lookup(uint32_t qpn) const {
   const Slot& s = slots_[qpn & kSlotMask];
   for (;;) {
     uint64_t t1 = s.tag.load(std::memory_order_acquire);
-    if (state_of(t1) != kLive || qpn_of(t1) != qpn) return std::nullopt;
+    if (state_of(t1) != kLive || qpn_of(t1) != qpn) break;
+    // Our own file first, and trusted: only our uid writes it, and our allocator never claims a QPN
+    // another user holds.
     uint64_t ep = s.endpoint.load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
     // Same tag (generation included) before and after: the endpoint belongs to that entry.
@@ -213,6 +267,18 @@ std::optional<Endpoint> Registry::lookup(uint32_t qpn) const {
       return Endpoint{static_cast<uint32_t>(ep >> 32), static_cast<uint16_t>(ep & 0xFFFF), pid_of(t1)};
     }
   }
+  std::lock_guard<std::mutex> lk(files_->mu());
+  const uint64_t now = monotonic_ns();
+  Recent& c = recent_[qpn & (kRecentSlots - 1)];
+  if (c.qpn == qpn && now < c.until_ns) return c.found ? std::optional<Endpoint>(c.ep) : std::nullopt;
+  auto ep = lookup_others(qpn);
+  // A user whose file we have not met yet (the directory changed since the last scan)?
+  if (!ep && files_->refresh()) {
+    for (Recent& r : recent_) r.until_ns = 0;
+    ep = lookup_others(qpn);
+  }
+  c = Recent{qpn, ep.has_value(), ep.value_or(Endpoint{}), now + kRecentNs};
+  return ep;
 }
 
 size_t Registry::reclaim_dead() {
@@ -226,12 +292,27 @@ size_t Registry::reclaim_dead() {
 }
 
 std::vector<std::pair<uint32_t, Endpoint>> Registry::entries() const {
-  std::vector<std::pair<uint32_t, Endpoint>> out;
+  std::vector<uint32_t> qpns;
   for (uint32_t i = 0; i < kCapacity; ++i) {
     uint64_t tag = slots_[i].tag.load(std::memory_order_acquire);
-    if (state_of(tag) != kLive) continue;
-    if (auto ep = lookup(qpn_of(tag))) out.emplace_back(qpn_of(tag), *ep);
+    if (state_of(tag) == kLive) qpns.push_back(qpn_of(tag));
   }
+  {
+    std::lock_guard<std::mutex> lk(files_->mu());
+    files_->refresh();
+    std::vector<Raw> all(kCapacity);
+    for (const UserFiles::Other& o : files_->others()) {
+      if (pread(o.fd, all.data(), sizeof(Raw) * kCapacity, kHeaderSize) != static_cast<ssize_t>(sizeof(Raw) * kCapacity))
+        continue;
+      for (const Raw& r : all)
+        if (state_of(r.tag) == kLive) qpns.push_back(qpn_of(r.tag));
+    }
+  }
+  std::sort(qpns.begin(), qpns.end());
+  qpns.erase(std::unique(qpns.begin(), qpns.end()), qpns.end());
+  std::vector<std::pair<uint32_t, Endpoint>> out;
+  for (uint32_t q : qpns)
+    if (auto ep = lookup(q)) out.emplace_back(q, *ep);
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;
 }

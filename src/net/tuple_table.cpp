@@ -8,7 +8,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <system_error>
@@ -30,13 +34,36 @@ uint64_t make_tag(uint64_t state, uint64_t gen, int32_t pid) {
 }
 
 constexpr uint64_t kMagic = 0x53454c5055544453ull;  // "SDTUPLES"
-constexpr uint32_t kVersion = 1;
+constexpr uint64_t kVersion = 2;                     // 2: per-user files
 constexpr size_t kHeaderSize = 64;
-struct Header {
-  std::atomic<uint64_t> magic;
-  uint32_t version, slots;
-};
+constexpr size_t kFileSize = kHeaderSize + sizeof(TupleTable::Slot) * TupleTable::kSlots;
 static_assert(sizeof(TupleTable::Slot) == 32);
+static_assert(sizeof(UserFiles::Header) <= kHeaderSize);
+
+struct Raw {
+  uint64_t tag, addrs, ports, pad;
+};
+
+// The uid owning the IPv4 TCP socket whose local and remote ends are t's, from this namespace's
+// /proc/net/tcp (addresses there are the network-order words printed as hex, ports in host order).
+std::optional<uint32_t> tcp_owner(const TcpTuple& t) {
+  FILE* f = std::fopen("/proc/net/tcp", "re");
+  if (!f) return std::nullopt;
+  char line[512];
+  std::optional<uint32_t> owner;
+  (void)!std::fgets(line, sizeof line, f);  // the column titles
+  while (!owner && std::fgets(line, sizeof line, f)) {
+    unsigned lip = 0, lport = 0, rip = 0, rport = 0, st = 0, uid = 0;
+    if (std::sscanf(line, " %*u: %8X:%4X %8X:%4X %2X %*X:%*X %*X:%*X %*X %u", &lip, &lport, &rip, &rport, &st,
+                    &uid) != 6)
+      continue;
+    if (lip == t.local_ip_be && rip == t.remote_ip_be && lport == ntohs(t.local_port_be) &&
+        rport == ntohs(t.remote_port_be))
+      owner = uid;
+  }
+  std::fclose(f);
+  return owner;
+}
 
 bool dead(int32_t pid) { return pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH); }
 
@@ -55,8 +82,6 @@ uint32_t home(const TcpTuple& t) {
   return static_cast<uint32_t>(mix(addrs_of(t) ^ mix(ports_key(t)))) & (TupleTable::kSlots - 1);
 }
 
-[[noreturn]] void throw_errno(const std::string& what) { throw std::system_error(errno, std::generic_category(), what); }
-
 }  // namespace
 
 std::string TupleTable::default_path() {
@@ -70,45 +95,16 @@ TupleTable& TupleTable::instance() {
   return *t;
 }
 
-TupleTable::TupleTable(const std::string& path) {
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) throw_errno("softrdma tuples: open " + path);
-  flock(fd, LOCK_EX);  // serialises the header's initialisation only
-  const size_t len = kHeaderSize + sizeof(Slot) * kSlots;
-  struct stat st{};
-  if (fstat(fd, &st) != 0 ||
-      (static_cast<size_t>(st.st_size) < len && ((void)fchmod(fd, 0666), ftruncate(fd, static_cast<off_t>(len)) != 0))) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    throw_errno("softrdma tuples: size " + path);
-  }
-  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    throw_errno("softrdma tuples: mmap " + path);
-  }
-  auto* h = static_cast<Header*>(m);
-  if (h->magic.load(std::memory_order_acquire) != kMagic) {
-    h->version = kVersion;
-    h->slots = kSlots;
-    h->magic.store(kMagic, std::memory_order_release);
-  } else if (h->version != kVersion || h->slots != kSlots) {
-    munmap(m, len);
-    close(fd);
-    throw std::runtime_error("softrdma tuples: incompatible layout in " + path);
-  }
-  flock(fd, LOCK_UN);
-  close(fd);
-  map_ = m;
-  map_len_ = len;
-  slots_ = reinterpret_cast<Slot*>(static_cast<uint8_t*>(m) + kHeaderSize);
+TupleTable::TupleTable(const std::string& path)
+    : files_(std::make_unique<UserFiles>(path, kFileSize, kMagic, kVersion)) {
+  slots_ = reinterpret_cast<Slot*>(files_->own() + kHeaderSize);
 }
 
-TupleTable::~TupleTable() {
-  if (map_) munmap(map_, map_len_);
+TupleTable::~TupleTable() = default;
+
+uint64_t TupleTable::refused() const {
+  std::lock_guard<std::mutex> lk(files_->mu());
+  return refused_;
 }
 
 bool TupleTable::publish(const TcpTuple& t, uint32_t qpn) {
@@ -154,6 +150,30 @@ std::optional<uint32_t> TupleTable::lookup(const TcpTuple& t) const {
     if (s.tag.load(std::memory_order_relaxed) != t1) continue;  // changed under us
     if (a != addrs_of(t) || (p & ~0xFFFFFFFFull) != ports_key(t) || dead(pid_of(t1))) continue;
     return static_cast<uint32_t>(p & 0xFFFFFFFF);
+  }
+  // Other users' files, read with pread (user_files.h): the probe window, in at most two pieces.
+  std::lock_guard<std::mutex> lk(files_->mu());
+  files_->refresh();
+  std::optional<uint32_t> owner;
+  bool owner_known = false;
+  Raw window[kProbe];
+  const uint32_t first = std::min(kProbe, kSlots - h);  // slots before the table wraps
+  for (const UserFiles::Other& o : files_->others()) {
+    if (!UserFiles::read_stable(o.fd, static_cast<off_t>(kHeaderSize + sizeof(Slot) * h), window, sizeof(Raw) * first) ||
+        (first < kProbe &&
+         !UserFiles::read_stable(o.fd, kHeaderSize, window + first, sizeof(Raw) * (kProbe - first))))
+      continue;
+    for (const Raw& r : window) {
+      if (state_of(r.tag) != kLive || r.addrs != addrs_of(t) || (r.ports & ~0xFFFFFFFFull) != ports_key(t) ||
+          dead(pid_of(r.tag)))
+        continue;
+      if (!owner_known) {
+        owner = tcp_owner(t);
+        owner_known = true;
+      }
+      if (owner && *owner == o.uid) return static_cast<uint32_t>(r.ports & 0xFFFFFFFF);
+      ++refused_;  // someone else's claim on a connection that is not theirs
+    }
   }
   return std::nullopt;
 }

@@ -3,15 +3,21 @@
 // sends its MPA frame; the other end, after receiving that frame, looks the reverse tuple up and, when
 // it finds a live softrdma process there, connects the two QPs through the direct path.
 //
-// Same conventions as the QPN registry (registry.h): a shared-memory file per network namespace,
-//   /dev/shm/softrdma-tuples-<inode of /proc/self/ns/net>   ($SOFTRDMA_TUPLES overrides, as
-// $SOFTRDMA_REGISTRY does), fixed slots claimed by compare-and-swap, owners' liveness by kill(pid, 0).
+// Same conventions as the QPN registry (registry.h): shared-memory files per user and network namespace,
+//   /dev/shm/softrdma-tuples-<inode of /proc/self/ns/net>-u<euid>   ($SOFTRDMA_TUPLES overrides the
+// base, as $SOFTRDMA_REGISTRY does; net/user_files.h), each written only by its user, fixed slots
+// claimed by compare-and-swap, owners' liveness by kill(pid, 0). A lookup trusts its own user's file;
+// another user's entry for a tuple counts only if the kernel lists a TCP socket with that 4-tuple
+// owned by that user (/proc/net/tcp), so nobody can pair someone else's connection with a QPN of theirs.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+
+#include "net/user_files.h"
 
 namespace softrdma::net {
 
@@ -40,6 +46,9 @@ class TupleTable {
   void remove(const TcpTuple& t);  // this process's entry for t, if any
   // The QPN a live process published for t.
   std::optional<uint32_t> lookup(const TcpTuple& t) const;
+  const std::string& own_path() const { return files_->own_path(); }
+  // Other users' entries for a looked-up tuple refused: no TCP socket of theirs has that 4-tuple.
+  uint64_t refused() const;
 
   struct Slot {
     std::atomic<uint64_t> tag;    // state | generation | pid, see tuple_table.cpp
@@ -49,9 +58,9 @@ class TupleTable {
   };
 
  private:
-  void* map_ = nullptr;
-  size_t map_len_ = 0;
+  std::unique_ptr<UserFiles> files_;
   Slot* slots_ = nullptr;
+  mutable uint64_t refused_ = 0;  // under files_->mu()
 };
 
 }  // namespace softrdma::net

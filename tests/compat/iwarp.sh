@@ -397,7 +397,7 @@ run_loopback() {
     cleanup_lo() {
       ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
       ip netns del "$ns" 2>/dev/null || true
-      [[ -n $inode ]] && rm -f "/dev/shm/softrdma-registry-$inode"
+      [[ -n $inode ]] && rm -f "/dev/shm/softrdma-registry-$inode"-u*
       return 0
     }
     trap cleanup_lo EXIT INT TERM
@@ -432,7 +432,7 @@ netns_common() { # MTU tweak, devices, counters, direct path off
   local -a inodes
   mapfile -t inodes < <(stat -L -c %i "/run/netns/$nsA" "/run/netns/$nsB")
   # compat's cleanup, then the namespaces' QPN registries.
-  trap 'cleanup; for i in '"${inodes[*]}"'; do rm -f /dev/shm/softrdma-registry-$i; done' EXIT INT TERM
+  trap 'cleanup; for i in '"${inodes[*]}"'; do rm -f /dev/shm/softrdma-registry-$i-u*; done' EXIT INT TERM
   SP=("${inA[@]}") CP=("${inB[@]}") NFT=("${inA[@]}" nft)
   SRV_IP=$ipA
   # Two namespaces stand for two hosts: the data goes over the veth (FPDUs on TCP for iWARP).

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +17,8 @@
 
 #include <gtest/gtest.h>
 
+#include "net/user_files.h"
+
 namespace softrdma::net {
 namespace {
 
@@ -26,9 +30,15 @@ class RegistryTest : public ::testing::Test {
   void SetUp() override {
     static std::atomic<int> n{0};
     path_ = "/dev/shm/softrdma-unit-registry-" + std::to_string(getpid()) + "-" + std::to_string(n++);
-    unlink(path_.c_str());
+    remove_files();
   }
-  void TearDown() override { unlink(path_.c_str()); }
+  void TearDown() override { remove_files(); }
+  // The files live at <path_>-u<uid>[.<k>] (net/user_files.h).
+  std::string own_file() const { return path_ + "-u" + std::to_string(geteuid()); }
+  void remove_files() const {
+    unlink(own_file().c_str());
+    for (int k = 1; k < UserFiles::kMaxSuffix; ++k) unlink((own_file() + "." + std::to_string(k)).c_str());
+  }
   std::string path_;
 };
 
@@ -266,7 +276,7 @@ TEST_F(RegistryTest, IncompatibleFileIsRejected) {
   {
     Registry r(path_);
   }
-  int fd = open(path_.c_str(), O_RDWR);
+  int fd = open(own_file().c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   uint32_t bad_version = 999;
   ASSERT_EQ(pwrite(fd, &bad_version, sizeof(bad_version), 8), 4);  // version follows the 8-byte magic
@@ -290,6 +300,202 @@ TEST_F(RegistryTest, InstanceHonoursEnvironmentOverride) {
   EXPECT_TRUE(Registry(path_).lookup(q));
   inst.release_qpn(q);
   if (old) setenv("SOFTRDMA_REGISTRY", saved.c_str(), 1); else unsetenv("SOFTRDMA_REGISTRY");
+}
+
+// ---- per-user files (net/user_files.h): what a reader accepts as another user's file ----
+
+TEST(UserFilesNames, OnlyBaseDashUidWithAnOptionalSmallSuffix) {
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u0"), 0);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u61234"), 61234);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u12.3"), 12);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u12.15"), 12);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u12.16"), -1);  // beyond kMaxSuffix
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u12.0"), -1);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u12."), -1);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u"), -1);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u12x"), -1);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u-1"), -1);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-u4294967295"), -1);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "regx-u1"), -1);
+  EXPECT_EQ(UserFiles::uid_of_name("reg", "reg-1"), -1);
+}
+
+TEST(ProcessFacts, KernelFactsOfThisProcessAndOfNone) {
+  ProcessFacts f{};
+  ASSERT_TRUE(process_facts(getpid(), &f));
+  EXPECT_EQ(f.euid, geteuid());
+  EXPECT_EQ(f.ruid, getuid());
+  EXPECT_EQ(f.start_ticks, own_start_ticks());
+  EXPECT_GT(f.start_ticks, 0u);
+  EXPECT_LE(f.start_ticks * tick_ns(), boottime_ns());  // started before now
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);
+  EXPECT_FALSE(process_facts(child, &f));  // reaped: gone
+  EXPECT_FALSE(process_facts(0, &f));
+  EXPECT_FALSE(process_facts(-5, &f));
+}
+
+// The registry file layout (src/net/registry.cpp), written by hand as another process would.
+constexpr size_t kHdr = 64, kSlot = 32, kLen = kHdr + kSlot * Registry::kCapacity;
+void write_file(const std::string& path, mode_t mode, uint32_t qpn, uint16_t port, int32_t pid, uint64_t start) {
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(fchmod(fd, mode), 0);
+  ASSERT_EQ(ftruncate(fd, kLen), 0);
+  uint64_t slot[4] = {qpn | (2ull << 24) | (1ull << 26) | (static_cast<uint64_t>(pid) << 32),
+                      (static_cast<uint64_t>(kLo) << 32) | port, start * tick_ns() + 1, start};
+  ASSERT_EQ(pwrite(fd, slot, sizeof slot, kHdr + kSlot * (qpn & 0xFFFF)), static_cast<ssize_t>(sizeof slot));
+  uint64_t hdr[3] = {0x474552414d445253ull, 2, kLen};
+  ASSERT_EQ(pwrite(fd, hdr, sizeof hdr, 0), static_cast<ssize_t>(sizeof hdr));
+  close(fd);
+}
+
+// A second file of our own uid (the .1 name) is another file like any other user's: a valid one is
+// read; one writable by others, or one under another uid's name, is not.
+TEST_F(RegistryTest, OtherFilesCountOnlyWhenOwnerModeAndProcessCheckOut) {
+  Registry r(path_);
+  ASSERT_EQ(r.own_path(), own_file());
+  const uint32_t q = 0x3A0777;
+  write_file(own_file() + ".1", 0644, q, 4321, getpid(), own_start_ticks());
+  {
+    Registry reader(path_);
+    auto ep = reader.lookup(q);
+    ASSERT_TRUE(ep) << "a valid file of the right owner is read";
+    EXPECT_EQ(ep->port, 4321);
+    EXPECT_EQ(ep->pid, getpid());
+  }
+  ASSERT_EQ(chmod((own_file() + ".1").c_str(), 0666), 0);
+  {
+    Registry reader(path_);
+    EXPECT_FALSE(reader.lookup(q)) << "a file others may write is no one's word";
+    EXPECT_GE(reader.stats().files_refused, 1u);
+  }
+  unlink((own_file() + ".1").c_str());
+  const std::string foreign = path_ + "-u" + std::to_string(geteuid() + 4242);
+  write_file(foreign, 0644, q, 4321, getpid(), own_start_ticks());
+  {
+    Registry reader(path_);
+    EXPECT_FALSE(reader.lookup(q)) << "a file named for a uid that does not own it";
+    EXPECT_GE(reader.stats().files_refused, 1u);
+  }
+  unlink(foreign.c_str());
+  // Right file, but the entry's start time is not its pid's: a recycled pid, or a forgery.
+  write_file(own_file() + ".1", 0644, q, 4321, getpid(), own_start_ticks() + 7);
+  {
+    Registry reader(path_);
+    EXPECT_FALSE(reader.lookup(q));
+    EXPECT_EQ(reader.stats().refused, 1u);
+  }
+  unlink((own_file() + ".1").c_str());
+  // A symlink under another name, to our own file: refused, not followed.
+  ASSERT_EQ(symlink(own_file().c_str(), (own_file() + ".2").c_str()), 0);
+  uint32_t mine = r.allocate_qpn(kLo, 99);
+  {
+    Registry reader(path_);
+    EXPECT_TRUE(reader.lookup(mine));  // through its own file
+    EXPECT_GE(reader.stats().files_refused, 1u);
+  }
+  unlink((own_file() + ".2").c_str());
+}
+
+// Allocation never hands out a QPN that another file holds for a live process.
+TEST_F(RegistryTest, AllocationAvoidsQpnsOfOtherFiles) {
+  // Another file holding, for this live process, every QPN of slots 0..0xFFFE but one upper byte each:
+  // the allocator must keep off those exact QPNs.
+  {
+    int fd = open((own_file() + ".1").c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(fchmod(fd, 0644), 0);
+    ASSERT_EQ(ftruncate(fd, kLen), 0);
+    void* m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT_NE(m, MAP_FAILED);
+    auto* w = static_cast<uint64_t*>(m);
+    w[0] = 0x474552414d445253ull;
+    w[1] = 2;
+    w[2] = kLen;
+    for (uint32_t i = 0; i < Registry::kCapacity; ++i) {
+      uint64_t* slot = w + (kHdr + kSlot * i) / 8;
+      uint32_t qpn = (0x55u << 16) | i;  // upper byte 0x55 everywhere
+      slot[0] = qpn | (2ull << 24) | (1ull << 26) | (static_cast<uint64_t>(getpid()) << 32);
+      slot[1] = (static_cast<uint64_t>(kLo) << 32) | 7;
+      slot[2] = own_start_ticks() * tick_ns() + 1;
+      slot[3] = own_start_ticks();
+    }
+    munmap(m, kLen);
+    close(fd);
+  }
+  Registry r(path_);
+  for (int i = 0; i < 20000; ++i) {
+    uint32_t q = r.allocate_qpn(kLo, 1);
+    ASSERT_NE(q, 0u);
+    ASSERT_NE(q >> 16, 0x55u) << "handed out QPN " << q << ", which another file holds";
+  }
+  unlink((own_file() + ".1").c_str());
+}
+
+TEST_F(RegistryTest, OwnFileIsExactly0644WhateverTheUmask) {
+  mode_t old = umask(077);
+  {
+    Registry r(path_);
+  }
+  umask(old);
+  struct stat st{};
+  ASSERT_EQ(stat(own_file().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  EXPECT_EQ(st.st_uid, geteuid());
+}
+
+TEST_F(RegistryTest, SymlinkUnderOwnNameIsNotFollowed) {
+  const std::string target = path_ + "-target";
+  int fd = open(target.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  ASSERT_EQ(symlink(target.c_str(), own_file().c_str()), 0);
+  {
+    Registry r(path_);
+    EXPECT_EQ(r.own_path(), own_file() + ".1");
+    EXPECT_NE(r.allocate_qpn(kLo, 1), 0u);
+  }
+  struct stat st{};
+  ASSERT_EQ(stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);
+  unlink(target.c_str());
+}
+
+// The registry's lock is taken around fork(): a child forked while another thread was in a lookup
+// must not find it held forever.
+TEST_F(RegistryTest, ForkDuringLookupsLeavesTheChildUsable) {
+  Registry r(path_);
+  const uint32_t q = r.allocate_qpn(kLo, 5);
+  std::atomic<bool> stop{false};
+  std::thread t([&] {
+    while (!stop.load()) (void)r.lookup(q ^ 0x20000);  // misses take the lock
+  });
+  for (int i = 0; i < 50; ++i) {
+    int rc = in_child([&] {
+      alarm(20);  // a deadlocked child dies of SIGALRM instead of hanging the test
+      bool ok = !r.lookup(q ^ 0x20000) && r.lookup(q) && r.allocate_qpn(kLo, 6) != 0;
+      return ok ? 0 : 1;
+    });
+    ASSERT_EQ(rc, 0) << "child " << i;
+  }
+  stop = true;
+  t.join();
+}
+
+// Another file's owner truncates it under a reader that holds it: no SIGBUS (others' files are read,
+// never mapped), its entries are gone, and allocation goes on.
+TEST_F(RegistryTest, OtherFileTruncatedUnderAReader) {
+  Registry r(path_);
+  const uint32_t q = 0x2B0555;
+  write_file(own_file() + ".1", 0644, q, 4321, getpid(), own_start_ticks());
+  Registry reader(path_);
+  ASSERT_TRUE(reader.lookup(q));
+  ASSERT_EQ(truncate((own_file() + ".1").c_str(), 100), 0);
+  EXPECT_FALSE(reader.lookup(q ^ 0x10000));  // not cached: the slot is read again, short
+  for (int i = 0; i < 1000; ++i) ASSERT_NE(reader.allocate_qpn(kLo, 1), 0u);
+  EXPECT_EQ(reader.entries().size(), 1000u);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The direct path's TCP 4-tuple table (net/tuple_table.h): publish, reverse lookup, removal, other
 // processes' entries, dead owners.
 #include "net/tuple_table.h"
+#include "net/user_files.h"
 
 #include <arpa/inet.h>
 #include <sys/wait.h>
@@ -19,9 +20,15 @@ class TupleTableTest : public ::testing::Test {
   void SetUp() override {
     static std::atomic<int> n{0};
     path_ = "/dev/shm/softrdma-unit-tuples-" + std::to_string(getpid()) + "-" + std::to_string(n++);
-    unlink(path_.c_str());
+    remove_files();
   }
-  void TearDown() override { unlink(path_.c_str()); }
+  void TearDown() override { remove_files(); }
+  // The files live at <path_>-u<uid>[.<k>] (net/user_files.h).
+  std::string own_file() const { return path_ + "-u" + std::to_string(geteuid()); }
+  void remove_files() const {
+    unlink(own_file().c_str());
+    for (int k = 1; k < UserFiles::kMaxSuffix; ++k) unlink((own_file() + "." + std::to_string(k)).c_str());
+  }
   std::string path_;
 };
 
