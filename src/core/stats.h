@@ -24,7 +24,9 @@ namespace softrdma::core {
   X(direct_ops) X(direct_bytes) X(direct_fallbacks) X(direct_late_events) X(direct_channel_wakes) X(icrc_solved_ip_id) X(drop_icrc_ip_id) \
   X(icrc_moved_segment) X(peer_port_learned) X(xrc_bad_srqn) X(raw_drop_no_recv) X(raw_drop_filtered)  \
   X(raw_drop_bad_state) X(raw_send_errors) X(tm_expected) X(tm_unexpected) X(tm_rendezvous) X(tm_no_header) \
-  SOFTRDMA_IWARP_COUNTERS(X)
+  SOFTRDMA_IWARP_COUNTERS(X) \
+  X(direct_refused) /* local direct-path clients refused: wrong user (SOFTRDMA_DIRECT_PEERS) or no QP connection */ \
+  X(direct_bad_inbox) /* inbox entries a connected direct peer wrote that fail their checks (dropped, QP to error) */
 
 // iWARP (transport/iwarp_*.cpp): FPDUs each way, and every refused input by the reason its
 // Terminate names (RFC 5040 §4.8, RFC 5041 §7, RFC 5044 §8).
