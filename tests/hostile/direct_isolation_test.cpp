@@ -1,0 +1,422 @@
+// Attacks on the intra-host direct path (docs/direct-path.md, docs/security.md): a local process that
+// talks to a victim context's direct-path socket (abstract Unix socket softrdma-direct-<ip>-<port>)
+// without being the victim's connected RC peer gets no fd at all -- not the arena, not a share of
+// registered memory, not a doorbell or wake-up pipe -- whether it is another user (a throwaway uid, when
+// the test runs as root) or the same user; a connected peer gets share fds only for the access its rkey
+// grants; a connected peer that writes garbage into the victim's inbox harms only that QP. And a
+// cross-user RC pair still works, by packets.
+#include "hostile.h"
+#include "two_process.h"
+
+#include <grp.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "transport/direct.h"  // the layout of the shared block and the inbox (header only)
+
+namespace softrdma::hostile_test {
+namespace {
+
+using transport::DirectInbox;
+using transport::DirectShared;
+
+constexpr uid_t kAttackerId = 61234;
+
+// The direct-path protocol, as an attacker writes it (transport/direct.cpp).
+enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5 };
+struct Req {
+  uint32_t type, writable;
+  uint64_t arg;
+};
+struct Rep {
+  int32_t status;
+  uint32_t index;
+  uint64_t a, b, c;
+};
+
+// What one request got back: a reply (its status) or none (closed), and any fd passed with it.
+struct Answer {
+  bool replied = false;
+  Rep rep{};
+  int fd = -1;
+};
+
+sockaddr_un direct_address(const net::Endpoint& ep, socklen_t* len) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "softrdma-direct-%08x-%u", ep.ip_be, ep.port);
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return sa;
+}
+
+int connect_to(const sockaddr_un& sa, socklen_t len) {
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  timeval tv{2, 0};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (connect(s, reinterpret_cast<const sockaddr*>(&sa), len) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+Answer ask(int s, const Req& r) {
+  Answer ans;
+  // A server that refused us at accept has queued its EPERM and closed: the send may fail, the reply
+  // is still there to read.
+  (void)send(s, &r, sizeof r, MSG_NOSIGNAL);
+  iovec iov{&ans.rep, sizeof ans.rep};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  mh.msg_control = ctl;
+  mh.msg_controllen = sizeof ctl;
+  ssize_t n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); n > 0 && c; c = CMSG_NXTHDR(&mh, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&ans.fd, CMSG_DATA(c), sizeof(int));
+  ans.replied = n == static_cast<ssize_t>(sizeof ans.rep);
+  return ans;
+}
+
+// True once the server has closed our socket (EOF within 2 s).
+bool closed_by_server(int s) {
+  pollfd pf{s, POLLIN, 0};
+  if (poll(&pf, 1, 2000) <= 0) return false;
+  char b;
+  return recv(s, &b, 1, MSG_DONTWAIT) == 0;
+}
+
+bool drop_to_attacker() {
+  return setgroups(0, nullptr) == 0 && setresgid(kAttackerId, kAttackerId, kAttackerId) == 0 &&
+         setresuid(kAttackerId, kAttackerId, kAttackerId) == 0 && geteuid() == kAttackerId;
+}
+
+// Runs f in a forked child (that touches no verbs object) and returns its exit status (-1: no child).
+template <class F>
+int in_child(F f) {
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) _exit(f());
+  int st = 0;
+  if (!reap_within(pid, 30, &st) || !WIFEXITED(st)) return -1;
+  return WEXITSTATUS(st);
+}
+
+uint64_t refused_of(uint32_t qpn) {
+  auto s = read_stats(qpn);
+  return s ? s->dev.direct_refused : 0;
+}
+
+class DirectIsolation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Both contexts of the pair serve the direct path (the default; also under the CI's second pass).
+    setenv("SOFTRDMA_DIRECT", "1", 1);
+    p = std::make_unique<Pair>();
+    ASSERT_TRUE(p->up());
+    // The legitimate peer a connects to b's server on its first WQE (b reached RTR after a): that one.
+    p->sanity();
+    sa = direct_address(p->ep, &sa_len);
+  }
+  void TearDown() override {
+    p.reset();
+    unsetenv("SOFTRDMA_DIRECT");
+  }
+  static bool root() { return geteuid() == 0; }
+
+  std::unique_ptr<Pair> p;
+  sockaddr_un sa{};
+  socklen_t sa_len = 0;
+};
+
+// (a) Another user: refused at accept (EPERM), closed, no fd -- whatever it asks, even naming the
+// real connection.
+TEST_F(DirectIsolation, OtherUserGetsNothing) {
+  if (!root()) GTEST_SKIP() << "needs root to run the attacker as uid " << kAttackerId;
+  const uint64_t before = refused_of(p->b.qpn());
+  const uint64_t conn = uint64_t{p->b.qpn()} << 32 | p->a.qpn();
+  const uint32_t rkey = p->target->rkey();
+  const Req reqs[] = {{kHello, 0, conn}, {kMap, 1, rkey}, {kDoorbell, 0, 0}, {kWake, 0, p->b.qpn()}};
+  for (const Req& r : reqs) {
+    int rc = in_child([&] {
+      if (!drop_to_attacker()) return 2;
+      int s = connect_to(sa, sa_len);
+      if (s < 0) return 3;
+      Answer ans = ask(s, r);
+      if (ans.fd >= 0) return 4;  // got an fd: the attack worked
+      if (!ans.replied || ans.rep.status != EPERM) return 5;
+      if (!closed_by_server(s)) return 6;
+      return 0;
+    });
+    EXPECT_EQ(rc, 0) << "request type " << r.type;
+  }
+  EXPECT_EQ(refused_of(p->b.qpn()) - before, 4u) << "each refusal counted";
+  p->expect_memory_intact();
+  p->sanity();  // the real pair is unaffected
+}
+
+// (a) The same user, but not the victim's connected peer: a QPN pair that is not a connection, or the
+// real pair's QPNs named by a process that does not own the initiator QPN.
+TEST_F(DirectIsolation, SameUserWithoutConnectionGetsNoArena) {
+  const uint64_t before = refused_of(p->b.qpn());
+  {
+    int s = connect_to(sa, sa_len);
+    ASSERT_GE(s, 0);
+    Answer ans = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | 0x123456});
+    EXPECT_TRUE(ans.replied);
+    EXPECT_EQ(ans.rep.status, EPERM) << "no QP of the victim is connected to QPN 0x123456";
+    EXPECT_LT(ans.fd, 0) << "no arena fd";
+    Answer ans2 = ask(s, {kHello, 0, uint64_t{0xABCDEF} << 32 | p->a.qpn()});
+    EXPECT_EQ(ans2.rep.status, EPERM) << "no such QP in the victim";
+    EXPECT_LT(ans2.fd, 0);
+    if (ans.fd >= 0) close(ans.fd);
+    if (ans2.fd >= 0) close(ans2.fd);
+    close(s);
+  }
+  // A forked child of the same user knows both QPNs but owns neither.
+  const uint64_t conn = uint64_t{p->b.qpn()} << 32 | p->a.qpn();
+  int rc = in_child([&] {
+    int s = connect_to(sa, sa_len);
+    if (s < 0) return 3;
+    Answer ans = ask(s, {kHello, 0, conn});
+    if (ans.fd >= 0) return 4;
+    if (!ans.replied || ans.rep.status != EPERM) return 5;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(refused_of(p->b.qpn()) - before, 3u);
+  p->expect_memory_intact();
+  p->sanity();
+}
+
+// (b) No share of registered memory, doorbell, wake-up pipe or QP descriptor without an admitted hello,
+// even for a valid rkey.
+TEST_F(DirectIsolation, NoShareFdWithoutConnection) {
+  const uint64_t before = refused_of(p->b.qpn());
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  const Req reqs[] = {{kMap, 1, p->target->rkey()},
+                      {kMap, 0, p->target->rkey()},
+                      {kDoorbell, 0, 0},
+                      {kWake, 0, p->b.qpn()},
+                      {kQpDesc, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()}};
+  for (const Req& r : reqs) {
+    Answer ans = ask(s, r);
+    EXPECT_TRUE(ans.replied) << "request type " << r.type;
+    EXPECT_EQ(ans.rep.status, EPERM) << "request type " << r.type;
+    EXPECT_LT(ans.fd, 0) << "request type " << r.type;
+    if (ans.fd >= 0) close(ans.fd);
+  }
+  close(s);
+  EXPECT_EQ(refused_of(p->b.qpn()) - before, 5u);
+  p->expect_memory_intact();
+}
+
+// A connected peer (this process owns a, b's peer) is admitted, and gets a share fd only for what its
+// rkey grants: no writable share for a read-only MR, none for an MR of another PD, none for a bad rkey.
+TEST_F(DirectIsolation, ConnectedPeerGetsOnlyWhatItsRkeyGrants) {
+  auto ro = p->b.buf(4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ASSERT_TRUE(ro && ro->mr);
+  ibv_pd* other_pd = ibv_alloc_pd(p->db.ctx);
+  ASSERT_NE(other_pd, nullptr);
+  Buffer other(4096);
+  ASSERT_TRUE(other.reg(other_pd, kAllAccess));
+  const uint64_t before = refused_of(p->b.qpn());
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  EXPECT_EQ(hello.rep.status, 0);
+  EXPECT_GE(hello.fd, 0) << "the connected peer gets the arena";
+  if (hello.fd >= 0) close(hello.fd);
+  struct Case {
+    uint32_t rkey, writable;
+    int status;
+  } cases[] = {{ro->rkey(), 1, EACCES}, {other.rkey(), 0, EACCES}, {other.rkey(), 1, EACCES},
+               {p->target->rkey() ^ 0x5a5a00, 1, EACCES}, {ro->rkey(), 0, 0}, {p->target->rkey(), 1, 0}};
+  for (const Case& c : cases) {
+    Answer ans = ask(s, {kMap, c.writable, c.rkey});
+    EXPECT_EQ(ans.rep.status, c.status) << "rkey " << c.rkey << " writable " << c.writable;
+    EXPECT_EQ(ans.fd >= 0, c.status == 0) << "rkey " << c.rkey << " writable " << c.writable;
+    if (ans.fd >= 0) {
+      // A share for reading only is open read-only: it cannot be mapped for writing.
+      if (!c.writable) {
+        void* m = mmap(nullptr, ans.rep.b, PROT_READ | PROT_WRITE, MAP_SHARED, ans.fd, static_cast<off_t>(ans.rep.c));
+        EXPECT_EQ(m, MAP_FAILED) << "a read-only MR's share is read-only";
+        if (m != MAP_FAILED) munmap(m, ans.rep.b);
+      }
+      close(ans.fd);
+    }
+  }
+  close(s);
+  EXPECT_EQ(refused_of(p->b.qpn()) - before, 4u);
+  ro.reset();
+  ASSERT_EQ(ibv_dereg_mr(other.mr), 0);
+  other.mr = nullptr;
+  ibv_dealloc_pd(other_pd);
+  p->expect_memory_intact();
+}
+
+// (c) A connected same-user peer writes garbage into the inbox of b's QP: b's engine drops the entry and
+// puts that QP in error (counted); it does not crash, its memory is unchanged, and its other QP (to a
+// second peer) keeps working.
+TEST_F(DirectIsolation, GarbageInInboxHarmsOnlyThatQp) {
+  // b's context gets a second QP, connected to a second QP of a's context.
+  Side a2, b2;
+  ASSERT_TRUE(a2.create(p->da, QpConfig{}) && b2.create(p->db, QpConfig{}));
+  auto src2 = a2.buf(8192), dst2 = b2.buf(8192);
+  ASSERT_TRUE(src2->mr && dst2->mr);
+  ASSERT_EQ(bring_up(a2.qp, a2.psn, b2.qpn(), b2.psn, p->db.gid, p->conn, p->db.attr), 0);
+  ASSERT_EQ(bring_up(b2.qp, b2.psn, a2.qpn(), a2.psn, p->da.gid, p->conn, p->da.attr), 0);
+  ASSERT_EQ(post_recv(p->b.qp, 77, {p->scratch_b->sge(0, 64)}), 0);
+
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  ASSERT_EQ(hello.rep.status, 0);
+  ASSERT_GE(hello.fd, 0);
+  Answer desc = ask(s, {kQpDesc, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  ASSERT_EQ(desc.rep.status, 0);
+  ASSERT_LT(desc.rep.index, DirectShared::kQps);
+  void* m = mmap(nullptr, hello.rep.a, PROT_READ | PROT_WRITE, MAP_SHARED, hello.fd, 0);
+  close(hello.fd);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* arena = static_cast<uint8_t*>(m);
+  auto* sh = reinterpret_cast<DirectShared*>(arena + hello.rep.b);
+  const uint64_t inbox_off = sh->qps[desc.rep.index].inbox_off.load();
+  ASSERT_NE(inbox_off, 0u) << "b's QP has an inbox";
+  auto* in = reinterpret_cast<DirectInbox*>(arena + inbox_off);
+  const auto consumed = static_cast<uint32_t>(sh->qps[desc.rep.index].tails.load() >> 32);
+  const uint64_t bad_before = read_stats(p->b.qpn())->dev.direct_bad_inbox;
+  // Garbage everywhere the peer can write: consumer counters, the byte ring's tail, and an entry that
+  // claims to be the next one, with an unknown operation and a huge length.
+  in->data_tail.store(0xdeadbeefcafef00dull);
+  std::memset(in->data, 0xA5, sizeof in->data);
+  auto& en = in->entries[consumed % DirectInbox::kEntries];
+  en.op = 0xFFFF;
+  en.length = 0xFFFFFFFF;
+  std::memset(en.inline_data, 0x5A, sizeof en.inline_data);
+  en.stamp.store(consumed + 1);
+  // b's application polls: the engine looks at the inbox.
+  bool errored = false;
+  for (int i = 0; i < 2000 && !errored; ++i) {
+    ibv_wc wc[4];
+    ibv_poll_cq(p->b.rcq, 4, wc);
+    errored = qp_state(p->b.qp) == IBV_QPS_ERR;
+    if (!errored) usleep(1000);
+  }
+  EXPECT_TRUE(errored) << "the QP whose inbox held garbage is in error";
+  EXPECT_GE(read_stats(p->b.qpn())->dev.direct_bad_inbox - bad_before, 1u) << "and the entry was counted";
+  munmap(m, hello.rep.a);
+  close(s);
+  p->expect_memory_intact();
+  // The other QP of b's context: a WRITE and a SEND arrive intact.
+  fill_pattern(src2->data, 8192, 91);
+  ASSERT_EQ(post_recv(b2.qp, 5, {dst2->sge(4096, 4096)}), 0);
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src2->sge(0, 4096)});
+  w.rdma(dst2->addr(0), dst2->rkey());
+  ASSERT_EQ(post_send(a2.qp, w), 0);
+  SendWr snd(2, IBV_WR_SEND, {src2->sge(4096, 4096)});
+  ASSERT_EQ(post_send(a2.qp, snd), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(a2.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(poll_wc(a2.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(poll_wc(b2.rcq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 4096u);
+  EXPECT_EQ(check_pattern(dst2->data, 8192, 91), 8192u) << "byte for byte";
+  src2.reset();
+  dst2.reset();
+}
+
+// A cross-user RC pair on one host: the other user's initiator is refused the direct path (counted
+// here) and its WRITE and READ go by packets, byte for byte, under RoCE's own rules.
+constexpr size_t kXLen = 16 * 1024;
+struct XInfo {
+  uint32_t qpn, psn, rkey, pad;
+  uint64_t addr;
+  uint8_t gid[16];
+};
+
+int cross_user_main(int sock) {
+  if (!drop_to_attacker()) return 2;
+  setenv("SOFTRDMA_DIRECT", "1", 1);
+  Device dev;
+  if (!dev.ok()) return 10;
+  Side s;
+  if (!s.create(dev, QpConfig{})) return 11;
+  auto src = s.buf(kXLen), back = s.buf(kXLen);
+  if (!src->mr || !back->mr) return 12;
+  fill_pattern(src->data, kXLen, 31);
+  if (modify_to_init(s.qp, kAllAccess)) return 13;
+  XInfo peer{};
+  if (int rc = serve_connect(sock, dev, s, XInfo{s.qpn(), s.psn, src->rkey(), 0, src->addr(), {}}, peer, 14))
+    return rc;
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, kXLen)});
+  w.rdma(peer.addr, peer.rkey);
+  ibv_wc wc{};
+  if (post_send(s.qp, w) || !poll_wc(s.scq, &wc) || wc.status != IBV_WC_SUCCESS) return 20;
+  SendWr r(2, IBV_WR_RDMA_READ, {back->sge(0, kXLen)});
+  r.rdma(peer.addr + kXLen, peer.rkey);
+  if (post_send(s.qp, r) || !poll_wc(s.scq, &wc) || wc.status != IBV_WC_SUCCESS) return 21;
+  if (check_pattern(back->data, kXLen, 32) != kXLen) return 22;
+  const uint64_t direct_ops = my_counter(&core::Counters::direct_ops);
+  if (!write_full(sock, &direct_ops, sizeof direct_ops)) return 23;
+  char bye = 0;
+  if (!read_full(sock, &bye, 1) || bye != 'x') return 24;
+  return 0;
+}
+
+class CrossUserPair : public ForkedTarget {
+ protected:
+  CrossUserPair() : ForkedTarget(cross_user_main) {}
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to run the peer as uid " << kAttackerId;
+    setenv("SOFTRDMA_DIRECT", "1", 1);
+    ForkedTarget::SetUp();
+  }
+  void TearDown() override {
+    buf.reset();
+    s.reset();
+    dev.reset();
+    ForkedTarget::TearDown();  // says 'x', expects the peer's exit status 0
+    unsetenv("SOFTRDMA_DIRECT");
+  }
+  std::unique_ptr<Device> dev;
+  Side s;
+  std::unique_ptr<Buffer> buf;
+};
+
+TEST_F(CrossUserPair, TransfersByPackets) {
+  dev = std::make_unique<Device>();
+  ASSERT_TRUE(dev->ok());
+  ASSERT_TRUE(s.create(*dev, QpConfig{}));
+  buf = s.buf(2 * kXLen);
+  ASSERT_TRUE(buf->mr);
+  std::memset(buf->data, 0, kXLen);
+  fill_pattern(buf->data + kXLen, kXLen, 32);
+  ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
+  XInfo peer{};
+  ASSERT_NO_FATAL_FAILURE(
+      connect_target(XInfo{s.qpn(), s.psn, buf->rkey(), 0, buf->addr(), {}}, peer, s, *dev, ConnConfig{}));
+  uint64_t peer_direct_ops = ~0ull;
+  ASSERT_TRUE(read_full(sock, &peer_direct_ops, sizeof peer_direct_ops)) << "the peer's WRITE and READ failed";
+  EXPECT_EQ(peer_direct_ops, 0u) << "the other user's initiator never used the direct path";
+  EXPECT_EQ(check_pattern(buf->data, kXLen, 31), kXLen) << "its WRITE arrived byte for byte";
+  EXPECT_EQ(check_pattern(buf->data + kXLen, kXLen, 32), kXLen) << "its READ changed nothing";
+  EXPECT_GE(my_counter(&core::Counters::direct_refused), 1u) << "its hello was refused and counted";
+  EXPECT_GT(my_counter(&core::Counters::rx_packets), 0u) << "it came by packets";
+}
+
+}  // namespace
+}  // namespace softrdma::hostile_test
