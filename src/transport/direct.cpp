@@ -252,15 +252,14 @@ void DirectEndpoint::serve() {
       if (c >= 0) {
         timeval tv{1, 0};
         setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        if (credentials_pass(c, &pid)) {
-          clients_.push_back({c, -1, pid, {}});
+        const bool pass = credentials_pass(c, &pid);
+        if (!pass) refused();
+        if (clients_.size() >= kMaxClients) {
+          close(c);  // a flood of connections costs us nothing more
         } else {
-          // Another user (SOFTRDMA_DIRECT_PEERS): told so before it asks anything, and gone.
-          refused();
-          Reply no{};
-          no.status = EPERM;
-          send_reply(c, no, -1);
-          close(c);
+          // Another user (SOFTRDMA_DIRECT_PEERS) is answered EPERM to its first request, and closed
+          // then: closing with its request unread would reset the connection before it read why.
+          clients_.push_back({c, -1, pid, {}, !pass});
         }
       }
     }
@@ -269,9 +268,14 @@ void DirectEndpoint::serve() {
       size_t k = i - 2;
       Request req{};
       ssize_t n = recv(pfds[i].fd, &req, sizeof req, MSG_DONTWAIT);
-      if (n == static_cast<ssize_t>(sizeof req)) {
+      if (n == static_cast<ssize_t>(sizeof req) && !clients_[k].refused) {
         handle_client(clients_[k], req);
         continue;
+      }
+      if (n > 0 && clients_[k].refused) {
+        Reply no{};
+        no.status = EPERM;
+        send_reply(clients_[k].fd, no, -1);
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       // Gone: its slot is free again (it held no copy: a process only closes after its last one).

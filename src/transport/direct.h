@@ -171,7 +171,9 @@ class DirectEndpoint {
     int32_t slot;  // its busy slot; -1 until a kHello was admitted
     int32_t pid;
     std::vector<uint32_t> descs;  // our QP descriptors connected to it
+    bool refused;                 // its credentials failed: EPERM to its first request, then closed
   };
+  static constexpr size_t kMaxClients = 4096;
   // What the server thread may rely on for a QP (not the arena: peers can write that): kept under gate_mu_.
   struct Gate {
     uint32_t qpn = 0;  // 0: none
