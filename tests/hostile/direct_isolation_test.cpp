@@ -339,6 +339,49 @@ TEST_F(DirectIsolation, GarbageInInboxHarmsOnlyThatQp) {
   dst2.reset();
 }
 
+// The connection gate answers EAGAIN while the target QP is not yet in RTR towards the initiator; the
+// initiator asks again on a later WQE. Whichever side reaches RTR first, both end up on the direct path.
+TEST(DirectGate, EitherSideMayReachRtrFirst) {
+  setenv("SOFTRDMA_DIRECT", "1", 1);
+  for (int first = 0; first < 2; ++first) {
+    SCOPED_TRACE(first ? "b reaches RTR first" : "a reaches RTR first");
+    Device da, db;
+    ASSERT_TRUE(da.ok() && db.ok());
+    Side a, b;
+    ASSERT_TRUE(a.create(da, QpConfig{}) && b.create(db, QpConfig{}));
+    auto abuf = a.buf(8192), bbuf = b.buf(8192);
+    ASSERT_TRUE(abuf->mr && bbuf->mr);
+    ConnConfig conn;
+    ASSERT_EQ(modify_to_init(a.qp, kAllAccess), 0);
+    ASSERT_EQ(modify_to_init(b.qp, kAllAccess), 0);
+    Side* order[2] = {first ? &b : &a, first ? &a : &b};
+    for (Side* x : order) {
+      Side& y = x == &a ? b : a;
+      Device& ydev = x == &a ? db : da;
+      ASSERT_EQ(modify_to_rtr(x->qp, y.qpn(), y.psn, ydev.gid, conn, ydev.attr), 0);
+    }
+    ASSERT_EQ(modify_to_rts(a.qp, a.psn, conn, da.attr), 0);
+    ASSERT_EQ(modify_to_rts(b.qp, b.psn, conn, db.attr), 0);
+    const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+    for (Side* x : {&a, &b}) {
+      Buffer& src = x == &a ? *abuf : *bbuf;
+      Buffer& dst = x == &a ? *bbuf : *abuf;
+      fill_pattern(src.data, 4096, 40 + (x == &a));
+      SendWr w(1, IBV_WR_RDMA_WRITE, {src.sge(0, 4096)});
+      w.rdma(dst.addr(4096), dst.rkey());
+      ASSERT_EQ(post_send(x->qp, w), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_wc(x->scq, &wc));
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+      EXPECT_EQ(check_pattern(dst.data + 4096, 4096, 40 + (x == &a)), 4096u);
+    }
+    EXPECT_EQ(my_counter(&core::Counters::direct_ops) - ops_before, 2u) << "both WRITEs on the direct path";
+    abuf.reset();
+    bbuf.reset();
+  }
+  unsetenv("SOFTRDMA_DIRECT");
+}
+
 // A cross-user RC pair on one host: the other user's initiator is refused the direct path (counted
 // here) and its WRITE and READ go by packets, byte for byte, under RoCE's own rules.
 constexpr size_t kXLen = 16 * 1024;
