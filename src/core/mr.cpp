@@ -14,6 +14,8 @@ namespace {
 uint32_t slot_hash(uint32_t key) { return (key * 0x9E3779B1u) >> 16; }  // kCapacity == 1 << 16
 }  // namespace
 
+size_t MrTable::slots_bytes() { return sizeof(Slot) * kCapacity; }
+
 MrTable::MrTable(Arena& arena) : arena_(arena), rng_(std::random_device{}()) {
   slots_ = static_cast<Slot*>(arena_.allocate(sizeof(Slot) * kCapacity));
   if (!slots_) throw std::bad_alloc();

@@ -638,6 +638,10 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     if (rep.b > rep.a || sizeof(DirectShared) > rep.a - rep.b) return EIO;
     p->shared = reinterpret_cast<DirectShared*>(p->arena + rep.b);
     if (p->shared->magic != DirectShared::kMagic) return EIO;
+    // Where the target says its key table is must lie inside what we mapped (we read it on every WQE).
+    const uint64_t kt = p->shared->key_table_off, ks = p->shared->key_seq_off;
+    if (kt > rep.a || core::MrTable::slots_bytes() > rep.a - kt || ks > rep.a - sizeof(uint64_t) || ks % 8)
+      return EIO;
     p->key_table = p->arena + p->shared->key_table_off;
     p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + p->shared->key_seq_off);
     p->slot = rep.index;

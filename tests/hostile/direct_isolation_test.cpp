@@ -95,8 +95,10 @@ bool closed_by_server(int s) {
   return recv(s, &b, 1, MSG_DONTWAIT) == 0;
 }
 
-bool drop_to_attacker() {
-  return setgroups(0, nullptr) == 0 && setresgid(kAttackerId, kAttackerId, kAttackerId) == 0 &&
+// Becomes uid 61234 with no supplementary groups and gid `gid` (61234: a stranger; our gid: a member of
+// our primary group, for SOFTRDMA_DIRECT_PEERS=group).
+bool drop_to_attacker(gid_t gid = kAttackerId) {
+  return setgroups(0, nullptr) == 0 && setresgid(gid, gid, gid) == 0 &&
          setresuid(kAttackerId, kAttackerId, kAttackerId) == 0 && geteuid() == kAttackerId;
 }
 
@@ -391,8 +393,10 @@ struct XInfo {
   uint8_t gid[16];
 };
 
+gid_t g_peer_gid = kAttackerId;  // the gid the peer process takes (set before the fork)
+
 int cross_user_main(int sock) {
-  if (!drop_to_attacker()) return 2;
+  if (!drop_to_attacker(g_peer_gid)) return 2;
   setenv("SOFTRDMA_DIRECT", "1", 1);
   Device dev;
   if (!dev.ok()) return 10;
@@ -405,6 +409,10 @@ int cross_user_main(int sock) {
   XInfo peer{};
   if (int rc = serve_connect(sock, dev, s, XInfo{s.qpn(), s.psn, src->rkey(), 0, src->addr(), {}}, peer, 14))
     return rc;
+  // Our QP is in RTS once we say go: the first WQE finds it connected (else its first ask is EAGAIN,
+  // and the WQEs of the next millisecond go by packets).
+  char go = 0;
+  if (!read_full(sock, &go, 1) || go != 'g') return 19;
   SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, kXLen)});
   w.rdma(peer.addr, peer.rkey);
   ibv_wc wc{};
@@ -426,6 +434,7 @@ class CrossUserPair : public ForkedTarget {
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root to run the peer as uid " << kAttackerId;
     setenv("SOFTRDMA_DIRECT", "1", 1);
+    g_peer_gid = kAttackerId;
     ForkedTarget::SetUp();
   }
   void TearDown() override {
@@ -434,29 +443,54 @@ class CrossUserPair : public ForkedTarget {
     dev.reset();
     ForkedTarget::TearDown();  // says 'x', expects the peer's exit status 0
     unsetenv("SOFTRDMA_DIRECT");
+    unsetenv("SOFTRDMA_DIRECT_PEERS");
+  }
+  // Our side: a buffer whose first half the peer WRITEs and whose second half it READs.
+  void connect_peer(uint64_t* peer_direct_ops) {
+    dev = std::make_unique<Device>();
+    ASSERT_TRUE(dev->ok());
+    ASSERT_TRUE(s.create(*dev, QpConfig{}));
+    buf = s.buf(2 * kXLen);
+    ASSERT_TRUE(buf->mr);
+    std::memset(buf->data, 0, kXLen);
+    fill_pattern(buf->data + kXLen, kXLen, 32);
+    ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
+    XInfo peer{};
+    ASSERT_NO_FATAL_FAILURE(
+        connect_target(XInfo{s.qpn(), s.psn, buf->rkey(), 0, buf->addr(), {}}, peer, s, *dev, ConnConfig{}));
+    ASSERT_TRUE(write_full(sock, "g", 1));
+    ASSERT_TRUE(read_full(sock, peer_direct_ops, sizeof *peer_direct_ops)) << "the peer's WRITE and READ failed";
+    EXPECT_EQ(check_pattern(buf->data, kXLen, 31), kXLen) << "its WRITE arrived byte for byte";
+    EXPECT_EQ(check_pattern(buf->data + kXLen, kXLen, 32), kXLen) << "its READ changed nothing";
   }
   std::unique_ptr<Device> dev;
   Side s;
   std::unique_ptr<Buffer> buf;
 };
 
+// SOFTRDMA_DIRECT_PEERS=group: a peer of another uid whose gid is ours is served the direct path.
+class GroupPeerPair : public CrossUserPair {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to run the peer as uid " << kAttackerId;
+    setenv("SOFTRDMA_DIRECT", "1", 1);
+    setenv("SOFTRDMA_DIRECT_PEERS", "group", 1);  // read when our device is opened
+    g_peer_gid = getegid();
+    ForkedTarget::SetUp();
+  }
+};
+
+TEST_F(GroupPeerPair, SameGroupPeerIsServed) {
+  uint64_t peer_direct_ops = 0;
+  ASSERT_NO_FATAL_FAILURE(connect_peer(&peer_direct_ops));
+  EXPECT_EQ(peer_direct_ops, 2u) << "its WRITE and READ took the direct path";
+  EXPECT_EQ(my_counter(&core::Counters::direct_refused), 0u);
+}
+
 TEST_F(CrossUserPair, TransfersByPackets) {
-  dev = std::make_unique<Device>();
-  ASSERT_TRUE(dev->ok());
-  ASSERT_TRUE(s.create(*dev, QpConfig{}));
-  buf = s.buf(2 * kXLen);
-  ASSERT_TRUE(buf->mr);
-  std::memset(buf->data, 0, kXLen);
-  fill_pattern(buf->data + kXLen, kXLen, 32);
-  ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
-  XInfo peer{};
-  ASSERT_NO_FATAL_FAILURE(
-      connect_target(XInfo{s.qpn(), s.psn, buf->rkey(), 0, buf->addr(), {}}, peer, s, *dev, ConnConfig{}));
   uint64_t peer_direct_ops = ~0ull;
-  ASSERT_TRUE(read_full(sock, &peer_direct_ops, sizeof peer_direct_ops)) << "the peer's WRITE and READ failed";
+  ASSERT_NO_FATAL_FAILURE(connect_peer(&peer_direct_ops));
   EXPECT_EQ(peer_direct_ops, 0u) << "the other user's initiator never used the direct path";
-  EXPECT_EQ(check_pattern(buf->data, kXLen, 31), kXLen) << "its WRITE arrived byte for byte";
-  EXPECT_EQ(check_pattern(buf->data + kXLen, kXLen, 32), kXLen) << "its READ changed nothing";
   EXPECT_GE(my_counter(&core::Counters::direct_refused), 1u) << "its hello was refused and counted";
   EXPECT_GT(my_counter(&core::Counters::rx_packets), 0u) << "it came by packets";
 }
