@@ -335,22 +335,30 @@ int DirectEndpoint::admit(Client& c, uint32_t target_qpn, uint32_t initiator_qpn
   auto ep = net::Registry::instance().lookup(initiator_qpn);
   if (!ep || ep->pid != c.pid) return EPERM;
   bool known = false;
-  for (uint32_t x : c.descs) known = known || x == i;
-  if (!known) c.descs.push_back(i);
+  for (Client::Conn& k : c.descs)
+    if (k.desc == i) {
+      k = {i, target_qpn, initiator_qpn};  // a reused descriptor: the new connection replaces the old
+      known = true;
+    }
+  if (!known) c.descs.push_back({i, target_qpn, initiator_qpn});
   *desc = i;
   return 0;
 }
 
+bool DirectEndpoint::still_connected(const Client::Conn& k) const {
+  const Gate& g = gate_[k.desc];
+  const auto st = static_cast<QpState>(g.state);
+  return g.qpn == k.qpn && g.dest_qpn == k.peer_qpn &&
+         (st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd);
+}
+
 bool DirectEndpoint::connected_desc(const Client& c, uint32_t target_qpn, uint32_t* desc) {
   std::lock_guard lock(gate_mu_);
-  for (uint32_t i : c.descs) {
-    const Gate& g = gate_[i];
-    const auto st = static_cast<QpState>(g.state);
-    if (g.qpn == target_qpn && (st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd)) {
-      *desc = i;
+  for (const Client::Conn& k : c.descs)
+    if (k.qpn == target_qpn && still_connected(k)) {
+      *desc = k.desc;
       return true;
     }
-  }
   return false;
 }
 
@@ -432,13 +440,8 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
       if (allowed) {
         allowed = false;
         std::lock_guard lock(gate_mu_);
-        for (uint32_t i : c.descs) {
-          const Gate& g = gate_[i];
-          const auto st = static_cast<QpState>(g.state);
-          if (g.qpn && g.pd == r.pd && (g.access & need) &&
-              (st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd))
-            allowed = true;
-        }
+        for (const Client::Conn& k : c.descs)
+          if (still_connected(k) && gate_[k.desc].pd == r.pd && (gate_[k.desc].access & need)) allowed = true;
       }
       if (!allowed) return refuse(EACCES);
       ShareInfo info;

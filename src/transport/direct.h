@@ -170,7 +170,11 @@ class DirectEndpoint {
     int fd;
     int32_t slot;  // its busy slot; -1 until a kHello was admitted
     int32_t pid;
-    std::vector<uint32_t> descs;  // our QP descriptors connected to it
+    // Our QPs connected to it: descriptor, QPN and its QPN (a descriptor reused by another QP is not).
+    struct Conn {
+      uint32_t desc, qpn, peer_qpn;
+    };
+    std::vector<Conn> descs;
     bool refused;                 // its credentials failed: EPERM to its first request, then closed
   };
   static constexpr size_t kMaxClients = 4096;
@@ -188,6 +192,8 @@ class DirectEndpoint {
   // 0 and the descriptor when our QP target_qpn is connected to initiator_qpn, owned by c; else an errno.
   int admit(Client& c, uint32_t target_qpn, uint32_t initiator_qpn, uint32_t* desc);
   bool connected_desc(const Client& c, uint32_t target_qpn, uint32_t* desc);
+  // Under gate_mu_: the descriptor still holds that connection, live.
+  bool still_connected(const Client::Conn& k) const;
   void refused() { __atomic_fetch_add(&counters_->direct_refused, 1, __ATOMIC_RELAXED); }
   void publish_gate(const Qp& qp);
   // The initiator's half of attach (a connection, the peer QP's descriptor); EAGAIN: try again later.

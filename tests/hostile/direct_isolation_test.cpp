@@ -267,6 +267,41 @@ TEST_F(DirectIsolation, ConnectedPeerGetsOnlyWhatItsRkeyGrants) {
   p->expect_memory_intact();
 }
 
+// Rights end with the connection: once b's QP is reset, the peer that was admitted for it gets no more
+// share fds or pipes, and a new hello is answered EAGAIN (not yet connected again), without an fd.
+TEST_F(DirectIsolation, RightsEndWithTheConnection) {
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  const uint64_t conn = uint64_t{p->b.qpn()} << 32 | p->a.qpn();
+  Answer hello = ask(s, {kHello, 0, conn});
+  ASSERT_EQ(hello.rep.status, 0);
+  if (hello.fd >= 0) close(hello.fd);
+  Answer m1 = ask(s, {kMap, 1, p->target->rkey()});
+  EXPECT_EQ(m1.rep.status, 0);
+  EXPECT_GE(m1.fd, 0);
+  if (m1.fd >= 0) close(m1.fd);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(p->b.qp, &attr, IBV_QP_STATE), 0);
+  Answer m2 = ask(s, {kMap, 1, p->target->rkey()});
+  EXPECT_EQ(m2.rep.status, EACCES);
+  EXPECT_LT(m2.fd, 0);
+  if (m2.fd >= 0) close(m2.fd);
+  Answer w = ask(s, {kWake, 0, p->b.qpn()});
+  EXPECT_EQ(w.rep.status, EPERM);
+  EXPECT_LT(w.fd, 0);
+  if (w.fd >= 0) close(w.fd);
+  close(s);
+  int s2 = connect_to(sa, sa_len);
+  ASSERT_GE(s2, 0);
+  Answer again = ask(s2, {kHello, 0, conn});
+  EXPECT_EQ(again.rep.status, EAGAIN) << "b's QP is in RESET: not connected (yet)";
+  EXPECT_LT(again.fd, 0);
+  if (again.fd >= 0) close(again.fd);
+  close(s2);
+  p->expect_memory_intact();
+}
+
 // (c) A connected same-user peer writes garbage into the inbox of b's QP: b's engine drops the entry and
 // puts that QP in error (counted); it does not crash, its memory is unchanged, and its other QP (to a
 // second peer) keeps working.
