@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -632,6 +633,12 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     if (!call(p->sock, req, &rep, &afd) || rep.status != 0 || afd < 0 || rep.c != kLayout) {
       if (afd >= 0) close(afd);
       return rep.status == EAGAIN ? EAGAIN : EPERM;  // EPERM: another user, or not connected to us
+    }
+    // A file shorter than the size it claims would fault (SIGBUS) where we read past its end.
+    struct stat st {};
+    if (fstat(afd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < rep.a) {
+      close(afd);
+      return EIO;
     }
     void* a = mmap(nullptr, rep.a, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
     close(afd);
