@@ -201,7 +201,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
           complete_in_order(qp);
           continue;
         }
-        count(&qp, &core::Counters::direct_fallbacks);
+        if (qp.direct.peer) count(&qp, &core::Counters::direct_fallbacks);  // not while still asking
       }
       if (wire::psn_diff(qp.req.next_psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
       // By packets the peer's responder takes a receive WQE the direct path does not know of.
