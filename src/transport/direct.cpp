@@ -51,7 +51,7 @@ enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5 };
 struct Reply {
   int32_t status;  // 0 or an errno
   uint32_t index;
-  uint64_t a, b, c;
+  uint64_t a, b, c, d;
 };
 
 constexpr uint32_t kLayout = sizeof(core::MrRegion) << 16 | sizeof(DirectShared) % 0xFFFF;
@@ -64,46 +64,52 @@ void socket_name(sockaddr_un& sa, socklen_t& len, uint32_t ip_be, uint16_t port)
   len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
-bool send_reply(int fd, const Reply& r, int pass_fd) {
+bool send_reply(int fd, const Reply& r, int pass_fd, int pass_fd2 = -1) {
   iovec iov{const_cast<Reply*>(&r), sizeof r};
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
-  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))];
   if (pass_fd >= 0) {
+    const int fds[2] = {pass_fd, pass_fd2};
+    const size_t n = pass_fd2 >= 0 ? 2 : 1;
     mh.msg_control = ctl;
-    mh.msg_controllen = sizeof ctl;
+    mh.msg_controllen = CMSG_SPACE(n * sizeof(int));
     cmsghdr* c = CMSG_FIRSTHDR(&mh);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(n * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds, n * sizeof(int));
   }
   return sendmsg(fd, &mh, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r);
 }
 
-// One request, one reply (and maybe an fd). Blocking, bounded by a receive timeout.
-bool call(int sock, const DirectEndpoint::Request& req, Reply* rep, int* fd) {
+// One request, one reply (and up to two fds). Blocking, bounded by a receive timeout.
+bool call(int sock, const DirectEndpoint::Request& req, Reply* rep, int* fd, int* fd2 = nullptr) {
   if (fd) *fd = -1;
+  if (fd2) *fd2 = -1;
   if (send(sock, &req, sizeof req, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof req)) return false;
   iovec iov{rep, sizeof *rep};
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
-  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))];
   mh.msg_control = ctl;
   mh.msg_controllen = sizeof ctl;
   ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-  int got = -1;
+  int got[2] = {-1, -1};
   for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&got, CMSG_DATA(c), sizeof(int));
-  if (n != static_cast<ssize_t>(sizeof *rep)) {
-    if (got >= 0) close(got);
-    return false;
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      const size_t k = std::min<size_t>(2, (c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      std::memcpy(got, CMSG_DATA(c), k * sizeof(int));
+    }
+  const bool ok = n == static_cast<ssize_t>(sizeof *rep);
+  int* outs[2] = {ok ? fd : nullptr, ok ? fd2 : nullptr};
+  for (int i = 0; i < 2; ++i) {
+    if (outs[i]) *outs[i] = got[i];
+    else if (got[i] >= 0) close(got[i]);
   }
-  if (fd) *fd = got;
-  else if (got >= 0) close(got);
-  return true;
+  return ok;
 }
 
 bool pid_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
@@ -122,9 +128,12 @@ class DirectPeer {
   int sock = -1;
   int doorbell_fd = -1;  // the target engine's eventfd: wakes it for a SEND left on an armed CQ
   int32_t pid = 0;
-  uint8_t* arena = nullptr;
+  const uint8_t* arena = nullptr;  // mapped read-only
   size_t arena_size = 0;
-  DirectShared* shared = nullptr;
+  uint8_t* rw = nullptr;  // the target's writable area: our busy slot, inboxes, CQ arm words
+  size_t rw_size = 0;
+  DirectPeerSlot* slots = nullptr;
+  const DirectShared* shared = nullptr;
   const void* key_table = nullptr;
   const std::atomic<uint64_t>* key_seq = nullptr;
   uint32_t slot = 0;
@@ -144,7 +153,8 @@ class DirectPeer {
 
   ~DirectPeer() {
     for (Mapping& m : maps) munmap(m.local, m.length);
-    if (arena) munmap(arena, arena_size);
+    if (arena) munmap(const_cast<uint8_t*>(arena), arena_size);
+    if (rw) munmap(rw, rw_size);
     if (doorbell_fd >= 0) close(doorbell_fd);
     if (sock >= 0) close(sock);  // the target frees our slot
   }
@@ -191,9 +201,24 @@ class DirectPeer {
 
 DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port,
                                int doorbell_fd, core::Counters* counters)
-    : arena_(arena), keys_(keys), counters_(counters), policy_(peer_policy()), doorbell_fd_(doorbell_fd) {
+    : arena_(arena),
+      rw_(std::make_shared<core::Arena>(kWritableBytes)),
+      keys_(keys),
+      counters_(counters),
+      policy_(peer_policy()),
+      doorbell_fd_(doorbell_fd) {
+  // Peers get the arena read-only: a descriptor opened O_RDONLY cannot be mapped writable.
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", arena_.fd());
+  ro_fd_ = open(path, O_RDONLY | O_CLOEXEC);
+  if (ro_fd_ < 0) throw std::system_error(errno, std::generic_category(), "direct arena read-only");
+  slots_ = static_cast<DirectPeerSlot*>(rw_->allocate(sizeof(DirectPeerSlot) * DirectShared::kPeers));
   shared_ = static_cast<DirectShared*>(arena_.allocate(sizeof(DirectShared)));
-  if (!shared_) throw std::system_error(ENOMEM, std::generic_category(), "direct arena block");
+  if (!shared_ || !slots_) {
+    close(ro_fd_);
+    throw std::system_error(ENOMEM, std::generic_category(), "direct arena block");
+  }
+  shared_->peers_off = static_cast<uint64_t>(reinterpret_cast<uint8_t*>(slots_) - rw_->base());
   shared_->magic = DirectShared::kMagic;
   shared_->layout = kLayout;
   shared_->key_table_off = static_cast<uint64_t>(static_cast<const uint8_t*>(keys.slots()) - arena_.base());
@@ -210,6 +235,7 @@ DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, ui
     int e = errno;
     if (listen_fd_ >= 0) close(listen_fd_);
     if (stop_fd_ >= 0) close(stop_fd_);
+    close(ro_fd_);
     arena_.release(shared_, sizeof(DirectShared));
     throw std::system_error(e, std::generic_category(), "direct socket");
   }
@@ -231,7 +257,9 @@ DirectEndpoint::~DirectEndpoint() {
   peers_.clear();
   for (int fd : wake_fds_)
     if (fd >= 0) close(fd);
+  close(ro_fd_);
   arena_.release(shared_, sizeof(DirectShared));
+  rw_->release(slots_, sizeof(DirectPeerSlot) * DirectShared::kPeers);
 }
 
 void DirectEndpoint::serve() {
@@ -281,8 +309,8 @@ void DirectEndpoint::serve() {
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       // Gone: its slot is free again (it held no copy: a process only closes after its last one).
       if (clients_[k].slot >= 0) {
-        shared_->peers[clients_[k].slot].busy.store(0, std::memory_order_release);
-        shared_->peers[clients_[k].slot].pid.store(0, std::memory_order_release);
+        slots_[clients_[k].slot].busy.store(0, std::memory_order_release);
+        slots_[clients_[k].slot].pid.store(0, std::memory_order_release);
       }
       close(clients_[k].fd);
       clients_[k].fd = -1;
@@ -379,11 +407,11 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
         return refuse(err);
       int32_t slot = -1;
       for (uint32_t i = 0; i < DirectShared::kPeers && slot < 0; ++i) {
-        int32_t p = shared_->peers[i].pid.load(std::memory_order_acquire);
+        int32_t p = slots_[i].pid.load(std::memory_order_acquire);
         bool reclaim = p != 0 && !pid_alive(p);
         if (p == 0 || reclaim) {
-          shared_->peers[i].busy.store(0, std::memory_order_relaxed);
-          shared_->peers[i].pid.store(c.pid, std::memory_order_release);
+          slots_[i].busy.store(0, std::memory_order_relaxed);
+          slots_[i].pid.store(c.pid, std::memory_order_release);
           slot = static_cast<int32_t>(i);
         }
       }
@@ -393,7 +421,8 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
       rep.a = arena_.capacity();
       rep.b = static_cast<uint64_t>(reinterpret_cast<uint8_t*>(shared_) - arena_.base());
       rep.c = kLayout;
-      send_reply(fd, rep, arena_.fd());
+      rep.d = rw_->capacity();
+      send_reply(fd, rep, ro_fd_, rw_->fd());
       return;
     }
     case kQpDesc: {
@@ -494,11 +523,11 @@ void DirectEndpoint::qp_created(Qp& qp) {
   // 0 for a receive CQ without a completion channel: nobody can be waiting on it, so initiators skip
   // the fence and the look at its arm state.
   const core::CompletionQueue* rcq = qp.cfg.recv_cq;
-  d.recv_cq_arm_off.store(rcq && rcq->notifies() ? static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(
-                                                                            rcq->arm_word()) -
-                                                                        arena_.base())
-                                                  : 0,
-                          std::memory_order_relaxed);
+  // (The arm word is in the writable area, where initiators may claim it.)
+  const bool arm_shared = rcq && rcq->notifies() && rcq->arm_arena() == rw_.get();
+  d.recv_cq_arm_off.store(
+      arm_shared ? static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(rcq->arm_word()) - rw_->base()) : 0,
+      std::memory_order_relaxed);
   d.rq_head.store(0, std::memory_order_relaxed);
   d.tails.store(0, std::memory_order_relaxed);
   d.generation.fetch_add(1, std::memory_order_relaxed);
@@ -517,11 +546,14 @@ void DirectEndpoint::qp_changed(Qp& qp) {
   // An inbox for a connected RC QP whose peer is another context here (attach found it: the peer is
   // symmetric). With an SRQ, initiators could not know which WQE a message takes: packets.
   // (Or will be: its server said EAGAIN, and the peer may already be sending to us.)
+  // A receive CQ with a channel whose arm word initiators cannot reach could never be woken: packets.
+  const core::CompletionQueue* rcq = qp.cfg.recv_cq;
+  const bool wakeable = !rcq || !rcq->notifies() || rcq->arm_arena() == rw_.get();
   if (st == QpState::Rtr && !qp.direct.inbox && (qp.direct.peer || qp.direct.retry_ns) && qp.cfg.type == QpType::Rc &&
-      !qp.srq) {
-    if (void* mem = arena_.allocate(sizeof(DirectInbox))) {  // zeroed
+      !qp.srq && wakeable) {
+    if (void* mem = rw_->allocate(sizeof(DirectInbox))) {  // zeroed, in the writable area
       qp.direct.inbox = static_cast<DirectInbox*>(mem);
-      d.inbox_off.store(static_cast<uint64_t>(static_cast<uint8_t*>(mem) - arena_.base()), std::memory_order_release);
+      d.inbox_off.store(static_cast<uint64_t>(static_cast<uint8_t*>(mem) - rw_->base()), std::memory_order_release);
     }
   }
   d.access.store(qp.access_flags, std::memory_order_relaxed);
@@ -548,7 +580,7 @@ void DirectEndpoint::qp_changed(Qp& qp) {
 
 void DirectEndpoint::release_inbox(Qp& qp) {
   if (!qp.direct.inbox) return;
-  arena_.release(qp.direct.inbox, sizeof(DirectInbox));
+  rw_->release(qp.direct.inbox, sizeof(DirectInbox));
   qp.direct.inbox = nullptr;
 }
 
@@ -577,7 +609,7 @@ void DirectEndpoint::wait_copies() {
   // Every initiator either saw the new sequence number before its copy (and re-checks), or announced
   // its copy before we looked (and we wait for it): a seq_cst store and load on each side.
   for (uint32_t i = 0; i < DirectShared::kPeers; ++i) {
-    DirectPeerSlot& s = shared_->peers[i];
+    DirectPeerSlot& s = slots_[i];
     int32_t pid = s.pid.load(std::memory_order_seq_cst);
     if (pid == 0) continue;
     for (uint32_t spins = 0; s.busy.load(std::memory_order_seq_cst); ++spins) {
@@ -629,24 +661,38 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     if (connect(p->sock, reinterpret_cast<sockaddr*>(&sa), len) != 0) return EIO;  // no direct server there
     DirectEndpoint::Request req{kHello, 0, conn};
     Reply rep{};
-    int afd = -1;
-    if (!call(p->sock, req, &rep, &afd) || rep.status != 0 || afd < 0 || rep.c != kLayout) {
+    int afd = -1, wfd = -1;
+    const bool got = call(p->sock, req, &rep, &afd, &wfd);
+    auto close_both = [&] {
       if (afd >= 0) close(afd);
-      return rep.status == EAGAIN ? EAGAIN : EPERM;  // EPERM: another user, or not connected to us
+      if (wfd >= 0) close(wfd);
+    };
+    if (!got || rep.status != 0 || afd < 0 || wfd < 0 || rep.c != kLayout) {
+      close_both();
+      return got && rep.status == EAGAIN ? EAGAIN : EPERM;  // EPERM: another user, or not connected to us
     }
     // A file shorter than the size it claims would fault (SIGBUS) where we read past its end.
-    struct stat st {};
-    if (fstat(afd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < rep.a) {
-      close(afd);
+    struct stat ast {}, wst {};
+    if (fstat(afd, &ast) != 0 || fstat(wfd, &wst) != 0 || ast.st_size < 0 || wst.st_size < 0 ||
+        static_cast<uint64_t>(ast.st_size) < rep.a || static_cast<uint64_t>(wst.st_size) < rep.d) {
+      close_both();
       return EIO;
     }
-    void* a = mmap(nullptr, rep.a, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
-    close(afd);
-    if (a == MAP_FAILED) return EIO;
-    p->arena = static_cast<uint8_t*>(a);
-    p->arena_size = rep.a;
+    // The arena only to read (its fd is read-only anyway); the writable area read-write.
+    void* a = mmap(nullptr, rep.a, PROT_READ, MAP_SHARED, afd, 0);
+    void* w = mmap(nullptr, rep.d, PROT_READ | PROT_WRITE, MAP_SHARED, wfd, 0);
+    close_both();
+    if (a != MAP_FAILED) {
+      p->arena = static_cast<const uint8_t*>(a);
+      p->arena_size = rep.a;
+    }
+    if (w != MAP_FAILED) {
+      p->rw = static_cast<uint8_t*>(w);
+      p->rw_size = rep.d;
+    }
+    if (a == MAP_FAILED || w == MAP_FAILED) return EIO;
     if (rep.b > rep.a || sizeof(DirectShared) > rep.a - rep.b) return EIO;
-    p->shared = reinterpret_cast<DirectShared*>(p->arena + rep.b);
+    p->shared = reinterpret_cast<const DirectShared*>(p->arena + rep.b);
     if (p->shared->magic != DirectShared::kMagic) return EIO;
     // Where the target says its key table is must lie inside what we mapped (we read it on every WQE).
     const uint64_t kt = p->shared->key_table_off, ks = p->shared->key_seq_off;
@@ -655,7 +701,11 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     p->key_table = p->arena + p->shared->key_table_off;
     p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + p->shared->key_seq_off);
     p->slot = rep.index;
-    if (p->slot >= DirectShared::kPeers) return EIO;
+    const uint64_t po = p->shared->peers_off;
+    if (p->slot >= DirectShared::kPeers || po > p->rw_size ||
+        sizeof(DirectPeerSlot) * DirectShared::kPeers > p->rw_size - po || po % alignof(DirectPeerSlot))
+      return EIO;
+    p->slots = reinterpret_cast<DirectPeerSlot*>(p->rw + po);
     DirectEndpoint::Request dreq{kDoorbell, 0, 0};
     if (!call(p->sock, dreq, &rep, &p->doorbell_fd)) return EIO;
     peer = std::move(p);
@@ -760,8 +810,8 @@ void copy_one_sided(const SendWqe& w, uint8_t* const* host, uint8_t* dst, uint64
 // again).
 DirectInbox* receive_room(DirectPeer& p, const DirectQpDesc& d, Qp::DirectRecvView& v, uint64_t len) {
   const uint64_t off = d.inbox_off.load(std::memory_order_acquire);
-  if (!off || off > p.arena_size || sizeof(DirectInbox) > p.arena_size - off) return nullptr;
-  auto* in = reinterpret_cast<DirectInbox*>(p.arena + off);
+  if (!off || off > p.rw_size || sizeof(DirectInbox) > p.rw_size - off || off % 64) return nullptr;
+  auto* in = reinterpret_cast<DirectInbox*>(p.rw + off);
   const uint32_t gen = d.generation.load(std::memory_order_acquire);
   const auto head = static_cast<uint32_t>(in->head);
   if (!v.valid || v.generation != gen) {
@@ -864,9 +914,10 @@ void post_to_inbox(DirectInbox& in, const SqEntry& e, uint64_t payload) {
 // target's engine.
 void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d, int wake_fd, bool solicited) {
   const uint64_t arm_off = d.recv_cq_arm_off.load(std::memory_order_relaxed);
-  if (!arm_off || arm_off > p.arena_size - sizeof(std::atomic<int>)) return;  // no completion channel
+  if (!arm_off || arm_off > p.rw_size - sizeof(std::atomic<int>) || arm_off % alignof(std::atomic<int>))
+    return;  // no completion channel
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  auto* arm = reinterpret_cast<std::atomic<int>*>(p.arena + arm_off);
+  auto* arm = reinterpret_cast<std::atomic<int>*>(p.rw + arm_off);
   int cur = arm->load(std::memory_order_relaxed);
   if (cur == core::CompletionQueue::kUnarmed || cur == core::CompletionQueue::kClaimed) return;
   if (wake_fd >= 0) {
@@ -949,8 +1000,8 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
   const bool writable = !wr.read;
   const uint64_t len = atomic ? 8 : w.length;
   if (atomic && w.remote_addr % 8 != 0) return Result::Fallback;
-  DirectShared& sh = *peer->shared;
-  DirectPeerSlot& slot = sh.peers[peer->slot];
+  const DirectShared& sh = *peer->shared;
+  DirectPeerSlot& slot = peer->slots[peer->slot];
   const DirectQpDesc& d = sh.qps[qp.direct.peer_desc];
   for (int attempt = 0; attempt < 2; ++attempt) {
     slot.busy.store(1, std::memory_order_seq_cst);

@@ -6,8 +6,9 @@
 // and writes the CQE when its application polls, or when woken because the CQ is armed.
 //
 // Each context (Engine) has one DirectEndpoint. As a target it publishes, in its shared arena, a
-// DirectShared block: a seqlock over its key table, the state of each of its QPs, and one slot per
-// connected initiator process that says when that process is inside a copy. A server thread answers
+// DirectShared block: a seqlock over its key table, the state of each of its QPs. Peers map the arena
+// read-only; what they write lives in a second memfd, the writable area: one slot per connected
+// initiator process that says when that process is inside a copy, the inboxes, and the CQ arm words. A server thread answers
 // initiators on an abstract Unix socket: it passes the arena's fd and the fds of registered memory
 // (SCM_RIGHTS; read-only unless an MR on it grants remote write). As an initiator it keeps one
 // DirectPeer per target context.
@@ -101,8 +102,9 @@ struct DirectShared {
   uint32_t layout;            // sizeof(MrRegion) etc.: both sides must agree
   uint64_t key_table_off;     // arena offsets of the key table and of its sequence number
   uint64_t key_seq_off;
-  alignas(64) DirectPeerSlot peers[kPeers];
-  DirectQpDesc qps[kQps];
+  uint64_t peers_off;         // offset of DirectPeerSlot[kPeers] in the writable area
+  // inbox_off and recv_cq_arm_off of each descriptor are offsets in the writable area too.
+  alignas(64) DirectQpDesc qps[kQps];
 };
 
 class DirectPeer;
@@ -139,6 +141,9 @@ class DirectEndpoint {
   }
   // After a key was removed from the table: returns once no initiator can still be copying with it.
   void wait_copies();
+  // The area peers may write (inboxes, busy slots, CQ arm words): CQs take their arm word from it.
+  std::shared_ptr<core::Arena> writable_area() const { return rw_; }
+  static constexpr size_t kWritableBytes = size_t{1} << 30;  // sparse, like the arena
 
   // --- as an initiator (under the engine lock) ---
   // Connects qp to its peer (dest_qpn at dest_ip_be owned by the process pid at port), or drops the
@@ -200,6 +205,9 @@ class DirectEndpoint {
   int connect_peer(Qp& qp);
 
   core::Arena& arena_;
+  std::shared_ptr<core::Arena> rw_;
+  int ro_fd_ = -1;  // the arena's memfd reopened read-only: what peers get
+  DirectPeerSlot* slots_ = nullptr;  // in rw_: one per connected initiator process
   const core::MrTable& keys_;
   core::Counters* counters_;
   PeerPolicy policy_;

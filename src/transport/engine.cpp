@@ -731,7 +731,8 @@ void Engine::dealloc_mw(uint32_t handle) {
 
 std::unique_ptr<core::CompletionQueue> Engine::create_cq(uint32_t entries,
                                                          core::CompletionQueue::EventFn on_completion) {
-  auto cq = std::make_unique<core::CompletionQueue>(arena_, entries);
+  // With the direct path its arm word lives in the area peers may write, not in the arena they only read.
+  auto cq = std::make_unique<core::CompletionQueue>(arena_, entries, direct_ ? direct_->writable_area() : nullptr);
   // Only a CQ with a completion channel gets a notify function (CompletionQueue::notifies()).
   if (on_completion)
     on_completion = [this, raise = std::move(on_completion)](core::CompletionQueue& c, bool woken) {

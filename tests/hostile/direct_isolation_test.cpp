@@ -8,6 +8,7 @@
 #include "hostile.h"
 #include "two_process.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -39,14 +40,21 @@ struct Req {
 struct Rep {
   int32_t status;
   uint32_t index;
-  uint64_t a, b, c;
+  uint64_t a, b, c, d;  // kHello: arena size, DirectShared offset, layout, writable area size
 };
 
-// What one request got back: a reply (its status) or none (closed), and any fd passed with it.
+// What one request got back: a reply (its status) or none (closed), and any fds passed with it
+// (kHello: the arena, then the writable area).
 struct Answer {
   bool replied = false;
   Rep rep{};
   int fd = -1;
+  int fd2 = -1;
+  void close_fds() {
+    if (fd >= 0) close(fd);
+    if (fd2 >= 0) close(fd2);
+    fd = fd2 = -1;
+  }
 };
 
 sockaddr_un direct_address(const net::Endpoint& ep, socklen_t* len) {
@@ -77,12 +85,17 @@ Answer ask(int s, const Req& r) {
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
-  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))];
   mh.msg_control = ctl;
   mh.msg_controllen = sizeof ctl;
   ssize_t n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
   for (cmsghdr* c = CMSG_FIRSTHDR(&mh); n > 0 && c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&ans.fd, CMSG_DATA(c), sizeof(int));
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int fds[2] = {-1, -1};
+      std::memcpy(fds, CMSG_DATA(c), std::min<size_t>(2, (c->cmsg_len - CMSG_LEN(0)) / sizeof(int)) * sizeof(int));
+      ans.fd = fds[0];
+      ans.fd2 = fds[1];
+    }
   ans.replied = n == static_cast<ssize_t>(sizeof ans.rep);
   return ans;
 }
@@ -180,7 +193,7 @@ TEST_F(DirectIsolation, SameUserWithoutConnectionGetsNoArena) {
     Answer ans2 = ask(s, {kHello, 0, uint64_t{0xABCDEF} << 32 | p->a.qpn()});
     EXPECT_EQ(ans2.rep.status, EPERM) << "no such QP in the victim";
     EXPECT_LT(ans2.fd, 0);
-    if (ans.fd >= 0) close(ans.fd);
+    ans.close_fds();
     if (ans2.fd >= 0) close(ans2.fd);
     close(s);
   }
@@ -216,7 +229,7 @@ TEST_F(DirectIsolation, NoShareFdWithoutConnection) {
     EXPECT_TRUE(ans.replied) << "request type " << r.type;
     EXPECT_EQ(ans.rep.status, EPERM) << "request type " << r.type;
     EXPECT_LT(ans.fd, 0) << "request type " << r.type;
-    if (ans.fd >= 0) close(ans.fd);
+    ans.close_fds();
   }
   close(s);
   EXPECT_EQ(refused_of(p->b.qpn()) - before, 5u);
@@ -238,7 +251,7 @@ TEST_F(DirectIsolation, ConnectedPeerGetsOnlyWhatItsRkeyGrants) {
   Answer hello = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
   EXPECT_EQ(hello.rep.status, 0);
   EXPECT_GE(hello.fd, 0) << "the connected peer gets the arena";
-  if (hello.fd >= 0) close(hello.fd);
+  hello.close_fds();
   struct Case {
     uint32_t rkey, writable;
     int status;
@@ -275,7 +288,7 @@ TEST_F(DirectIsolation, RightsEndWithTheConnection) {
   const uint64_t conn = uint64_t{p->b.qpn()} << 32 | p->a.qpn();
   Answer hello = ask(s, {kHello, 0, conn});
   ASSERT_EQ(hello.rep.status, 0);
-  if (hello.fd >= 0) close(hello.fd);
+  hello.close_fds();
   Answer m1 = ask(s, {kMap, 1, p->target->rkey()});
   EXPECT_EQ(m1.rep.status, 0);
   EXPECT_GE(m1.fd, 0);
@@ -323,14 +336,24 @@ TEST_F(DirectIsolation, GarbageInInboxHarmsOnlyThatQp) {
   Answer desc = ask(s, {kQpDesc, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
   ASSERT_EQ(desc.rep.status, 0);
   ASSERT_LT(desc.rep.index, DirectShared::kQps);
-  void* m = mmap(nullptr, hello.rep.a, PROT_READ | PROT_WRITE, MAP_SHARED, hello.fd, 0);
-  close(hello.fd);
+  ASSERT_GE(hello.fd2, 0) << "and the writable area";
+  // The arena is the peer's to read only: its fd cannot be mapped writable, nor reopened so.
+  void* rw_try = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, hello.fd, 0);
+  EXPECT_EQ(rw_try, MAP_FAILED) << "the arena fd a peer gets is read-only";
+  if (rw_try != MAP_FAILED) munmap(rw_try, 4096);
+  EXPECT_EQ(fcntl(hello.fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  void* m = mmap(nullptr, hello.rep.a, PROT_READ, MAP_SHARED, hello.fd, 0);
+  void* wm = mmap(nullptr, hello.rep.d, PROT_READ | PROT_WRITE, MAP_SHARED, hello.fd2, 0);
+  hello.close_fds();
   ASSERT_NE(m, MAP_FAILED);
-  auto* arena = static_cast<uint8_t*>(m);
-  auto* sh = reinterpret_cast<DirectShared*>(arena + hello.rep.b);
+  ASSERT_NE(wm, MAP_FAILED);
+  const auto* arena = static_cast<const uint8_t*>(m);
+  auto* rw = static_cast<uint8_t*>(wm);
+  const auto* sh = reinterpret_cast<const DirectShared*>(arena + hello.rep.b);
   const uint64_t inbox_off = sh->qps[desc.rep.index].inbox_off.load();
   ASSERT_NE(inbox_off, 0u) << "b's QP has an inbox";
-  auto* in = reinterpret_cast<DirectInbox*>(arena + inbox_off);
+  ASSERT_LE(inbox_off + sizeof(DirectInbox), hello.rep.d);
+  auto* in = reinterpret_cast<DirectInbox*>(rw + inbox_off);
   const auto consumed = static_cast<uint32_t>(sh->qps[desc.rep.index].tails.load() >> 32);
   const uint64_t bad_before = read_stats(p->b.qpn())->dev.direct_bad_inbox;
   // Garbage everywhere the peer can write: consumer counters, the byte ring's tail, and an entry that
@@ -353,6 +376,7 @@ TEST_F(DirectIsolation, GarbageInInboxHarmsOnlyThatQp) {
   EXPECT_TRUE(errored) << "the QP whose inbox held garbage is in error";
   EXPECT_GE(read_stats(p->b.qpn())->dev.direct_bad_inbox - bad_before, 1u) << "and the entry was counted";
   munmap(m, hello.rep.a);
+  munmap(wm, hello.rep.d);
   close(s);
   p->expect_memory_intact();
   // The other QP of b's context: a WRITE and a SEND arrive intact.
