@@ -28,7 +28,7 @@ tests/unit/verbs      verbs core
 tests/unit/cm         cm wire
 tests/verbs           core verbs
 tests/faults          -
-tests/hostile         wire net core verbs
+tests/hostile         wire net core verbs transport
 tests/rdmacm          -
 tests/compat          -
 tests/interop         -

@@ -14,7 +14,8 @@ uint32_t CompletionQueue::round_up(uint32_t n) {
   return cap;
 }
 
-CompletionQueue::CompletionQueue(Arena& arena, uint32_t min_entries) : arena_(arena) {
+CompletionQueue::CompletionQueue(Arena& arena, uint32_t min_entries, std::shared_ptr<Arena> arm_arena)
+    : arena_(arena) {
   const uint32_t cap = round_up(min_entries);
   mask_ = cap - 1;
   void* mem = arena_.allocate(sizeof(Ring));
@@ -27,11 +28,19 @@ CompletionQueue::CompletionQueue(Arena& arena, uint32_t min_entries) : arena_(ar
   ring_ = new (mem) Ring;
   ring_->head.store(0);
   ring_->tail.store(0);
-  ring_->armed.store(kUnarmed);
+  armed_ = &ring_->armed;
+  if (arm_arena) {
+    if (void* w = arm_arena->allocate(64)) {  // a line of its own
+      armed_ = new (w) std::atomic<int>(kUnarmed);
+      arm_arena_ = std::move(arm_arena);
+    }
+  }
+  armed_->store(kUnarmed);
 }
 
 CompletionQueue::~CompletionQueue() {
   arena_.release(slots_, sizeof(Cqe) * capacity());
+  if (arm_arena_) arm_arena_->release(armed_, 64);
   ring_->~Ring();
   arena_.release(ring_, sizeof(Ring));
 }
@@ -94,10 +103,10 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   // on both sides each can miss the other's store (x86 reorders a store with a later load): the CQE
   // would sit in the ring with no event raised and a consumer blocked in ibv_get_cq_event forever.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  int armed = ring_->armed.load(std::memory_order_acquire);
+  int armed = armed_->load(std::memory_order_acquire);
   bool fire = armed == kArmedAll || armed == kClaimed ||
               (armed == kArmedSolicited && (solicited || cqe.status != WcStatus::Success));
-  if (fire && ring_->armed.compare_exchange_strong(armed, kUnarmed)) on_completion_(*this, armed == kClaimed);
+  if (fire && armed_->compare_exchange_strong(armed, kUnarmed)) on_completion_(*this, armed == kClaimed);
   return true;
 }
 
@@ -114,9 +123,9 @@ int CompletionQueue::poll(Cqe* out, int n) {
 
 void CompletionQueue::arm(bool solicited_only) {
   int want = solicited_only ? kArmedSolicited : kArmedAll;
-  int cur = ring_->armed.load();
+  int cur = armed_->load();
   // Arming for all completions wins over a solicited-only arm that is still pending.
-  while (cur < want && !ring_->armed.compare_exchange_weak(cur, want)) {
+  while (cur < want && !armed_->compare_exchange_weak(cur, want)) {
   }
   // Pairs with the fence in push(): the poll that follows an arm sees every CQE pushed before the
   // producer could see the arm.

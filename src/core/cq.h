@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 
 #include "core/arena.h"
@@ -66,7 +67,9 @@ class CompletionQueue {
   // took the arm and woke the channel's waiter (wake_fd); the next CQE raises the event, byte-less.
   static constexpr int kUnarmed = 0, kArmedSolicited = 1, kArmedAll = 2, kClaimed = 3;
 
-  CompletionQueue(Arena& arena, uint32_t min_entries);
+  // arm_arena: where the arm word lives when it is not in the ring (the intra-host direct path's
+  // peer-writable area, transport/direct.h: peers may write the arm word, never the ring).
+  CompletionQueue(Arena& arena, uint32_t min_entries, std::shared_ptr<Arena> arm_arena = nullptr);
   ~CompletionQueue();
 
   uint32_t capacity() const { return mask_ + 1; }
@@ -89,7 +92,8 @@ class CompletionQueue {
   bool in_error() const { return overrun_.load(std::memory_order_acquire); }
   // The arm state, nonzero while armed, in the arena: an intra-host peer that leaves work for this
   // context reads it to know whether to wake it (transport/direct.h).
-  const std::atomic<int>* arm_word() const { return &ring_->armed; }
+  const std::atomic<int>* arm_word() const { return armed_; }
+  const Arena* arm_arena() const { return arm_arena_.get(); }
   // Whether an arm can raise anything: the CQ has a completion channel (fixed at creation).
   bool notifies() const { return static_cast<bool>(on_completion_); }
   // The write end of that channel's wake-up pipe (-1: none): an intra-host initiator that leaves a
@@ -125,6 +129,8 @@ class CompletionQueue {
   Arena& arena_;
   int wake_fd_ = -1;
   Ring* ring_;
+  std::shared_ptr<Arena> arm_arena_;  // kept alive as long as the word in it
+  std::atomic<int>* armed_ = nullptr;  // &ring_->armed, or a word in arm_arena_
   Cqe* slots_;
   uint32_t mask_;
   SpinLock consumer_lock_;

@@ -29,6 +29,8 @@ uint32_t random_key_bits() {
 }
 }  // namespace
 
+size_t MrTable::slots_bytes() { return sizeof(Slot) * kCapacity; }
+
 MrTable::MrTable(Arena& arena) : arena_(arena) {
   slots_ = static_cast<Slot*>(arena_.allocate(sizeof(Slot) * kCapacity));
   if (!slots_) throw std::bad_alloc();

@@ -66,6 +66,8 @@ class MrTable {
   // while they change, so that another process can look keys up in its mapping of the arena.
   const void* slots() const { return slots_; }
   const std::atomic<uint64_t>* seq() const { return seq_; }
+  // Bytes of the slots (an initiator checks that another process's table lies inside its arena).
+  static size_t slots_bytes();
   // Looks a region's rkey (remote) or lkey up in a table image (possibly another process's, read under
   // its seq) and copies the region out. Windows are not found: their checks stay with the responder.
   static bool find_in(const void* slots, uint32_t key, bool remote, MrRegion* out);

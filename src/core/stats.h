@@ -29,7 +29,9 @@ namespace softrdma::core {
   X(raw_drop_bad_state) X(raw_send_errors) X(tm_expected) X(tm_unexpected) X(tm_rendezvous) X(tm_no_header) \
   SOFTRDMA_IWARP_COUNTERS(X)                                                                  \
   X(drop_src_addr) /* RC/UC packet from an IPv4 source other than the QP's peer (forged or stray) */ \
-  X(auth_ok) X(auth_fail) X(auth_replay) X(auth_cm_reject)
+  X(auth_ok) X(auth_fail) X(auth_replay) X(auth_cm_reject)                                   \
+  X(direct_refused) /* local direct-path clients refused: wrong user (SOFTRDMA_DIRECT_PEERS) or no QP connection */ \
+  X(direct_bad_inbox) /* inbox entries a connected direct peer wrote that fail their checks (dropped, QP to error) */
 
 // iWARP (transport/iwarp_*.cpp): FPDUs each way, and every refused input by the reason its
 // Terminate names (RFC 5040 §4.8, RFC 5041 §7, RFC 5044 §8).

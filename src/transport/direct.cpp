@@ -1,12 +1,15 @@
 #include "transport/direct.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -18,6 +21,7 @@
 #include <ctime>
 #include <system_error>
 
+#include "net/registry.h"
 #include "transport/direct_share.h"
 #include "transport/work_request.h"
 
@@ -32,14 +36,22 @@ bool direct_enabled() {
   return kDirectByDefault && getenv("SOFTRDMA_IMPAIR") == nullptr;
 }
 
+DirectEndpoint::PeerPolicy DirectEndpoint::peer_policy() {
+  const char* s = getenv("SOFTRDMA_DIRECT_PEERS");
+  if (s && strcmp(s, "any") == 0) return PeerPolicy::Any;
+  if (s && strcmp(s, "group") == 0) return PeerPolicy::Group;
+  return PeerPolicy::User;  // also for anything unknown: the safe choice
+}
+
 namespace {
 
+// kHello and kQpDesc carry (target QPN << 32 | initiator QPN), kWake the target QPN, kMap an rkey.
 enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5 };
 
 struct Reply {
   int32_t status;  // 0 or an errno
   uint32_t index;
-  uint64_t a, b, c;
+  uint64_t a, b, c, d;
 };
 
 constexpr uint32_t kLayout = sizeof(core::MrRegion) << 16 | sizeof(DirectShared) % 0xFFFF;
@@ -52,46 +64,52 @@ void socket_name(sockaddr_un& sa, socklen_t& len, uint32_t ip_be, uint16_t port)
   len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
-bool send_reply(int fd, const Reply& r, int pass_fd) {
+bool send_reply(int fd, const Reply& r, int pass_fd, int pass_fd2 = -1) {
   iovec iov{const_cast<Reply*>(&r), sizeof r};
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
-  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))];
   if (pass_fd >= 0) {
+    const int fds[2] = {pass_fd, pass_fd2};
+    const size_t n = pass_fd2 >= 0 ? 2 : 1;
     mh.msg_control = ctl;
-    mh.msg_controllen = sizeof ctl;
+    mh.msg_controllen = CMSG_SPACE(n * sizeof(int));
     cmsghdr* c = CMSG_FIRSTHDR(&mh);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(n * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds, n * sizeof(int));
   }
   return sendmsg(fd, &mh, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r);
 }
 
-// One request, one reply (and maybe an fd). Blocking, bounded by a receive timeout.
-bool call(int sock, const DirectEndpoint::Request& req, Reply* rep, int* fd) {
+// One request, one reply (and up to two fds). Blocking, bounded by a receive timeout.
+bool call(int sock, const DirectEndpoint::Request& req, Reply* rep, int* fd, int* fd2 = nullptr) {
   if (fd) *fd = -1;
+  if (fd2) *fd2 = -1;
   if (send(sock, &req, sizeof req, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof req)) return false;
   iovec iov{rep, sizeof *rep};
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
-  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))];
   mh.msg_control = ctl;
   mh.msg_controllen = sizeof ctl;
   ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-  int got = -1;
+  int got[2] = {-1, -1};
   for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&got, CMSG_DATA(c), sizeof(int));
-  if (n != static_cast<ssize_t>(sizeof *rep)) {
-    if (got >= 0) close(got);
-    return false;
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      const size_t k = std::min<size_t>(2, (c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      std::memcpy(got, CMSG_DATA(c), k * sizeof(int));
+    }
+  const bool ok = n == static_cast<ssize_t>(sizeof *rep);
+  int* outs[2] = {ok ? fd : nullptr, ok ? fd2 : nullptr};
+  for (int i = 0; i < 2; ++i) {
+    if (outs[i]) *outs[i] = got[i];
+    else if (got[i] >= 0) close(got[i]);
   }
-  if (fd) *fd = got;
-  else if (got >= 0) close(got);
-  return true;
+  return ok;
 }
 
 bool pid_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
@@ -110,9 +128,12 @@ class DirectPeer {
   int sock = -1;
   int doorbell_fd = -1;  // the target engine's eventfd: wakes it for a SEND left on an armed CQ
   int32_t pid = 0;
-  uint8_t* arena = nullptr;
+  const uint8_t* arena = nullptr;  // mapped read-only
   size_t arena_size = 0;
-  DirectShared* shared = nullptr;
+  uint8_t* rw = nullptr;  // the target's writable area: our busy slot, inboxes, CQ arm words
+  size_t rw_size = 0;
+  DirectPeerSlot* slots = nullptr;
+  const DirectShared* shared = nullptr;
   const void* key_table = nullptr;
   const std::atomic<uint64_t>* key_seq = nullptr;
   uint32_t slot = 0;
@@ -132,7 +153,8 @@ class DirectPeer {
 
   ~DirectPeer() {
     for (Mapping& m : maps) munmap(m.local, m.length);
-    if (arena) munmap(arena, arena_size);
+    if (arena) munmap(const_cast<uint8_t*>(arena), arena_size);
+    if (rw) munmap(rw, rw_size);
     if (doorbell_fd >= 0) close(doorbell_fd);
     if (sock >= 0) close(sock);  // the target frees our slot
   }
@@ -149,13 +171,14 @@ class DirectPeer {
     return nullptr;
   }
 
-  // The same, mapped now if it is not: the target's server is asked for the share's fd.
-  const Mapping* mapping(uint64_t id, bool writable) {
+  // The same, mapped now if it is not: the target's server is asked for the fd of the share that
+  // rkey lies in (it checks the key grants that access, in the PD of a QP connected to us).
+  const Mapping* mapping(uint64_t id, uint32_t rkey, bool writable) {
     if (const Mapping* m = mapped(id, writable)) return m;
-    DirectEndpoint::Request req{kMap, writable, id};
+    DirectEndpoint::Request req{kMap, writable, rkey};
     Reply rep{};
     int fd = -1;
-    if (!call(sock, req, &rep, &fd) || rep.status != 0 || fd < 0) {
+    if (!call(sock, req, &rep, &fd) || rep.status != 0 || fd < 0 || rep.index != static_cast<uint32_t>(id)) {
       if (fd >= 0) close(fd);
       return nullptr;
     }
@@ -177,10 +200,25 @@ class DirectPeer {
 };
 
 DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port,
-                               int doorbell_fd)
-    : arena_(arena), doorbell_fd_(doorbell_fd) {
+                               int doorbell_fd, core::Counters* counters)
+    : arena_(arena),
+      rw_(std::make_shared<core::Arena>(kWritableBytes)),
+      keys_(keys),
+      counters_(counters),
+      policy_(peer_policy()),
+      doorbell_fd_(doorbell_fd) {
+  // Peers get the arena read-only: a descriptor opened O_RDONLY cannot be mapped writable.
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", arena_.fd());
+  ro_fd_ = open(path, O_RDONLY | O_CLOEXEC);
+  if (ro_fd_ < 0) throw std::system_error(errno, std::generic_category(), "direct arena read-only");
+  slots_ = static_cast<DirectPeerSlot*>(rw_->allocate(sizeof(DirectPeerSlot) * DirectShared::kPeers));
   shared_ = static_cast<DirectShared*>(arena_.allocate(sizeof(DirectShared)));
-  if (!shared_) throw std::system_error(ENOMEM, std::generic_category(), "direct arena block");
+  if (!shared_ || !slots_) {
+    close(ro_fd_);
+    throw std::system_error(ENOMEM, std::generic_category(), "direct arena block");
+  }
+  shared_->peers_off = static_cast<uint64_t>(reinterpret_cast<uint8_t*>(slots_) - rw_->base());
   shared_->magic = DirectShared::kMagic;
   shared_->layout = kLayout;
   shared_->key_table_off = static_cast<uint64_t>(static_cast<const uint8_t*>(keys.slots()) - arena_.base());
@@ -197,6 +235,7 @@ DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, ui
     int e = errno;
     if (listen_fd_ >= 0) close(listen_fd_);
     if (stop_fd_ >= 0) close(stop_fd_);
+    close(ro_fd_);
     arena_.release(shared_, sizeof(DirectShared));
     throw std::system_error(e, std::generic_category(), "direct socket");
   }
@@ -212,13 +251,15 @@ DirectEndpoint::~DirectEndpoint() {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(stop_fd_, &one, sizeof one);
   if (server_.joinable()) server_.join();
-  for (int fd : clients_) close(fd);
+  for (Client& c : clients_) close(c.fd);
   close(listen_fd_);
   close(stop_fd_);
   peers_.clear();
   for (int fd : wake_fds_)
     if (fd >= 0) close(fd);
+  close(ro_fd_);
   arena_.release(shared_, sizeof(DirectShared));
+  rw_->release(slots_, sizeof(DirectPeerSlot) * DirectShared::kPeers);
 }
 
 void DirectEndpoint::serve() {
@@ -228,7 +269,7 @@ void DirectEndpoint::serve() {
     std::vector<pollfd> pfds;
     pfds.push_back({stop_fd_, POLLIN, 0});
     pfds.push_back({listen_fd_, POLLIN, 0});
-    for (int fd : clients_) pfds.push_back({fd, POLLIN, 0});
+    for (const Client& c : clients_) pfds.push_back({c.fd, POLLIN, 0});
     if (poll(pfds.data(), pfds.size(), -1) < 0) {
       if (errno == EINTR) continue;
       return;
@@ -236,11 +277,19 @@ void DirectEndpoint::serve() {
     if (pfds[0].revents) return;
     if (pfds[1].revents & POLLIN) {
       int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      int32_t pid = 0;
       if (c >= 0) {
         timeval tv{1, 0};
         setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        clients_.push_back(c);
-        client_slot_.push_back(-1);
+        const bool pass = credentials_pass(c, &pid);
+        if (!pass) refused();
+        if (clients_.size() >= kMaxClients) {
+          close(c);  // a flood of connections costs us nothing more
+        } else {
+          // Another user (SOFTRDMA_DIRECT_PEERS) is answered EPERM to its first request, and closed
+          // then: closing with its request unread would reset the connection before it read why.
+          clients_.push_back({c, -1, pid, {}, !pass});
+        }
       }
     }
     for (size_t i = 2; i < pfds.size(); ++i) {
@@ -248,95 +297,192 @@ void DirectEndpoint::serve() {
       size_t k = i - 2;
       Request req{};
       ssize_t n = recv(pfds[i].fd, &req, sizeof req, MSG_DONTWAIT);
-      if (n == static_cast<ssize_t>(sizeof req)) {
-        handle_client(static_cast<int>(k), req);
+      if (n == static_cast<ssize_t>(sizeof req) && !clients_[k].refused) {
+        handle_client(clients_[k], req);
         continue;
+      }
+      if (n > 0 && clients_[k].refused) {
+        Reply no{};
+        no.status = EPERM;
+        send_reply(clients_[k].fd, no, -1);
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       // Gone: its slot is free again (it held no copy: a process only closes after its last one).
-      if (client_slot_[k] >= 0) {
-        shared_->peers[client_slot_[k]].busy.store(0, std::memory_order_release);
-        shared_->peers[client_slot_[k]].pid.store(0, std::memory_order_release);
+      if (clients_[k].slot >= 0) {
+        slots_[clients_[k].slot].busy.store(0, std::memory_order_release);
+        slots_[clients_[k].slot].pid.store(0, std::memory_order_release);
       }
-      close(clients_[k]);
-      clients_[k] = -1;
+      close(clients_[k].fd);
+      clients_[k].fd = -1;
     }
     for (size_t k = clients_.size(); k-- > 0;)
-      if (clients_[k] < 0) {
-        clients_.erase(clients_.begin() + static_cast<long>(k));
-        client_slot_.erase(client_slot_.begin() + static_cast<long>(k));
-      }
+      if (clients_[k].fd < 0) clients_.erase(clients_.begin() + static_cast<long>(k));
   }
 }
 
-void DirectEndpoint::handle_client(int k, const Request& req) {
-  int fd = clients_[static_cast<size_t>(k)];
+bool DirectEndpoint::credentials_pass(int fd, int32_t* pid) {
+  ucred cred{};
+  socklen_t cl = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid <= 0) return false;
+  *pid = cred.pid;
+  // Root could ptrace us anyway; our own user is who the memory belongs to.
+  if (policy_ == PeerPolicy::Any || cred.uid == 0 || cred.uid == geteuid()) return true;
+  if (policy_ != PeerPolicy::Group) return false;
+  const gid_t ours = getegid();
+  if (cred.gid == ours) return true;
+  // A member of our primary group by /etc/group (its own primary group may be another).
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* pwp = nullptr;
+  group gr{};
+  group* grp = nullptr;
+  std::vector<char> gbuf(65536);
+  if (getpwuid_r(cred.uid, &pw, buf.data(), buf.size(), &pwp) != 0 || !pwp) return false;
+  if (getgrgid_r(ours, &gr, gbuf.data(), gbuf.size(), &grp) != 0 || !grp) return false;
+  for (char** m = grp->gr_mem; m && *m; ++m)
+    if (strcmp(*m, pwp->pw_name) == 0) return true;
+  return false;
+}
+
+int DirectEndpoint::admit(Client& c, uint32_t target_qpn, uint32_t initiator_qpn, uint32_t* desc) {
+  if (!target_qpn || !initiator_qpn) return EPERM;
+  uint32_t i = 0;
+  Gate g{};
+  {
+    std::lock_guard lock(gate_mu_);
+    for (; i < DirectShared::kQps; ++i)
+      if (gate_[i].qpn == target_qpn) break;
+    if (i == DirectShared::kQps) return EPERM;
+    g = gate_[i];
+  }
+  const auto st = static_cast<QpState>(g.state);
+  const bool live = st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd;
+  // Not yet in RTR: its peer may still be on its way to it (either side may reach RTR first).
+  if (st == QpState::Reset || st == QpState::Init) return EAGAIN;
+  if (!live || g.dest_qpn != initiator_qpn) return EPERM;
+  // The client must be the process that owns the initiator QPN, not merely one that knows it.
+  auto ep = net::Registry::instance().lookup(initiator_qpn);
+  if (!ep || ep->pid != c.pid) return EPERM;
+  bool known = false;
+  for (Client::Conn& k : c.descs)
+    if (k.desc == i) {
+      k = {i, target_qpn, initiator_qpn};  // a reused descriptor: the new connection replaces the old
+      known = true;
+    }
+  if (!known) c.descs.push_back({i, target_qpn, initiator_qpn});
+  *desc = i;
+  return 0;
+}
+
+bool DirectEndpoint::still_connected(const Client::Conn& k) const {
+  const Gate& g = gate_[k.desc];
+  const auto st = static_cast<QpState>(g.state);
+  return g.qpn == k.qpn && g.dest_qpn == k.peer_qpn &&
+         (st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd);
+}
+
+bool DirectEndpoint::connected_desc(const Client& c, uint32_t target_qpn, uint32_t* desc) {
+  std::lock_guard lock(gate_mu_);
+  for (const Client::Conn& k : c.descs)
+    if (k.qpn == target_qpn && still_connected(k)) {
+      *desc = k.desc;
+      return true;
+    }
+  return false;
+}
+
+void DirectEndpoint::handle_client(Client& c, const Request& req) {
+  const int fd = c.fd;
   Reply rep{};
+  auto refuse = [&](int err) {
+    if (err != EAGAIN) refused();
+    rep.status = err;
+    send_reply(fd, rep, -1);
+  };
   switch (req.type) {
     case kHello: {
-      ucred cred{};
-      socklen_t cl = sizeof cred;
-      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+      uint32_t desc = 0;
+      if (c.slot >= 0) return refuse(EBUSY);
+      if (int err = admit(c, static_cast<uint32_t>(req.arg >> 32), static_cast<uint32_t>(req.arg), &desc))
+        return refuse(err);
       int32_t slot = -1;
       for (uint32_t i = 0; i < DirectShared::kPeers && slot < 0; ++i) {
-        int32_t p = shared_->peers[i].pid.load(std::memory_order_acquire);
+        int32_t p = slots_[i].pid.load(std::memory_order_acquire);
         bool reclaim = p != 0 && !pid_alive(p);
         if (p == 0 || reclaim) {
-          shared_->peers[i].busy.store(0, std::memory_order_relaxed);
-          shared_->peers[i].pid.store(cred.pid ? cred.pid : -1, std::memory_order_release);
+          slots_[i].busy.store(0, std::memory_order_relaxed);
+          slots_[i].pid.store(c.pid, std::memory_order_release);
           slot = static_cast<int32_t>(i);
         }
       }
-      if (slot < 0 || client_slot_[static_cast<size_t>(k)] >= 0) {
-        rep.status = EBUSY;
-        send_reply(fd, rep, -1);
-        return;
-      }
-      client_slot_[static_cast<size_t>(k)] = slot;
+      if (slot < 0) return refuse(EBUSY);
+      c.slot = slot;
       rep.index = static_cast<uint32_t>(slot);
       rep.a = arena_.capacity();
       rep.b = static_cast<uint64_t>(reinterpret_cast<uint8_t*>(shared_) - arena_.base());
       rep.c = kLayout;
-      send_reply(fd, rep, arena_.fd());
+      rep.d = rw_->capacity();
+      send_reply(fd, rep, ro_fd_, rw_->fd());
       return;
     }
     case kQpDesc: {
-      rep.status = ENOENT;
-      for (uint32_t i = 0; i < DirectShared::kQps; ++i)
-        if (shared_->qps[i].qpn.load(std::memory_order_acquire) == req.arg) {
-          rep.status = 0;
-          rep.index = i;
-          break;
-        }
+      uint32_t desc = 0;
+      if (c.slot < 0) return refuse(EPERM);
+      if (int err = admit(c, static_cast<uint32_t>(req.arg >> 32), static_cast<uint32_t>(req.arg), &desc))
+        return refuse(err);
+      rep.index = desc;
       send_reply(fd, rep, -1);
       return;
     }
     case kDoorbell:
+      if (c.slot < 0 || c.descs.empty()) return refuse(EPERM);
       send_reply(fd, rep, doorbell_fd_);
       return;
     case kWake: {
-      // The wake-up pipe of a QP's receive CQ channel, for a connected initiator (it can only wake).
-      int wfd = -1;
+      // The wake-up pipe of a QP's receive CQ channel, for the initiator connected to it (it can only wake).
+      uint32_t desc = 0;
+      if (c.slot < 0 || !connected_desc(c, static_cast<uint32_t>(req.arg), &desc)) return refuse(EPERM);
       std::lock_guard lock(wake_mu_);
-      for (uint32_t i = 0; i < DirectShared::kQps && client_slot_[static_cast<size_t>(k)] >= 0; ++i)
-        if (shared_->qps[i].qpn.load(std::memory_order_acquire) == req.arg) wfd = wake_fds_[i];
+      const int wfd = wake_fds_[desc];
       rep.status = wfd >= 0 ? 0 : ENOENT;
       send_reply(fd, rep, wfd);
       return;
     }
     case kMap: {
-      if (client_slot_[static_cast<size_t>(k)] < 0) {
-        rep.status = EPERM;
-        send_reply(fd, rep, -1);
-        return;
+      if (c.slot < 0 || c.descs.empty()) return refuse(EPERM);
+      // The rkey must be live now and grant what is asked, in the PD of a QP connected to this client
+      // whose own access flags allow it (what the responder checks for each request).
+      const uint32_t need = req.writable ? core::kRemoteWrite | core::kRemoteAtomic : core::kRemoteRead;
+      core::MrRegion r{};
+      bool found = false;
+      for (int tries = 0; tries < 100 && !found; ++tries) {
+        const uint64_t seq = keys_.seq()->load(std::memory_order_acquire);
+        if (seq & 1) {
+          sched_yield();
+          continue;
+        }
+        const bool hit = core::MrTable::find_in(keys_.slots(), static_cast<uint32_t>(req.arg), true, &r);
+        if (keys_.seq()->load(std::memory_order_acquire) != seq) continue;
+        if (!hit) break;
+        found = true;
       }
+      bool allowed = found && (r.access & need) && r.share_id != 0;
+      if (allowed) {
+        allowed = false;
+        std::lock_guard lock(gate_mu_);
+        for (const Client::Conn& k : c.descs)
+          if (still_connected(k) && gate_[k.desc].pd == r.pd && (gate_[k.desc].access & need)) allowed = true;
+      }
+      if (!allowed) return refuse(EACCES);
       ShareInfo info;
-      int sfd = ShareTable::instance().open_fd(req.arg, req.writable != 0, &info);
+      const bool writable = req.writable && (r.access & (core::kRemoteWrite | core::kRemoteAtomic));
+      int sfd = ShareTable::instance().open_fd(r.share_id, writable, &info);
       if (sfd < 0) {
         rep.status = EACCES;
         send_reply(fd, rep, -1);
         return;
       }
+      rep.index = static_cast<uint32_t>(r.share_id);
       rep.a = info.base;
       rep.b = info.length;
       rep.c = info.file_off;
@@ -348,6 +494,17 @@ void DirectEndpoint::handle_client(int k, const Request& req) {
       rep.status = EINVAL;
       send_reply(fd, rep, -1);
   }
+}
+
+void DirectEndpoint::publish_gate(const Qp& qp) {
+  if (qp.direct.desc == ~0u) return;
+  std::lock_guard lock(gate_mu_);
+  Gate& g = gate_[qp.direct.desc];
+  g.qpn = qp.qpn;
+  g.dest_qpn = qp.cfg.type == QpType::Rc ? qp.dest_qpn : 0;
+  g.state = static_cast<uint32_t>(qp.state.load(std::memory_order_relaxed));
+  g.pd = qp.cfg.pd;
+  g.access = qp.access_flags;
 }
 
 void DirectEndpoint::qp_created(Qp& qp) {
@@ -366,11 +523,11 @@ void DirectEndpoint::qp_created(Qp& qp) {
   // 0 for a receive CQ without a completion channel: nobody can be waiting on it, so initiators skip
   // the fence and the look at its arm state.
   const core::CompletionQueue* rcq = qp.cfg.recv_cq;
-  d.recv_cq_arm_off.store(rcq && rcq->notifies() ? static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(
-                                                                            rcq->arm_word()) -
-                                                                        arena_.base())
-                                                  : 0,
-                          std::memory_order_relaxed);
+  // (The arm word is in the writable area, where initiators may claim it.)
+  const bool arm_shared = rcq && rcq->notifies() && rcq->arm_arena() == rw_.get();
+  d.recv_cq_arm_off.store(
+      arm_shared ? static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(rcq->arm_word()) - rw_->base()) : 0,
+      std::memory_order_relaxed);
   d.rq_head.store(0, std::memory_order_relaxed);
   d.tails.store(0, std::memory_order_relaxed);
   d.generation.fetch_add(1, std::memory_order_relaxed);
@@ -379,6 +536,7 @@ void DirectEndpoint::qp_created(Qp& qp) {
     wake_fds_[qp.direct.desc] = rcq && rcq->notifies() && rcq->wake_fd() >= 0 ? fcntl(rcq->wake_fd(), F_DUPFD_CLOEXEC, 0) : -1;
   }
   d.qpn.store(qp.qpn, std::memory_order_release);
+  publish_gate(qp);
 }
 
 void DirectEndpoint::qp_changed(Qp& qp) {
@@ -387,14 +545,20 @@ void DirectEndpoint::qp_changed(Qp& qp) {
   const QpState st = qp.state.load(std::memory_order_relaxed);
   // An inbox for a connected RC QP whose peer is another context here (attach found it: the peer is
   // symmetric). With an SRQ, initiators could not know which WQE a message takes: packets.
-  if (st == QpState::Rtr && !qp.direct.inbox && qp.direct.peer && qp.cfg.type == QpType::Rc && !qp.srq) {
-    if (void* mem = arena_.allocate(sizeof(DirectInbox))) {  // zeroed
+  // (Or will be: its server said EAGAIN, and the peer may already be sending to us.)
+  // A receive CQ with a channel whose arm word initiators cannot reach could never be woken: packets.
+  const core::CompletionQueue* rcq = qp.cfg.recv_cq;
+  const bool wakeable = !rcq || !rcq->notifies() || rcq->arm_arena() == rw_.get();
+  if (st == QpState::Rtr && !qp.direct.inbox && (qp.direct.peer || qp.direct.retry_ns) && qp.cfg.type == QpType::Rc &&
+      !qp.srq && wakeable) {
+    if (void* mem = rw_->allocate(sizeof(DirectInbox))) {  // zeroed, in the writable area
       qp.direct.inbox = static_cast<DirectInbox*>(mem);
-      d.inbox_off.store(static_cast<uint64_t>(static_cast<uint8_t*>(mem) - arena_.base()), std::memory_order_release);
+      d.inbox_off.store(static_cast<uint64_t>(static_cast<uint8_t*>(mem) - rw_->base()), std::memory_order_release);
     }
   }
   d.access.store(qp.access_flags, std::memory_order_relaxed);
   d.state.store(static_cast<uint32_t>(st), std::memory_order_seq_cst);
+  publish_gate(qp);
   if (st == QpState::Err || st == QpState::Reset) {
     // From here on no initiator takes the QP as live: nothing more enters its inbox, and what did is
     // placed (error: before the flush) or dropped (reset).
@@ -416,7 +580,7 @@ void DirectEndpoint::qp_changed(Qp& qp) {
 
 void DirectEndpoint::release_inbox(Qp& qp) {
   if (!qp.direct.inbox) return;
-  arena_.release(qp.direct.inbox, sizeof(DirectInbox));
+  rw_->release(qp.direct.inbox, sizeof(DirectInbox));
   qp.direct.inbox = nullptr;
 }
 
@@ -426,6 +590,10 @@ void DirectEndpoint::qp_destroyed(Qp& qp) {
   DirectQpDesc& d = shared_->qps[qp.direct.desc];
   d.state.store(static_cast<uint32_t>(QpState::Err), std::memory_order_relaxed);
   d.qpn.store(0, std::memory_order_seq_cst);
+  {
+    std::lock_guard lock(gate_mu_);
+    gate_[qp.direct.desc] = Gate{};
+  }
   // An initiator that saw this QP live may be finishing a copy: let it, before the QP's memory goes.
   wait_copies();
   {
@@ -441,7 +609,7 @@ void DirectEndpoint::wait_copies() {
   // Every initiator either saw the new sequence number before its copy (and re-checks), or announced
   // its copy before we looked (and we wait for it): a seq_cst store and load on each side.
   for (uint32_t i = 0; i < DirectShared::kPeers; ++i) {
-    DirectPeerSlot& s = shared_->peers[i];
+    DirectPeerSlot& s = slots_[i];
     int32_t pid = s.pid.load(std::memory_order_seq_cst);
     if (pid == 0) continue;
     for (uint32_t spins = 0; s.busy.load(std::memory_order_seq_cst); ++spins) {
@@ -455,6 +623,7 @@ namespace {
 // The QP lets go of its peer and the peer QP's wake-up pipe; the connection itself stays for reuse.
 void forget_peer(Qp& qp) {
   qp.direct.recv.valid = false;
+  qp.direct.retry_ns = 0;
   if (qp.direct.peer_wake_fd >= 0) close(qp.direct.peer_wake_fd);
   qp.direct.peer_wake_fd = -1;
   qp.direct.peer.reset();
@@ -463,6 +632,18 @@ void forget_peer(Qp& qp) {
 
 void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
   forget_peer(qp);  // not detach(): a connection to the same peer is reused, not torn down and remade
+  qp.direct.retry_pid = pid;
+  qp.direct.retry_port = port;
+  qp.direct.retries = 0;
+  if (connect_peer(qp) == EAGAIN) qp.direct.retry_ns = 1;  // due at the first execute
+}
+
+int DirectEndpoint::connect_peer(Qp& qp) {
+  const int32_t pid = qp.direct.retry_pid;
+  const uint16_t port = qp.direct.retry_port;
+  // Both QPNs name the connection: the target serves only the process owning ours, for its QP
+  // connected to ours.
+  const uint64_t conn = static_cast<uint64_t>(qp.dest_qpn) << 32 | qp.qpn;
   uint64_t key = static_cast<uint64_t>(qp.dest_ip_be) << 16 | port;
   std::shared_ptr<DirectPeer>& peer = peers_[key];
   if (peer && (peer->dead || peer->pid != pid)) peer.reset();
@@ -474,34 +655,65 @@ void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
     socklen_t len;
     socket_name(sa, len, qp.dest_ip_be, port);
     timeval tv{2, 0};
-    if (p->sock < 0) return;
+    if (p->sock < 0) return EIO;
     setsockopt(p->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(p->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (connect(p->sock, reinterpret_cast<sockaddr*>(&sa), len) != 0) return;  // no direct server there
-    DirectEndpoint::Request req{kHello, 0, 0};
+    if (connect(p->sock, reinterpret_cast<sockaddr*>(&sa), len) != 0) return EIO;  // no direct server there
+    DirectEndpoint::Request req{kHello, 0, conn};
     Reply rep{};
-    int afd = -1;
-    if (!call(p->sock, req, &rep, &afd) || rep.status != 0 || afd < 0 || rep.c != kLayout) {
+    int afd = -1, wfd = -1;
+    const bool got = call(p->sock, req, &rep, &afd, &wfd);
+    auto close_both = [&] {
       if (afd >= 0) close(afd);
-      return;
+      if (wfd >= 0) close(wfd);
+    };
+    if (!got || rep.status != 0 || afd < 0 || wfd < 0 || rep.c != kLayout) {
+      close_both();
+      return got && rep.status == EAGAIN ? EAGAIN : EPERM;  // EPERM: another user, or not connected to us
     }
-    void* a = mmap(nullptr, rep.a, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
-    close(afd);
-    if (a == MAP_FAILED) return;
-    p->arena = static_cast<uint8_t*>(a);
-    p->arena_size = rep.a;
-    p->shared = reinterpret_cast<DirectShared*>(p->arena + rep.b);
-    if (p->shared->magic != DirectShared::kMagic) return;
+    // A file shorter than the size it claims would fault (SIGBUS) where we read past its end.
+    struct stat ast {}, wst {};
+    if (fstat(afd, &ast) != 0 || fstat(wfd, &wst) != 0 || ast.st_size < 0 || wst.st_size < 0 ||
+        static_cast<uint64_t>(ast.st_size) < rep.a || static_cast<uint64_t>(wst.st_size) < rep.d) {
+      close_both();
+      return EIO;
+    }
+    // The arena only to read (its fd is read-only anyway); the writable area read-write.
+    void* a = mmap(nullptr, rep.a, PROT_READ, MAP_SHARED, afd, 0);
+    void* w = mmap(nullptr, rep.d, PROT_READ | PROT_WRITE, MAP_SHARED, wfd, 0);
+    close_both();
+    if (a != MAP_FAILED) {
+      p->arena = static_cast<const uint8_t*>(a);
+      p->arena_size = rep.a;
+    }
+    if (w != MAP_FAILED) {
+      p->rw = static_cast<uint8_t*>(w);
+      p->rw_size = rep.d;
+    }
+    if (a == MAP_FAILED || w == MAP_FAILED) return EIO;
+    if (rep.b > rep.a || sizeof(DirectShared) > rep.a - rep.b) return EIO;
+    p->shared = reinterpret_cast<const DirectShared*>(p->arena + rep.b);
+    if (p->shared->magic != DirectShared::kMagic) return EIO;
+    // Where the target says its key table is must lie inside what we mapped (we read it on every WQE).
+    const uint64_t kt = p->shared->key_table_off, ks = p->shared->key_seq_off;
+    if (kt > rep.a || core::MrTable::slots_bytes() > rep.a - kt || ks > rep.a - sizeof(uint64_t) || ks % 8)
+      return EIO;
     p->key_table = p->arena + p->shared->key_table_off;
     p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + p->shared->key_seq_off);
     p->slot = rep.index;
+    const uint64_t po = p->shared->peers_off;
+    if (p->slot >= DirectShared::kPeers || po > p->rw_size ||
+        sizeof(DirectPeerSlot) * DirectShared::kPeers > p->rw_size - po || po % alignof(DirectPeerSlot))
+      return EIO;
+    p->slots = reinterpret_cast<DirectPeerSlot*>(p->rw + po);
     DirectEndpoint::Request dreq{kDoorbell, 0, 0};
-    if (!call(p->sock, dreq, &rep, &p->doorbell_fd)) return;
+    if (!call(p->sock, dreq, &rep, &p->doorbell_fd)) return EIO;
     peer = std::move(p);
   }
-  Request req{kQpDesc, 0, qp.dest_qpn};
+  Request req{kQpDesc, 0, conn};
   Reply rep{};
-  if (!call(peer->sock, req, &rep, nullptr) || rep.status != 0) return;
+  if (!call(peer->sock, req, &rep, nullptr)) return EIO;
+  if (rep.status != 0 || rep.index >= DirectShared::kQps) return rep.status == EAGAIN ? EAGAIN : EPERM;
   qp.direct.peer = peer;
   qp.direct.peer_desc = rep.index;
   // Where to wake a thread waiting for the peer QP's receive completions (none: its doorbell).
@@ -510,6 +722,7 @@ void DirectEndpoint::attach(Qp& qp, int32_t pid, uint16_t port) {
     if (qp.direct.peer_wake_fd >= 0) close(qp.direct.peer_wake_fd);
     qp.direct.peer_wake_fd = -1;
   }
+  return 0;
 }
 
 void DirectEndpoint::detach(Qp& qp) {
@@ -597,8 +810,8 @@ void copy_one_sided(const SendWqe& w, uint8_t* const* host, uint8_t* dst, uint64
 // again).
 DirectInbox* receive_room(DirectPeer& p, const DirectQpDesc& d, Qp::DirectRecvView& v, uint64_t len) {
   const uint64_t off = d.inbox_off.load(std::memory_order_acquire);
-  if (!off || off > p.arena_size || sizeof(DirectInbox) > p.arena_size - off) return nullptr;
-  auto* in = reinterpret_cast<DirectInbox*>(p.arena + off);
+  if (!off || off > p.rw_size || sizeof(DirectInbox) > p.rw_size - off || off % 64) return nullptr;
+  auto* in = reinterpret_cast<DirectInbox*>(p.rw + off);
   const uint32_t gen = d.generation.load(std::memory_order_acquire);
   const auto head = static_cast<uint32_t>(in->head);
   if (!v.valid || v.generation != gen) {
@@ -701,9 +914,10 @@ void post_to_inbox(DirectInbox& in, const SqEntry& e, uint64_t payload) {
 // target's engine.
 void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d, int wake_fd, bool solicited) {
   const uint64_t arm_off = d.recv_cq_arm_off.load(std::memory_order_relaxed);
-  if (!arm_off || arm_off > p.arena_size - sizeof(std::atomic<int>)) return;  // no completion channel
+  if (!arm_off || arm_off > p.rw_size - sizeof(std::atomic<int>) || arm_off % alignof(std::atomic<int>))
+    return;  // no completion channel
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  auto* arm = reinterpret_cast<std::atomic<int>*>(p.arena + arm_off);
+  auto* arm = reinterpret_cast<std::atomic<int>*>(p.rw + arm_off);
   int cur = arm->load(std::memory_order_relaxed);
   if (cur == core::CompletionQueue::kUnarmed || cur == core::CompletionQueue::kClaimed) return;
   if (wake_fd >= 0) {
@@ -753,6 +967,17 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
   const bool one_sided = !wr.consumes_receive && !wr.local;
   // A zero-length WRITE or READ is left to the wire (no key is checked there).
   const bool remote_mem = one_sided || (two_sided && wr.remote_access && w.length);
+  if (!peer && qp.direct.retry_ns) {
+    // The peer's QP was not yet in RTR towards ours when we were: ask again, at most once a millisecond
+    // (each ask is a round trip to its server thread), for a while.
+    if (!now) now = coarse_now_ns();
+    if (static_cast<int64_t>(now - qp.direct.retry_ns) < 0) return Result::Fallback;
+    const uint32_t retries = qp.direct.retries + 1;
+    const int err = connect_peer(qp);
+    qp.direct.retries = retries;
+    qp.direct.retry_ns = err == EAGAIN && retries < 10000 ? now + 1000000 : 0;
+    peer = qp.direct.peer.get();
+  }
   if (!peer || peer->dead || (!two_sided && !one_sided) || (!two_sided && w.length == 0))
     return Result::Fallback;
   if (send && w.length > DirectInbox::kMaxMessage) return Result::Fallback;
@@ -775,8 +1000,8 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
   const bool writable = !wr.read;
   const uint64_t len = atomic ? 8 : w.length;
   if (atomic && w.remote_addr % 8 != 0) return Result::Fallback;
-  DirectShared& sh = *peer->shared;
-  DirectPeerSlot& slot = sh.peers[peer->slot];
+  const DirectShared& sh = *peer->shared;
+  DirectPeerSlot& slot = peer->slots[peer->slot];
   const DirectQpDesc& d = sh.qps[qp.direct.peer_desc];
   for (int attempt = 0; attempt < 2; ++attempt) {
     slot.busy.store(1, std::memory_order_seq_cst);
@@ -823,7 +1048,7 @@ DirectEndpoint::Result DirectEndpoint::execute(Qp& qp, SqEntry& e, uint64_t now)
           // First use of this range: ask the target for it (its server thread answers), outside the copy
           // window, and check everything again.
           leave();
-          if (attempt || !peer->mapping(r.share_id, writable)) return Result::Fallback;
+          if (attempt || !peer->mapping(r.share_id, w.rkey, writable)) return Result::Fallback;
           continue;
         }
         if (target < m->base || target - m->base > m->length || len > m->length - (target - m->base)) {

@@ -6,11 +6,19 @@
 // and writes the CQE when its application polls, or when woken because the CQ is armed.
 //
 // Each context (Engine) has one DirectEndpoint. As a target it publishes, in its shared arena, a
-// DirectShared block: a seqlock over its key table, the state of each of its QPs, and one slot per
-// connected initiator process that says when that process is inside a copy. A server thread answers
+// DirectShared block: a seqlock over its key table, the state of each of its QPs. Peers map the arena
+// read-only; what they write lives in a second memfd, the writable area: one slot per connected
+// initiator process that says when that process is inside a copy, the inboxes, and the CQ arm words. A server thread answers
 // initiators on an abstract Unix socket: it passes the arena's fd and the fds of registered memory
 // (SCM_RIGHTS; read-only unless an MR on it grants remote write). As an initiator it keeps one
 // DirectPeer per target context.
+//
+// Local trust (docs/security.md): the server answers only a client whose SO_PEERCRED passes
+// SOFTRDMA_DIRECT_PEERS (default: our uid, or root) and that names a QP connection we take part in:
+// (our QPN, its QPN) with our RC QP in RTR/RTS/SQD towards its QPN, and the registry's owner of its QPN
+// being the client's pid. Share fds only for an rkey that grants the access asked, in the PD of such a
+// QP; wake-up pipes only for such QPs. Everything else is refused (EPERM, EAGAIN while our QP is not yet
+// in RTR towards it) and counted (direct_refused).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -23,6 +31,7 @@
 #include "core/arena.h"
 #include "core/limits.h"
 #include "core/mr.h"
+#include "core/stats.h"
 #include "transport/qp.h"
 
 namespace softrdma::transport {
@@ -93,8 +102,9 @@ struct DirectShared {
   uint32_t layout;            // sizeof(MrRegion) etc.: both sides must agree
   uint64_t key_table_off;     // arena offsets of the key table and of its sequence number
   uint64_t key_seq_off;
-  alignas(64) DirectPeerSlot peers[kPeers];
-  DirectQpDesc qps[kQps];
+  uint64_t peers_off;         // offset of DirectPeerSlot[kPeers] in the writable area
+  // inbox_off and recv_cq_arm_off of each descriptor are offsets in the writable area too.
+  alignas(64) DirectQpDesc qps[kQps];
 };
 
 class DirectPeer;
@@ -104,7 +114,9 @@ class DirectEndpoint {
   // The context's arena and key table (in it), and its address in the registry (names our socket).
   // Throws std::system_error when the socket or the arena block cannot be had.
   // doorbell_fd: the engine's eventfd, which initiators write when they leave a SEND for an armed CQ.
-  DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port, int doorbell_fd);
+  // counters: the context's device counters (the server thread adds direct_refused there, atomically).
+  DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port, int doorbell_fd,
+                 core::Counters* counters);
   ~DirectEndpoint();
   DirectEndpoint(const DirectEndpoint&) = delete;
   DirectEndpoint& operator=(const DirectEndpoint&) = delete;
@@ -129,6 +141,9 @@ class DirectEndpoint {
   }
   // After a key was removed from the table: returns once no initiator can still be copying with it.
   void wait_copies();
+  // The area peers may write (inboxes, busy slots, CQ arm words): CQs take their arm word from it.
+  std::shared_ptr<core::Arena> writable_area() const { return rw_; }
+  static constexpr size_t kWritableBytes = size_t{1} << 30;  // sparse, like the arena
 
   // --- as an initiator (under the engine lock) ---
   // Connects qp to its peer (dest_qpn at dest_ip_be owned by the process pid at port), or drops the
@@ -150,18 +165,60 @@ class DirectEndpoint {
     uint64_t arg;
   };
 
+  // Who may talk to our server at all (SOFTRDMA_DIRECT_PEERS, read per context).
+  enum class PeerPolicy { User, Group, Any };
+  static PeerPolicy peer_policy();
+
  private:
+  // One client of the server thread: its credentials and the QP connections it proved.
+  struct Client {
+    int fd;
+    int32_t slot;  // its busy slot; -1 until a kHello was admitted
+    int32_t pid;
+    // Our QPs connected to it: descriptor, QPN and its QPN (a descriptor reused by another QP is not).
+    struct Conn {
+      uint32_t desc, qpn, peer_qpn;
+    };
+    std::vector<Conn> descs;
+    bool refused;                 // its credentials failed: EPERM to its first request, then closed
+  };
+  static constexpr size_t kMaxClients = 4096;
+  // What the server thread may rely on for a QP (not the arena: peers can write that): kept under gate_mu_.
+  struct Gate {
+    uint32_t qpn = 0;  // 0: none
+    uint32_t dest_qpn = 0;
+    uint32_t state = 0;  // QpState
+    uint32_t pd = 0;
+    uint32_t access = 0;
+  };
   void serve();
-  void handle_client(int k, const Request& req);
+  void handle_client(Client& c, const Request& req);
+  bool credentials_pass(int fd, int32_t* pid);
+  // 0 and the descriptor when our QP target_qpn is connected to initiator_qpn, owned by c; else an errno.
+  int admit(Client& c, uint32_t target_qpn, uint32_t initiator_qpn, uint32_t* desc);
+  bool connected_desc(const Client& c, uint32_t target_qpn, uint32_t* desc);
+  // Under gate_mu_: the descriptor still holds that connection, live.
+  bool still_connected(const Client::Conn& k) const;
+  void refused() { __atomic_fetch_add(&counters_->direct_refused, 1, __ATOMIC_RELAXED); }
+  void publish_gate(const Qp& qp);
+  // The initiator's half of attach (a connection, the peer QP's descriptor); EAGAIN: try again later.
+  int connect_peer(Qp& qp);
 
   core::Arena& arena_;
+  std::shared_ptr<core::Arena> rw_;
+  int ro_fd_ = -1;  // the arena's memfd reopened read-only: what peers get
+  DirectPeerSlot* slots_ = nullptr;  // in rw_: one per connected initiator process
+  const core::MrTable& keys_;
+  core::Counters* counters_;
+  PeerPolicy policy_;
   int doorbell_fd_;
   DirectShared* shared_;
   int listen_fd_ = -1;
   int stop_fd_ = -1;
   std::thread server_;
-  std::vector<int> clients_;  // server thread only
-  std::vector<int32_t> client_slot_;
+  std::vector<Client> clients_;  // server thread only
+  std::mutex gate_mu_;
+  Gate gate_[DirectShared::kQps];
   std::unordered_map<uint64_t, std::shared_ptr<DirectPeer>> peers_;  // by (port << 32 | ip)
   std::vector<uint32_t> free_descs_;
   // Per QP descriptor: a dup of its receive CQ channel's wake-up pipe (-1: none), handed to a connected

@@ -26,6 +26,7 @@ bool Engine::direct_receive(Qp& qp) {
     if ((!send && op != DirectInbox::kWriteImm) || (send && length > DirectInbox::kMaxMessage) || !w) {
       // Not what a softrdma initiator writes (it reserves a WQE for each message).
       count(&qp, &core::Counters::drop_malformed);
+      count(&qp, &core::Counters::direct_bad_inbox);
       if (direct_) direct_->publish_tails(qp);
       if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
       return true;

@@ -99,7 +99,8 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   try_take_roce_port(0);
   if (opts_.direct && direct_enabled()) {
     try {
-      direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, port_->port(), doorbell_fd_);
+      direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, port_->port(), doorbell_fd_,
+                                                 &stats_.device());
     } catch (const std::system_error&) {
       direct_.reset();  // this context is reached by packets only
     }
@@ -766,7 +767,8 @@ void Engine::dealloc_mw(uint32_t handle) {
 
 std::unique_ptr<core::CompletionQueue> Engine::create_cq(uint32_t entries,
                                                          core::CompletionQueue::EventFn on_completion) {
-  auto cq = std::make_unique<core::CompletionQueue>(arena_, entries);
+  // With the direct path its arm word lives in the area peers may write, not in the arena they only read.
+  auto cq = std::make_unique<core::CompletionQueue>(arena_, entries, direct_ ? direct_->writable_area() : nullptr);
   // Only a CQ with a completion channel gets a notify function (CompletionQueue::notifies()).
   if (on_completion)
     on_completion = [this, raise = std::move(on_completion)](core::CompletionQueue& c, bool woken) {
@@ -977,7 +979,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
       if (m.state != QpState::Err) qp->state.store(m.state, std::memory_order_release);
       if (direct_) {
         direct_->qp_changed(*qp);
-        if (qp->direct.peer) direct_active_.store(true, std::memory_order_relaxed);
+        if (qp->direct.peer || qp->direct.retry_ns) direct_active_.store(true, std::memory_order_relaxed);
       }
     }
   }

@@ -390,6 +390,12 @@ struct Qp {
     uint32_t inbox_tail = 0;       // inbox entries consumed
     int peer_wake_fd = -1;         // the wake-up pipe of the peer QP's receive CQ channel (initiator side)
     DirectRecvView recv;
+    // The peer's server said EAGAIN (its QP not yet in RTR towards us): try again at retry_ns (0: never),
+    // at most once a millisecond, packets meanwhile.
+    uint64_t retry_ns = 0;
+    uint32_t retries = 0;
+    int32_t retry_pid = 0;
+    uint16_t retry_port = 0;
   } direct;
 
   // Wire protection (wire/protect.h, transport/protect.cpp): the connection's secret, installed before

@@ -186,7 +186,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
       // The intra-host direct path, for a one-sided WQE with nothing before it in flight (so order and
       // fences hold trivially); whatever it cannot do exactly goes by packets.
       // A rendezvous FIN goes by packets: behind the ACK that completed the sender's request.
-      if (qp.direct.peer && qp.sq.tail.load(std::memory_order_relaxed) == qp.req.send_index &&
+      if ((qp.direct.peer || qp.direct.retry_ns) && qp.sq.tail.load(std::memory_order_relaxed) == qp.req.send_index &&
           !(e.wqe.flags & kTmFin)) {
         if (direct_->execute(qp, e, now) == DirectEndpoint::Result::Done) {
           e.started = true;
@@ -201,7 +201,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
           complete_in_order(qp);
           continue;
         }
-        count(&qp, &core::Counters::direct_fallbacks);
+        if (qp.direct.peer) count(&qp, &core::Counters::direct_fallbacks);  // not while still asking
       }
       if (wire::psn_diff(qp.req.next_psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
       // By packets the peer's responder takes a receive WQE the direct path does not know of.

@@ -1,0 +1,558 @@
+// Attacks on the intra-host direct path (docs/direct-path.md, docs/security.md): a local process that
+// talks to a victim context's direct-path socket (abstract Unix socket softrdma-direct-<ip>-<port>)
+// without being the victim's connected RC peer gets no fd at all -- not the arena, not a share of
+// registered memory, not a doorbell or wake-up pipe -- whether it is another user (a throwaway uid, when
+// the test runs as root) or the same user; a connected peer gets share fds only for the access its rkey
+// grants; a connected peer that writes garbage into the victim's inbox harms only that QP. And a
+// cross-user RC pair still works, by packets.
+#include "hostile.h"
+#include "two_process.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "transport/direct.h"  // the layout of the shared block and the inbox (header only)
+
+namespace softrdma::hostile_test {
+namespace {
+
+using transport::DirectInbox;
+using transport::DirectShared;
+
+constexpr uid_t kAttackerId = 61234;
+
+// The direct-path protocol, as an attacker writes it (transport/direct.cpp).
+enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5 };
+struct Req {
+  uint32_t type, writable;
+  uint64_t arg;
+};
+struct Rep {
+  int32_t status;
+  uint32_t index;
+  uint64_t a, b, c, d;  // kHello: arena size, DirectShared offset, layout, writable area size
+};
+
+// What one request got back: a reply (its status) or none (closed), and any fds passed with it
+// (kHello: the arena, then the writable area).
+struct Answer {
+  bool replied = false;
+  Rep rep{};
+  int fd = -1;
+  int fd2 = -1;
+  void close_fds() {
+    if (fd >= 0) close(fd);
+    if (fd2 >= 0) close(fd2);
+    fd = fd2 = -1;
+  }
+};
+
+sockaddr_un direct_address(const net::Endpoint& ep, socklen_t* len) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "softrdma-direct-%08x-%u", ep.ip_be, ep.port);
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return sa;
+}
+
+int connect_to(const sockaddr_un& sa, socklen_t len) {
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  timeval tv{2, 0};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (connect(s, reinterpret_cast<const sockaddr*>(&sa), len) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+Answer ask(int s, const Req& r) {
+  Answer ans;
+  // A server that refused us at accept has queued its EPERM and closed: the send may fail, the reply
+  // is still there to read.
+  (void)send(s, &r, sizeof r, MSG_NOSIGNAL);
+  iovec iov{&ans.rep, sizeof ans.rep};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))];
+  mh.msg_control = ctl;
+  mh.msg_controllen = sizeof ctl;
+  ssize_t n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); n > 0 && c; c = CMSG_NXTHDR(&mh, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int fds[2] = {-1, -1};
+      std::memcpy(fds, CMSG_DATA(c), std::min<size_t>(2, (c->cmsg_len - CMSG_LEN(0)) / sizeof(int)) * sizeof(int));
+      ans.fd = fds[0];
+      ans.fd2 = fds[1];
+    }
+  ans.replied = n == static_cast<ssize_t>(sizeof ans.rep);
+  return ans;
+}
+
+// True once the server has closed our socket (EOF within 2 s).
+bool closed_by_server(int s) {
+  pollfd pf{s, POLLIN, 0};
+  if (poll(&pf, 1, 2000) <= 0) return false;
+  char b;
+  return recv(s, &b, 1, MSG_DONTWAIT) == 0;
+}
+
+// Becomes uid 61234 with no supplementary groups and gid `gid` (61234: a stranger; our gid: a member of
+// our primary group, for SOFTRDMA_DIRECT_PEERS=group).
+bool drop_to_attacker(gid_t gid = kAttackerId) {
+  return setgroups(0, nullptr) == 0 && setresgid(gid, gid, gid) == 0 &&
+         setresuid(kAttackerId, kAttackerId, kAttackerId) == 0 && geteuid() == kAttackerId;
+}
+
+// Runs f in a forked child (that touches no verbs object) and returns its exit status (-1: no child).
+template <class F>
+int in_child(F f) {
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) _exit(f());
+  int st = 0;
+  if (!reap_within(pid, 30, &st) || !WIFEXITED(st)) return -1;
+  return WEXITSTATUS(st);
+}
+
+uint64_t refused_of(uint32_t qpn) {
+  auto s = read_stats(qpn);
+  return s ? s->dev.direct_refused : 0;
+}
+
+class DirectIsolation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Both contexts of the pair serve the direct path (the default; also under the CI's second pass).
+    setenv("SOFTRDMA_DIRECT", "1", 1);
+    p = std::make_unique<Pair>();
+    ASSERT_TRUE(p->up());
+    // The legitimate peer a connects to b's server on its first WQE (b reached RTR after a): that one.
+    p->sanity();
+    sa = direct_address(p->ep, &sa_len);
+  }
+  void TearDown() override {
+    p.reset();
+    unsetenv("SOFTRDMA_DIRECT");
+  }
+  static bool root() { return geteuid() == 0; }
+
+  std::unique_ptr<Pair> p;
+  sockaddr_un sa{};
+  socklen_t sa_len = 0;
+};
+
+// (a) Another user: refused at accept (EPERM), closed, no fd -- whatever it asks, even naming the
+// real connection.
+TEST_F(DirectIsolation, OtherUserGetsNothing) {
+  if (!root()) GTEST_SKIP() << "needs root to run the attacker as uid " << kAttackerId;
+  const uint64_t before = refused_of(p->b.qpn());
+  const uint64_t conn = uint64_t{p->b.qpn()} << 32 | p->a.qpn();
+  const uint32_t rkey = p->target->rkey();
+  const Req reqs[] = {{kHello, 0, conn}, {kMap, 1, rkey}, {kDoorbell, 0, 0}, {kWake, 0, p->b.qpn()}};
+  for (const Req& r : reqs) {
+    int rc = in_child([&] {
+      if (!drop_to_attacker()) return 2;
+      int s = connect_to(sa, sa_len);
+      if (s < 0) return 3;
+      Answer ans = ask(s, r);
+      if (ans.fd >= 0) return 4;  // got an fd: the attack worked
+      if (!ans.replied || ans.rep.status != EPERM) return 5;
+      if (!closed_by_server(s)) return 6;
+      return 0;
+    });
+    EXPECT_EQ(rc, 0) << "request type " << r.type;
+  }
+  EXPECT_EQ(refused_of(p->b.qpn()) - before, 4u) << "each refusal counted";
+  p->expect_memory_intact();
+  p->sanity();  // the real pair is unaffected
+}
+
+// (a) The same user, but not the victim's connected peer: a QPN pair that is not a connection, or the
+// real pair's QPNs named by a process that does not own the initiator QPN.
+TEST_F(DirectIsolation, SameUserWithoutConnectionGetsNoArena) {
+  const uint64_t before = refused_of(p->b.qpn());
+  {
+    int s = connect_to(sa, sa_len);
+    ASSERT_GE(s, 0);
+    Answer ans = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | 0x123456});
+    EXPECT_TRUE(ans.replied);
+    EXPECT_EQ(ans.rep.status, EPERM) << "no QP of the victim is connected to QPN 0x123456";
+    EXPECT_LT(ans.fd, 0) << "no arena fd";
+    Answer ans2 = ask(s, {kHello, 0, uint64_t{0xABCDEF} << 32 | p->a.qpn()});
+    EXPECT_EQ(ans2.rep.status, EPERM) << "no such QP in the victim";
+    EXPECT_LT(ans2.fd, 0);
+    ans.close_fds();
+    if (ans2.fd >= 0) close(ans2.fd);
+    close(s);
+  }
+  // A forked child of the same user knows both QPNs but owns neither.
+  const uint64_t conn = uint64_t{p->b.qpn()} << 32 | p->a.qpn();
+  int rc = in_child([&] {
+    int s = connect_to(sa, sa_len);
+    if (s < 0) return 3;
+    Answer ans = ask(s, {kHello, 0, conn});
+    if (ans.fd >= 0) return 4;
+    if (!ans.replied || ans.rep.status != EPERM) return 5;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(refused_of(p->b.qpn()) - before, 3u);
+  p->expect_memory_intact();
+  p->sanity();
+}
+
+// (b) No share of registered memory, doorbell, wake-up pipe or QP descriptor without an admitted hello,
+// even for a valid rkey.
+TEST_F(DirectIsolation, NoShareFdWithoutConnection) {
+  const uint64_t before = refused_of(p->b.qpn());
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  const Req reqs[] = {{kMap, 1, p->target->rkey()},
+                      {kMap, 0, p->target->rkey()},
+                      {kDoorbell, 0, 0},
+                      {kWake, 0, p->b.qpn()},
+                      {kQpDesc, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()}};
+  for (const Req& r : reqs) {
+    Answer ans = ask(s, r);
+    EXPECT_TRUE(ans.replied) << "request type " << r.type;
+    EXPECT_EQ(ans.rep.status, EPERM) << "request type " << r.type;
+    EXPECT_LT(ans.fd, 0) << "request type " << r.type;
+    ans.close_fds();
+  }
+  close(s);
+  EXPECT_EQ(refused_of(p->b.qpn()) - before, 5u);
+  p->expect_memory_intact();
+}
+
+// A connected peer (this process owns a, b's peer) is admitted, and gets a share fd only for what its
+// rkey grants: no writable share for a read-only MR, none for an MR of another PD, none for a bad rkey.
+TEST_F(DirectIsolation, ConnectedPeerGetsOnlyWhatItsRkeyGrants) {
+  auto ro = p->b.buf(4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ASSERT_TRUE(ro && ro->mr);
+  ibv_pd* other_pd = ibv_alloc_pd(p->db.ctx);
+  ASSERT_NE(other_pd, nullptr);
+  Buffer other(4096);
+  ASSERT_TRUE(other.reg(other_pd, kAllAccess));
+  const uint64_t before = refused_of(p->b.qpn());
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  EXPECT_EQ(hello.rep.status, 0);
+  EXPECT_GE(hello.fd, 0) << "the connected peer gets the arena";
+  hello.close_fds();
+  struct Case {
+    uint32_t rkey, writable;
+    int status;
+  } cases[] = {{ro->rkey(), 1, EACCES}, {other.rkey(), 0, EACCES}, {other.rkey(), 1, EACCES},
+               {p->target->rkey() ^ 0x5a5a00, 1, EACCES}, {ro->rkey(), 0, 0}, {p->target->rkey(), 1, 0}};
+  for (const Case& c : cases) {
+    Answer ans = ask(s, {kMap, c.writable, c.rkey});
+    EXPECT_EQ(ans.rep.status, c.status) << "rkey " << c.rkey << " writable " << c.writable;
+    EXPECT_EQ(ans.fd >= 0, c.status == 0) << "rkey " << c.rkey << " writable " << c.writable;
+    if (ans.fd >= 0) {
+      // A share for reading only is open read-only: it cannot be mapped for writing.
+      if (!c.writable) {
+        void* m = mmap(nullptr, ans.rep.b, PROT_READ | PROT_WRITE, MAP_SHARED, ans.fd, static_cast<off_t>(ans.rep.c));
+        EXPECT_EQ(m, MAP_FAILED) << "a read-only MR's share is read-only";
+        if (m != MAP_FAILED) munmap(m, ans.rep.b);
+      }
+      close(ans.fd);
+    }
+  }
+  close(s);
+  EXPECT_EQ(refused_of(p->b.qpn()) - before, 4u);
+  ro.reset();
+  ASSERT_EQ(ibv_dereg_mr(other.mr), 0);
+  other.mr = nullptr;
+  ibv_dealloc_pd(other_pd);
+  p->expect_memory_intact();
+}
+
+// Rights end with the connection: once b's QP is reset, the peer that was admitted for it gets no more
+// share fds or pipes, and a new hello is answered EAGAIN (not yet connected again), without an fd.
+TEST_F(DirectIsolation, RightsEndWithTheConnection) {
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  const uint64_t conn = uint64_t{p->b.qpn()} << 32 | p->a.qpn();
+  Answer hello = ask(s, {kHello, 0, conn});
+  ASSERT_EQ(hello.rep.status, 0);
+  hello.close_fds();
+  Answer m1 = ask(s, {kMap, 1, p->target->rkey()});
+  EXPECT_EQ(m1.rep.status, 0);
+  EXPECT_GE(m1.fd, 0);
+  if (m1.fd >= 0) close(m1.fd);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(p->b.qp, &attr, IBV_QP_STATE), 0);
+  Answer m2 = ask(s, {kMap, 1, p->target->rkey()});
+  EXPECT_EQ(m2.rep.status, EACCES);
+  EXPECT_LT(m2.fd, 0);
+  if (m2.fd >= 0) close(m2.fd);
+  Answer w = ask(s, {kWake, 0, p->b.qpn()});
+  EXPECT_EQ(w.rep.status, EPERM);
+  EXPECT_LT(w.fd, 0);
+  if (w.fd >= 0) close(w.fd);
+  close(s);
+  int s2 = connect_to(sa, sa_len);
+  ASSERT_GE(s2, 0);
+  Answer again = ask(s2, {kHello, 0, conn});
+  EXPECT_EQ(again.rep.status, EAGAIN) << "b's QP is in RESET: not connected (yet)";
+  EXPECT_LT(again.fd, 0);
+  if (again.fd >= 0) close(again.fd);
+  close(s2);
+  p->expect_memory_intact();
+}
+
+// (c) A connected same-user peer writes garbage into the inbox of b's QP: b's engine drops the entry and
+// puts that QP in error (counted); it does not crash, its memory is unchanged, and its other QP (to a
+// second peer) keeps working.
+TEST_F(DirectIsolation, GarbageInInboxHarmsOnlyThatQp) {
+  // b's context gets a second QP, connected to a second QP of a's context.
+  Side a2, b2;
+  ASSERT_TRUE(a2.create(p->da, QpConfig{}) && b2.create(p->db, QpConfig{}));
+  auto src2 = a2.buf(8192), dst2 = b2.buf(8192);
+  ASSERT_TRUE(src2->mr && dst2->mr);
+  ASSERT_EQ(bring_up(a2.qp, a2.psn, b2.qpn(), b2.psn, p->db.gid, p->conn, p->db.attr), 0);
+  ASSERT_EQ(bring_up(b2.qp, b2.psn, a2.qpn(), a2.psn, p->da.gid, p->conn, p->da.attr), 0);
+  ASSERT_EQ(post_recv(p->b.qp, 77, {p->scratch_b->sge(0, 64)}), 0);
+
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  ASSERT_EQ(hello.rep.status, 0);
+  ASSERT_GE(hello.fd, 0);
+  Answer desc = ask(s, {kQpDesc, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  ASSERT_EQ(desc.rep.status, 0);
+  ASSERT_LT(desc.rep.index, DirectShared::kQps);
+  ASSERT_GE(hello.fd2, 0) << "and the writable area";
+  // The arena is the peer's to read only: its fd cannot be mapped writable, nor reopened so.
+  void* rw_try = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, hello.fd, 0);
+  EXPECT_EQ(rw_try, MAP_FAILED) << "the arena fd a peer gets is read-only";
+  if (rw_try != MAP_FAILED) munmap(rw_try, 4096);
+  EXPECT_EQ(fcntl(hello.fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  void* m = mmap(nullptr, hello.rep.a, PROT_READ, MAP_SHARED, hello.fd, 0);
+  void* wm = mmap(nullptr, hello.rep.d, PROT_READ | PROT_WRITE, MAP_SHARED, hello.fd2, 0);
+  hello.close_fds();
+  ASSERT_NE(m, MAP_FAILED);
+  ASSERT_NE(wm, MAP_FAILED);
+  const auto* arena = static_cast<const uint8_t*>(m);
+  auto* rw = static_cast<uint8_t*>(wm);
+  const auto* sh = reinterpret_cast<const DirectShared*>(arena + hello.rep.b);
+  const uint64_t inbox_off = sh->qps[desc.rep.index].inbox_off.load();
+  ASSERT_NE(inbox_off, 0u) << "b's QP has an inbox";
+  ASSERT_LE(inbox_off + sizeof(DirectInbox), hello.rep.d);
+  auto* in = reinterpret_cast<DirectInbox*>(rw + inbox_off);
+  const auto consumed = static_cast<uint32_t>(sh->qps[desc.rep.index].tails.load() >> 32);
+  const uint64_t bad_before = read_stats(p->b.qpn())->dev.direct_bad_inbox;
+  // Garbage everywhere the peer can write: consumer counters, the byte ring's tail, and an entry that
+  // claims to be the next one, with an unknown operation and a huge length.
+  in->data_tail.store(0xdeadbeefcafef00dull);
+  std::memset(in->data, 0xA5, sizeof in->data);
+  auto& en = in->entries[consumed % DirectInbox::kEntries];
+  en.op = 0xFFFF;
+  en.length = 0xFFFFFFFF;
+  std::memset(en.inline_data, 0x5A, sizeof en.inline_data);
+  en.stamp.store(consumed + 1);
+  // b's application polls: the engine looks at the inbox.
+  bool errored = false;
+  for (int i = 0; i < 2000 && !errored; ++i) {
+    ibv_wc wc[4];
+    ibv_poll_cq(p->b.rcq, 4, wc);
+    errored = qp_state(p->b.qp) == IBV_QPS_ERR;
+    if (!errored) usleep(1000);
+  }
+  EXPECT_TRUE(errored) << "the QP whose inbox held garbage is in error";
+  EXPECT_GE(read_stats(p->b.qpn())->dev.direct_bad_inbox - bad_before, 1u) << "and the entry was counted";
+  munmap(m, hello.rep.a);
+  munmap(wm, hello.rep.d);
+  close(s);
+  p->expect_memory_intact();
+  // The other QP of b's context: a WRITE and a SEND arrive intact.
+  fill_pattern(src2->data, 8192, 91);
+  ASSERT_EQ(post_recv(b2.qp, 5, {dst2->sge(4096, 4096)}), 0);
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src2->sge(0, 4096)});
+  w.rdma(dst2->addr(0), dst2->rkey());
+  ASSERT_EQ(post_send(a2.qp, w), 0);
+  SendWr snd(2, IBV_WR_SEND, {src2->sge(4096, 4096)});
+  ASSERT_EQ(post_send(a2.qp, snd), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(a2.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(poll_wc(a2.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(poll_wc(b2.rcq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 4096u);
+  EXPECT_EQ(check_pattern(dst2->data, 8192, 91), 8192u) << "byte for byte";
+  src2.reset();
+  dst2.reset();
+}
+
+// The connection gate answers EAGAIN while the target QP is not yet in RTR towards the initiator; the
+// initiator asks again on a later WQE. Whichever side reaches RTR first, both end up on the direct path.
+TEST(DirectGate, EitherSideMayReachRtrFirst) {
+  setenv("SOFTRDMA_DIRECT", "1", 1);
+  for (int first = 0; first < 2; ++first) {
+    SCOPED_TRACE(first ? "b reaches RTR first" : "a reaches RTR first");
+    Device da, db;
+    ASSERT_TRUE(da.ok() && db.ok());
+    Side a, b;
+    ASSERT_TRUE(a.create(da, QpConfig{}) && b.create(db, QpConfig{}));
+    auto abuf = a.buf(8192), bbuf = b.buf(8192);
+    ASSERT_TRUE(abuf->mr && bbuf->mr);
+    ConnConfig conn;
+    ASSERT_EQ(modify_to_init(a.qp, kAllAccess), 0);
+    ASSERT_EQ(modify_to_init(b.qp, kAllAccess), 0);
+    Side* order[2] = {first ? &b : &a, first ? &a : &b};
+    for (Side* x : order) {
+      Side& y = x == &a ? b : a;
+      Device& ydev = x == &a ? db : da;
+      ASSERT_EQ(modify_to_rtr(x->qp, y.qpn(), y.psn, ydev.gid, conn, ydev.attr), 0);
+    }
+    ASSERT_EQ(modify_to_rts(a.qp, a.psn, conn, da.attr), 0);
+    ASSERT_EQ(modify_to_rts(b.qp, b.psn, conn, db.attr), 0);
+    const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+    for (Side* x : {&a, &b}) {
+      Buffer& src = x == &a ? *abuf : *bbuf;
+      Buffer& dst = x == &a ? *bbuf : *abuf;
+      fill_pattern(src.data, 4096, 40 + (x == &a));
+      SendWr w(1, IBV_WR_RDMA_WRITE, {src.sge(0, 4096)});
+      w.rdma(dst.addr(4096), dst.rkey());
+      ASSERT_EQ(post_send(x->qp, w), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(poll_wc(x->scq, &wc));
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+      EXPECT_EQ(check_pattern(dst.data + 4096, 4096, 40 + (x == &a)), 4096u);
+    }
+    EXPECT_EQ(my_counter(&core::Counters::direct_ops) - ops_before, 2u) << "both WRITEs on the direct path";
+    abuf.reset();
+    bbuf.reset();
+  }
+  unsetenv("SOFTRDMA_DIRECT");
+}
+
+// A cross-user RC pair on one host: the other user's initiator is refused the direct path (counted
+// here) and its WRITE and READ go by packets, byte for byte, under RoCE's own rules.
+constexpr size_t kXLen = 16 * 1024;
+struct XInfo {
+  uint32_t qpn, psn, rkey, pad;
+  uint64_t addr;
+  uint8_t gid[16];
+};
+
+gid_t g_peer_gid = kAttackerId;  // the gid the peer process takes (set before the fork)
+
+int cross_user_main(int sock) {
+  if (!drop_to_attacker(g_peer_gid)) return 2;
+  setenv("SOFTRDMA_DIRECT", "1", 1);
+  Device dev;
+  if (!dev.ok()) return 10;
+  Side s;
+  if (!s.create(dev, QpConfig{})) return 11;
+  auto src = s.buf(kXLen), back = s.buf(kXLen);
+  if (!src->mr || !back->mr) return 12;
+  fill_pattern(src->data, kXLen, 31);
+  if (modify_to_init(s.qp, kAllAccess)) return 13;
+  XInfo peer{};
+  if (int rc = serve_connect(sock, dev, s, XInfo{s.qpn(), s.psn, src->rkey(), 0, src->addr(), {}}, peer, 14))
+    return rc;
+  // Our QP is in RTS once we say go: the first WQE finds it connected (else its first ask is EAGAIN,
+  // and the WQEs of the next millisecond go by packets).
+  char go = 0;
+  if (!read_full(sock, &go, 1) || go != 'g') return 19;
+  SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, kXLen)});
+  w.rdma(peer.addr, peer.rkey);
+  ibv_wc wc{};
+  if (post_send(s.qp, w) || !poll_wc(s.scq, &wc) || wc.status != IBV_WC_SUCCESS) return 20;
+  SendWr r(2, IBV_WR_RDMA_READ, {back->sge(0, kXLen)});
+  r.rdma(peer.addr + kXLen, peer.rkey);
+  if (post_send(s.qp, r) || !poll_wc(s.scq, &wc) || wc.status != IBV_WC_SUCCESS) return 21;
+  if (check_pattern(back->data, kXLen, 32) != kXLen) return 22;
+  const uint64_t direct_ops = my_counter(&core::Counters::direct_ops);
+  if (!write_full(sock, &direct_ops, sizeof direct_ops)) return 23;
+  char bye = 0;
+  if (!read_full(sock, &bye, 1) || bye != 'x') return 24;
+  return 0;
+}
+
+class CrossUserPair : public ForkedTarget {
+ protected:
+  CrossUserPair() : ForkedTarget(cross_user_main) {}
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to run the peer as uid " << kAttackerId;
+    setenv("SOFTRDMA_DIRECT", "1", 1);
+    g_peer_gid = kAttackerId;
+    ForkedTarget::SetUp();
+  }
+  void TearDown() override {
+    buf.reset();
+    s.reset();
+    dev.reset();
+    ForkedTarget::TearDown();  // says 'x', expects the peer's exit status 0
+    unsetenv("SOFTRDMA_DIRECT");
+    unsetenv("SOFTRDMA_DIRECT_PEERS");
+  }
+  // Our side: a buffer whose first half the peer WRITEs and whose second half it READs.
+  void connect_peer(uint64_t* peer_direct_ops) {
+    dev = std::make_unique<Device>();
+    ASSERT_TRUE(dev->ok());
+    ASSERT_TRUE(s.create(*dev, QpConfig{}));
+    buf = s.buf(2 * kXLen);
+    ASSERT_TRUE(buf->mr);
+    std::memset(buf->data, 0, kXLen);
+    fill_pattern(buf->data + kXLen, kXLen, 32);
+    ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
+    XInfo peer{};
+    ASSERT_NO_FATAL_FAILURE(
+        connect_target(XInfo{s.qpn(), s.psn, buf->rkey(), 0, buf->addr(), {}}, peer, s, *dev, ConnConfig{}));
+    ASSERT_TRUE(write_full(sock, "g", 1));
+    ASSERT_TRUE(read_full(sock, peer_direct_ops, sizeof *peer_direct_ops)) << "the peer's WRITE and READ failed";
+    EXPECT_EQ(check_pattern(buf->data, kXLen, 31), kXLen) << "its WRITE arrived byte for byte";
+    EXPECT_EQ(check_pattern(buf->data + kXLen, kXLen, 32), kXLen) << "its READ changed nothing";
+  }
+  std::unique_ptr<Device> dev;
+  Side s;
+  std::unique_ptr<Buffer> buf;
+};
+
+// SOFTRDMA_DIRECT_PEERS=group: a peer of another uid whose gid is ours is served the direct path.
+class GroupPeerPair : public CrossUserPair {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to run the peer as uid " << kAttackerId;
+    setenv("SOFTRDMA_DIRECT", "1", 1);
+    setenv("SOFTRDMA_DIRECT_PEERS", "group", 1);  // read when our device is opened
+    g_peer_gid = getegid();
+    ForkedTarget::SetUp();
+  }
+};
+
+TEST_F(GroupPeerPair, SameGroupPeerIsServed) {
+  uint64_t peer_direct_ops = 0;
+  ASSERT_NO_FATAL_FAILURE(connect_peer(&peer_direct_ops));
+  EXPECT_EQ(peer_direct_ops, 2u) << "its WRITE and READ took the direct path";
+  EXPECT_EQ(my_counter(&core::Counters::direct_refused), 0u);
+}
+
+TEST_F(CrossUserPair, TransfersByPackets) {
+  uint64_t peer_direct_ops = ~0ull;
+  ASSERT_NO_FATAL_FAILURE(connect_peer(&peer_direct_ops));
+  EXPECT_EQ(peer_direct_ops, 0u) << "the other user's initiator never used the direct path";
+  EXPECT_GE(my_counter(&core::Counters::direct_refused), 1u) << "its hello was refused and counted";
+  EXPECT_GT(my_counter(&core::Counters::rx_packets), 0u) << "it came by packets";
+}
+
+}  // namespace
+}  // namespace softrdma::hostile_test
