@@ -4,7 +4,7 @@
 // injection at a known QPN with a guessed PSN, replay of captured packets, a forged source address.
 // Plain RoCEv2 authenticates nothing, so the rkey and the PSN window are all that stand in the way;
 // each test asserts exactly what the specification makes of that (byte for byte and by counter) and
-// prints the measured rates (docs/security-sec-attacks.md).
+// prints the measured rates (docs/security.md).
 //
 // The process moves into the victim namespace before it opens a device, so a case runs in a process
 // of its own (ctest gives it one; run with other cases, it re-executes the binary for itself alone).
