@@ -205,15 +205,14 @@ TEST(Iwarp, AwaitGraceStartsAfterItsTime) {
 
 // An initiator with rtr_hold (what our CM asks for towards any peer): its RTR and the SEND posted
 // behind it stay queued for kIwarpRtrHoldNs after the attach, then leave in order, the RTR first.
-TEST(Iwarp, RtrHoldDelaysTheFirstFpdu) {
-  IwPair p(IwOptions{});
-  auto src = register_region(p.a.engine(), 1, 64, kAllAccess);
-  auto dst = register_region(p.b.engine(), 1, 64, kAllAccess);
-  End a2, b2;
+// A fresh pair of ends over a socketpair: a2 an initiator whose WRITE RTR is held (rtr_hold, as our
+// CM attaches towards any peer), b2 the responder awaiting it. sv1: b2's end of the socket.
+void attach_held_rtr_pair(IwPair& p, End& a2, End& b2, int* sv1) {
   make_iw_end(a2, *p.a.host);
   make_iw_end(b2, *p.b.host);
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  *sv1 = sv[1];
   IwarpAttach aa;
   aa.fd = sv[0];
   aa.rtr = IwarpRtr::SendWrite;
@@ -225,6 +224,26 @@ TEST(Iwarp, RtrHoldDelaysTheFirstFpdu) {
   ab.rtr = IwarpRtr::Await;
   ab.ird = ab.ord = 8;
   ASSERT_EQ(p.b.engine().iwarp_attach(b2.qp, ab), 0);
+}
+
+// Steps both engines through each of the zero-length WRITE kicks' times.
+void run_through_kicks(IwPair& p) {
+  for (uint64_t t : kIwarpRtrKickNs) {
+    p.f.net.advance_to(p.f.now() + t);
+    for (int i = 0; i < 20; ++i) {
+      p.a.engine().step();
+      p.b.engine().step();
+    }
+  }
+}
+
+TEST(Iwarp, RtrHoldDelaysTheFirstFpdu) {
+  IwPair p(IwOptions{});
+  auto src = register_region(p.a.engine(), 1, 64, kAllAccess);
+  auto dst = register_region(p.b.engine(), 1, 64, kAllAccess);
+  End a2, b2;
+  int sv1 = -1;
+  ASSERT_NO_FATAL_FAILURE(attach_held_rtr_pair(p, a2, b2, &sv1));
   fill(*src, 5);
   ASSERT_EQ(post(b2, recv_wqe(1, *dst, 0, 64)), 0);
   const uint64_t rx_before = p.b.engine().counters().iw_rx_fpdus;
@@ -235,7 +254,7 @@ TEST(Iwarp, RtrHoldDelaysTheFirstFpdu) {
   }
   EXPECT_EQ(p.b.engine().counters().iw_rx_fpdus, rx_before);  // nothing reached the socket yet
   int queued = -1;
-  ASSERT_EQ(ioctl(sv[1], FIONREAD, &queued), 0);
+  ASSERT_EQ(ioctl(sv1, FIONREAD, &queued), 0);
   EXPECT_EQ(queued, 0);
   p.f.net.advance_to(p.f.now() + kIwarpRtrHoldNs + 1);
   std::vector<core::Cqe> got;
@@ -246,13 +265,7 @@ TEST(Iwarp, RtrHoldDelaysTheFirstFpdu) {
   // The responder has said nothing: each kick is one zero-length RDMA WRITE, which touches nothing
   // and fails nothing; after the last one there are no more.
   const uint64_t rx_after_send = p.b.engine().counters().iw_rx_fpdus;
-  for (uint64_t t : kIwarpRtrKickNs) {
-    p.f.net.advance_to(p.f.now() + t);
-    for (int i = 0; i < 20; ++i) {
-      p.a.engine().step();
-      p.b.engine().step();
-    }
-  }
+  run_through_kicks(p);
   EXPECT_EQ(p.b.engine().counters().iw_rx_fpdus, rx_after_send + std::size(kIwarpRtrKickNs));
   EXPECT_EQ(p.b.engine().counters().iw_terminate_sent, 0u);
   EXPECT_EQ(b2.qp->state.load(), QpState::Rts);
@@ -267,21 +280,8 @@ TEST(Iwarp, NoRtrKickOnceThePeerSpoke) {
   auto buf_a = register_region(p.a.engine(), 1, 64, kAllAccess);
   auto buf_b = register_region(p.b.engine(), 1, 64, kAllAccess);
   End a2, b2;
-  make_iw_end(a2, *p.a.host);
-  make_iw_end(b2, *p.b.host);
-  int sv[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  IwarpAttach aa;
-  aa.fd = sv[0];
-  aa.rtr = IwarpRtr::SendWrite;
-  aa.rtr_hold = true;
-  aa.ird = aa.ord = 8;
-  ASSERT_EQ(p.a.engine().iwarp_attach(a2.qp, aa), 0);
-  IwarpAttach ab;
-  ab.fd = sv[1];
-  ab.rtr = IwarpRtr::Await;
-  ab.ird = ab.ord = 8;
-  ASSERT_EQ(p.b.engine().iwarp_attach(b2.qp, ab), 0);
+  int sv1 = -1;
+  ASSERT_NO_FATAL_FAILURE(attach_held_rtr_pair(p, a2, b2, &sv1));
   ASSERT_EQ(post(a2, recv_wqe(1, *buf_a, 0, 64)), 0);
   fill(*buf_b, 9);
   ASSERT_EQ(post(b2, send_wqe(2, *buf_b, 0, 64)), 0);  // sent once our RTR came
@@ -290,13 +290,7 @@ TEST(Iwarp, NoRtrKickOnceThePeerSpoke) {
   ASSERT_TRUE(wait_cqes(p, a2, *a2.rcq, 1, got));
   EXPECT_EQ(got[0].status, core::WcStatus::Success);
   const uint64_t rx = p.b.engine().counters().iw_rx_fpdus;
-  for (uint64_t t : kIwarpRtrKickNs) {
-    p.f.net.advance_to(p.f.now() + t);
-    for (int i = 0; i < 20; ++i) {
-      p.a.engine().step();
-      p.b.engine().step();
-    }
-  }
+  run_through_kicks(p);
   EXPECT_EQ(p.b.engine().counters().iw_rx_fpdus, rx);
   destroy(a2);
   destroy(b2);
