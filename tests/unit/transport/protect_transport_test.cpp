@@ -37,8 +37,8 @@ class Protected : public ::testing::TestWithParam<wire::Protection> {
     hb_ = &f_.add_host(kIpB);
     p_.mtu = 1024;
     p_.timeout = 8;
-    p_.before_rtr = [this](End& e) {
-      ASSERT_EQ(0, e.engine().set_wire_key(e.qp, GetParam(), kSecret, 16));
+    p_.before_rtr = [protection = GetParam()](End& e) {
+      ASSERT_EQ(0, e.engine().set_wire_key(e.qp, protection, kSecret, 16));
     };
   }
   void TearDown() override {
