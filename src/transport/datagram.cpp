@@ -93,9 +93,7 @@ bool Engine::unreliable_requester_run(Qp& qp) {
     if (!e.started) {
       if (!prepare_wqe(qp, e)) {
         e.started = true;
-        e.acked = true;
-        qp.req.sq_stop_at = qp.req.send_index;
-        complete_in_order(qp);
+        fail_in_order(qp, e);
         return true;
       }
       e.started = true;
@@ -106,9 +104,7 @@ bool Engine::unreliable_requester_run(Qp& qp) {
     }
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered between two passes: it completes in error.
-      e.acked = true;
-      qp.req.sq_stop_at = qp.req.send_index;
-      complete_in_order(qp);
+      fail_in_order(qp, e);
       return true;
     }
     if (ud) {

@@ -265,6 +265,13 @@ class Engine {
   // completer.cpp
   void completer_receive(Qp& qp, const wire::Packet& pkt);
   void complete_in_order(Qp& qp);
+  // e, the WQE at the SQ's send index, completes in error in order: the SQ stops before it, so
+  // nothing after it is sent.
+  void fail_in_order(Qp& qp, SqEntry& e) {
+    e.acked = true;
+    qp.req.sq_stop_at = qp.req.send_index;
+    complete_in_order(qp);
+  }
   // Completes e, the SQ's oldest WQE: advances the SQ tail, then posts its CQE (if any).
   void complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status);
   void requester_error(Qp& qp, WcStatus status);

@@ -192,9 +192,7 @@ bool Engine::iwarp_requester_fill(Qp& qp) {
     if (e.status != WcStatus::Success || !prepare_wqe(qp, e)) {
       // Reported in order; nothing after it is sent.
       e.started = true;
-      e.acked = true;
-      qp.req.sq_stop_at = qp.req.send_index;
-      complete_in_order(qp);
+      fail_in_order(qp, e);
       return true;
     }
     e.started = true;
@@ -202,9 +200,7 @@ bool Engine::iwarp_requester_fill(Qp& qp) {
   }
   if (e.status != WcStatus::Success) {
     // Its memory was deregistered while it was being sent: it completes in error, in order.
-    e.acked = true;
-    qp.req.sq_stop_at = qp.req.send_index;
-    complete_in_order(qp);
+    fail_in_order(qp, e);
     return true;
   }
   const SendWqe& w = e.wqe;
