@@ -137,6 +137,18 @@ void expect_deltas(const Stats& before, const Stats& after, uint64_t sent,
   }
 }
 
+bool connect_sides(const Side& a, const Device& da, const Side& b, const Device& db, const ConnConfig& conn) {
+  if (int rc = bring_up(a.qp, a.psn, b.qpn(), b.psn, db.gid, conn, db.attr)) {
+    ADD_FAILURE() << "bring up a: " << strerror(rc);
+    return false;
+  }
+  if (int rc = bring_up(b.qp, b.psn, a.qpn(), a.psn, da.gid, conn, da.attr)) {
+    ADD_FAILURE() << "bring up b: " << strerror(rc);
+    return false;
+  }
+  return true;
+}
+
 bool Pair::up(uint64_t seed) {
   rng.seed(seed);
   if (!da.ok() || !db.ok()) {
@@ -162,14 +174,7 @@ bool Pair::up(uint64_t seed) {
   fill_pattern(guard_hi->data, kGuardLen, 13);
   fill_pattern(guard_a->data, kGuardLen, 14);
   conn.path_mtu = IBV_MTU_1024;
-  if (int rc = bring_up(a.qp, a.psn, b.qpn(), b.psn, db.gid, conn, db.attr)) {
-    ADD_FAILURE() << "bring up a: " << strerror(rc);
-    return false;
-  }
-  if (int rc = bring_up(b.qp, b.psn, a.qpn(), a.psn, da.gid, conn, da.attr)) {
-    ADD_FAILURE() << "bring up b: " << strerror(rc);
-    return false;
-  }
+  if (!connect_sides(a, da, b, db, conn)) return false;
   a_next = a.psn;
   b_next = b.psn;
   auto e = net::Registry::instance().lookup(b.qpn());

@@ -62,6 +62,10 @@ uint64_t get(const core::Counters& c, Counter f);
 // The counters a hostile packet can end up in; each test says exactly how many of each it expects.
 const std::vector<std::pair<const char*, Counter>>& outcome_counters();
 
+// Brings a (on da) and b (on db) up towards each other over conn (RESET to RTS, each to the other's
+// QPN and PSN); false, with a gtest failure naming the side, on error.
+bool connect_sides(const Side& a, const Device& da, const Side& b, const Device& db, const ConnConfig& conn);
+
 // Sizes of the pair's memory.
 inline constexpr size_t kTargetLen = 64 * 1024;
 inline constexpr size_t kGuardLen = 16 * 1024;

@@ -227,14 +227,7 @@ struct Victim {
       if (!*p || !(*p)->mr) return false;
     fill_pattern(target->data, kLen, kPatternSeed);
     fill_pattern(guard->data, kLen, kPatternSeed + 1);
-    if (int rc = bring_up(a.qp, a.psn, b.qpn(), b.psn, db.gid, conn, db.attr)) {
-      ADD_FAILURE() << "bring up a: " << strerror(rc);
-      return false;
-    }
-    if (int rc = bring_up(b.qp, b.psn, a.qpn(), a.psn, da.gid, conn, da.attr)) {
-      ADD_FAILURE() << "bring up b: " << strerror(rc);
-      return false;
-    }
+    if (!connect_sides(a, da, b, db, conn)) return false;
     epsn = a.psn;
     auto ea = net::Registry::instance().lookup(a.qpn()), eb = net::Registry::instance().lookup(b.qpn());
     if (!ea || !eb) {
