@@ -17,6 +17,8 @@
 
 #include <gtest/gtest.h>
 
+#include "user_files_fixture.h"
+
 #include "net/user_files.h"
 
 namespace softrdma::net {
@@ -25,21 +27,9 @@ namespace {
 const uint32_t kLo = htonl(INADDR_LOOPBACK);
 
 // Each test gets its own registry file, so tests neither see host state nor each other.
-class RegistryTest : public ::testing::Test {
+class RegistryTest : public UserFilesTest {
  protected:
-  void SetUp() override {
-    static std::atomic<int> n{0};
-    path_ = "/dev/shm/softrdma-unit-registry-" + std::to_string(getpid()) + "-" + std::to_string(n++);
-    remove_files();
-  }
-  void TearDown() override { remove_files(); }
-  // The files live at <path_>-u<uid>[.<k>] (net/user_files.h).
-  std::string own_file() const { return path_ + "-u" + std::to_string(geteuid()); }
-  void remove_files() const {
-    unlink(own_file().c_str());
-    for (int k = 1; k < UserFiles::kMaxSuffix; ++k) unlink((own_file() + "." + std::to_string(k)).c_str());
-  }
-  std::string path_;
+  RegistryTest() : UserFilesTest("softrdma-unit-registry-") {}
 };
 
 bool valid_qpn(uint32_t q) { return q > 1 && q < 0xFFFFFF; }

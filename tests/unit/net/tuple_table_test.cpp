@@ -12,24 +12,14 @@
 
 #include <gtest/gtest.h>
 
+#include "user_files_fixture.h"
+
 namespace softrdma::net {
 namespace {
 
-class TupleTableTest : public ::testing::Test {
+class TupleTableTest : public UserFilesTest {
  protected:
-  void SetUp() override {
-    static std::atomic<int> n{0};
-    path_ = "/dev/shm/softrdma-unit-tuples-" + std::to_string(getpid()) + "-" + std::to_string(n++);
-    remove_files();
-  }
-  void TearDown() override { remove_files(); }
-  // The files live at <path_>-u<uid>[.<k>] (net/user_files.h).
-  std::string own_file() const { return path_ + "-u" + std::to_string(geteuid()); }
-  void remove_files() const {
-    unlink(own_file().c_str());
-    for (int k = 1; k < UserFiles::kMaxSuffix; ++k) unlink((own_file() + "." + std::to_string(k)).c_str());
-  }
-  std::string path_;
+  TupleTableTest() : UserFilesTest("softrdma-unit-tuples-") {}
 };
 
 const TcpTuple kA{htonl(0x7F000001), htonl(0x7F000001), htons(40000), htons(5000)};

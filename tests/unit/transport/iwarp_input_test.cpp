@@ -42,17 +42,25 @@ class IwarpInput : public ::testing::TestWithParam<bool> {  // CRC on or off
   }
   uint64_t delta(uint64_t core::Counters::*c) { return e_.engine().counters().*c - before_.*c; }
 
-  // After the refused input: one Terminate (the QP's only FPDU from then on), the counter, the QP in
-  // ERROR, the receive WQEs flushed, the stream ended.
-  void expect_terminated(L layer, uint8_t etype, uint8_t ecode, uint64_t core::Counters::*counter,
-                         size_t flushed_recvs = 2) {
+  // Steps the engine and reads what the QP sent, which must be exactly one ULPDU; parses its DDP
+  // header into h and sets hl to the header's length (0 when it does not parse).
+  void read_one_ulpdu(iw::DdpHeader& h, size_t& hl) {
     step();
     raw_->read_all();
     ASSERT_EQ(raw_->ulpdus.size(), 1u);
     const auto& u = raw_->ulpdus[0];
-    iw::DdpHeader h;
     iw::ParseError err{};
-    const size_t hl = iw::parse_header(u.data(), u.size(), h, err);
+    hl = iw::parse_header(u.data(), u.size(), h, err);
+  }
+
+  // After the refused input: one Terminate (the QP's only FPDU from then on), the counter, the QP in
+  // ERROR, the receive WQEs flushed, the stream ended.
+  void expect_terminated(L layer, uint8_t etype, uint8_t ecode, uint64_t core::Counters::*counter,
+                         size_t flushed_recvs = 2) {
+    iw::DdpHeader h;
+    size_t hl = 0;
+    ASSERT_NO_FATAL_FAILURE(read_one_ulpdu(h, hl));
+    const auto& u = raw_->ulpdus[0];
     ASSERT_GT(hl, 0u);
     EXPECT_EQ(h.opcode, iw::Opcode::Terminate);
     EXPECT_EQ(h.qn, iw::kQnTerminate);
@@ -229,13 +237,10 @@ TEST_P(IwarpInput, ReadBeyondIrd) {
 TEST_P(IwarpInput, ReadWithinIrdIsAnswered) {
   iw::ReadRequest r{0x1111, 0x2000, 100, mem_->mr.rkey, mem_->addr(5)};
   raw_->send_ulpdu(read_request(1, r));
-  step();
-  raw_->read_all();
-  ASSERT_EQ(raw_->ulpdus.size(), 1u);
-  const auto& u = raw_->ulpdus[0];
   iw::DdpHeader h;
-  iw::ParseError err{};
-  const size_t hl = iw::parse_header(u.data(), u.size(), h, err);
+  size_t hl = 0;
+  ASSERT_NO_FATAL_FAILURE(read_one_ulpdu(h, hl));
+  const auto& u = raw_->ulpdus[0];
   ASSERT_EQ(hl, iw::kTaggedHeaderLen);
   EXPECT_EQ(h.opcode, iw::Opcode::ReadResponse);
   EXPECT_TRUE(h.last);
