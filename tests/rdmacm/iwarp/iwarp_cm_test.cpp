@@ -306,16 +306,20 @@ struct RefusingPort {
   ~RefusingPort() { release(); }
 };
 
+// Resolves C to refusing's port (a fatal failure when it has none or the resolve fails).
+static void resolve_to(const RefusingPort& refusing, Client& C) {
+  ASSERT_NE(refusing.port, 0);
+  ASSERT_TRUE(C.resolve(refusing.port, false));
+}
+
 // A port nobody listens on: the TCP connect is refused. siw refuses in rdma_connect itself (its
 // connect blocks); a NIC reports REJECTED with -ECONNREFUSED, as we do, after the second of retries
 // that a server re-listening on its port gets.
 TEST(IwarpCm, NobodyListeningIsRefused) {
   RefusingPort refusing;
-  ASSERT_NE(refusing.port, 0);
-  const uint16_t port = refusing.port;
   Stats before;
   Client C;
-  ASSERT_TRUE(C.resolve(port, false));
+  ASSERT_NO_FATAL_FAILURE(resolve_to(refusing, C));
   rdma_conn_param cp{};
   if (rdma_connect(C.id, &cp) != 0) {
     EXPECT_EQ(errno, ECONNREFUSED);
@@ -334,11 +338,10 @@ TEST(IwarpCm, NobodyListeningIsRefused) {
 // between its two connections; qperf names its port before listening): the retry reaches it.
 TEST(IwarpCm, ListenerThatComesLateIsReached) {
   RefusingPort refusing;
-  ASSERT_NE(refusing.port, 0);
-  const uint16_t port = refusing.port;
   Stats before;
   Client C;
-  ASSERT_TRUE(C.resolve(port, false));
+  ASSERT_NO_FATAL_FAILURE(resolve_to(refusing, C));
+  const uint16_t port = refusing.port;
   rdma_conn_param cp{};
   ASSERT_EQ(rdma_connect(C.id, &cp), 0);
   // No listener yet: wait until the CM has seen a refusal, then listen on the port.
