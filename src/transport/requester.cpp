@@ -178,9 +178,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
       if (!prepare_wqe(qp, e)) {
         // Reported in order by the completer; nothing after it is sent.
         e.started = true;
-        e.acked = true;
-        qp.req.sq_stop_at = qp.req.send_index;
-        complete_in_order(qp);
+        fail_in_order(qp, e);
         return true;
       }
       // The intra-host direct path, for a one-sided WQE with nothing before it in flight (so order and
@@ -214,9 +212,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
     }
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered while it was in flight: it completes in error, in order.
-      e.acked = true;
-      qp.req.sq_stop_at = qp.req.send_index;
-      complete_in_order(qp);
+      fail_in_order(qp, e);
       return true;
     }
     // READ and ATOMIC are one request packet however many PSNs their responses use.
