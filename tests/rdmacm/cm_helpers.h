@@ -42,6 +42,20 @@ inline std::string name(const rdma_cm_event* ev) {
   return ev ? std::string(rdma_event_str(ev->event)) + " status " + std::to_string(ev->status) : "no event";
 }
 
+// Connection parameters for rdma_connect / rdma_accept: private data (data, len), responder
+// resources, initiator depth and the retry counts; every other field zero.
+inline rdma_conn_param conn_param(const void* data, size_t len, uint8_t resources, uint8_t depth,
+                                  uint8_t retry = 0, uint8_t rnr_retry = 0) {
+  rdma_conn_param p{};
+  p.private_data = data;
+  p.private_data_len = static_cast<uint8_t>(len);
+  p.responder_resources = resources;
+  p.initiator_depth = depth;
+  p.retry_count = retry;
+  p.rnr_retry_count = rnr_retry;
+  return p;
+}
+
 // One side's verbs resources on a cm id: one CQ, a QP, a registered buffer, and a PD of its own
 // unless own_pd is false (then the id's: rdma_create_qp without one, as the iWARP tests do).
 struct Side {

@@ -41,13 +41,7 @@ TEST(RdmaCm, ConnectAcceptPrivateDataBothWaysThenSendReadAndDisconnect) {
   ASSERT_TRUE(cs.setup(C.id, 8192));
 
   const char hello[] = "client-hello-0123";
-  rdma_conn_param cp{};
-  cp.private_data = hello;
-  cp.private_data_len = sizeof hello;
-  cp.responder_resources = 1;
-  cp.initiator_depth = 1;
-  cp.retry_count = 7;
-  cp.rnr_retry_count = 7;
+  rdma_conn_param cp = conn_param(hello, sizeof hello, 1, 1, 7, 7);
   ASSERT_EQ(rdma_connect(C.id, &cp), 0);
 
   rdma_cm_event* ev = next_event(L.ch);
@@ -74,12 +68,7 @@ TEST(RdmaCm, ConnectAcceptPrivateDataBothWaysThenSendReadAndDisconnect) {
   ASSERT_EQ(ibv_post_recv(child->qp, &rwr, &bad_r), 0);
 
   Remote rem{reinterpret_cast<uint64_t>(ss.buf.data() + 4096), ss.mr->rkey, "server-accepts"};
-  rdma_conn_param ap{};
-  ap.private_data = &rem;
-  ap.private_data_len = sizeof rem;
-  ap.responder_resources = 1;
-  ap.initiator_depth = 1;
-  ap.rnr_retry_count = 7;
+  rdma_conn_param ap = conn_param(&rem, sizeof rem, 1, 1, 0, 7);
   ASSERT_EQ(rdma_accept(child, &ap), 0);
 
   ev = next_event(C.ch);

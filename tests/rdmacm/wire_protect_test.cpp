@@ -70,12 +70,7 @@ void server(const char* path) {
   ibv_recv_wr* bad_r = nullptr;
   if (ibv_post_recv(child->qp, &rwr, &bad_r)) return out(path, "post_recv failed");
   Remote rem{reinterpret_cast<uint64_t>(ss.buf.data()), ss.mr->rkey, "server-remote-tag"};
-  rdma_conn_param ap{};
-  ap.private_data = &rem;
-  ap.private_data_len = sizeof rem;
-  ap.responder_resources = 1;
-  ap.initiator_depth = 1;
-  ap.rnr_retry_count = 7;
+  rdma_conn_param ap = conn_param(&rem, sizeof rem, 1, 1, 0, 7);
   if (rdma_accept(child, &ap)) return out(path, "accept failed");
   ev = next_event(L.ch);
   if (!ev || ev->event != RDMA_CM_EVENT_ESTABLISHED) return out(path, "no established: " + name(ev));
@@ -100,13 +95,7 @@ void client(const char* path, uint16_t port) {
   if (!C.resolve(port)) return out(path, "resolve failed");
   Side cs;
   if (!cs.setup(C.id, kLen + 8192)) return out(path, "setup failed");
-  rdma_conn_param cp{};
-  cp.private_data = kReqData;
-  cp.private_data_len = sizeof kReqData;
-  cp.responder_resources = 1;
-  cp.initiator_depth = 1;
-  cp.retry_count = 7;
-  cp.rnr_retry_count = 7;
+  rdma_conn_param cp = conn_param(kReqData, sizeof kReqData, 1, 1, 7, 7);
   if (rdma_connect(C.id, &cp)) return out(path, "connect failed errno " + std::to_string(errno));
   rdma_cm_event* ev = next_event(C.ch);
   if (!ev) return out(path, "no event");

@@ -34,6 +34,7 @@ const bool env_set = [] {
 
 namespace cmt = softrdma::cm_test;  // the helpers shared with tests/rdmacm/cm_test.cpp
 using cmt::addr;
+using cmt::conn_param;
 using cmt::kIp;
 using cmt::kWaitMs;
 using cmt::Listener;
@@ -197,11 +198,7 @@ TEST(IwarpCm, ConnectAcceptPrivateDataBothWays) {
   ASSERT_TRUE(C.resolve(L.port));
   Stats before;
   const char hello[] = "iwarp-client-hello";
-  rdma_conn_param cp{};
-  cp.private_data = hello;
-  cp.private_data_len = sizeof hello;
-  cp.responder_resources = 4;
-  cp.initiator_depth = 2;
+  rdma_conn_param cp = conn_param(hello, sizeof hello, 4, 2);
   ASSERT_EQ(rdma_connect(C.id, &cp), 0);
 
   rdma_cm_event* ev = next_event(L.ch);
@@ -219,11 +216,7 @@ TEST(IwarpCm, ConnectAcceptPrivateDataBothWays) {
   Side ss;
   ASSERT_TRUE(ss.setup(child));
   const char welcome[] = "iwarp-server-accepts-you";
-  rdma_conn_param ap{};
-  ap.private_data = welcome;
-  ap.private_data_len = sizeof welcome;
-  ap.responder_resources = 2;
-  ap.initiator_depth = 3;
+  rdma_conn_param ap = conn_param(welcome, sizeof welcome, 2, 3);
   ASSERT_EQ(rdma_accept(child, &ap), 0);
   ev = next_event(L.ch);
   ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id == child) << name(ev);
@@ -472,11 +465,7 @@ TEST(IwarpCm, RequestOnTheWireAndNegotiatedReply) {
   Client C;
   ASSERT_TRUE(C.resolve(S.port, false));
   const char hello[] = "on-the-wire";
-  rdma_conn_param cp{};
-  cp.private_data = hello;
-  cp.private_data_len = sizeof hello;
-  cp.responder_resources = 5;
-  cp.initiator_depth = 3;
+  rdma_conn_param cp = conn_param(hello, sizeof hello, 5, 3);
   ASSERT_EQ(rdma_connect(C.id, &cp), 0);
   int fd = S.accept_one();
   ASSERT_GE(fd, 0);
