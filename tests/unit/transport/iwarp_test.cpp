@@ -296,6 +296,27 @@ TEST(Iwarp, NoRtrKickOnceThePeerSpoke) {
   destroy(b2);
 }
 
+// The peer closes after its MPA reply, before any FPDU: the initiator's RTR hold and kicks must not
+// leave a deadline in the past behind, or its progress thread would spin until the QP is destroyed.
+TEST(Iwarp, NoStaleDeadlineAfterAnEarlyClose) {
+  IwPair p(IwOptions{});
+  End a2, b2;
+  int sv1 = -1;
+  ASSERT_NO_FATAL_FAILURE(attach_held_rtr_pair(p, a2, b2, &sv1));
+  ASSERT_EQ(shutdown(sv1, SHUT_RDWR), 0);
+  for (int i = 0; i < 100 && a2.qp->state.load() != QpState::Err; ++i) {
+    p.a.engine().step();
+    p.b.engine().step();
+  }
+  ASSERT_EQ(a2.qp->state.load(), QpState::Err);
+  p.f.net.advance_to(p.f.now() + kIwarpRtrKickNs[std::size(kIwarpRtrKickNs) - 1] + 1);
+  for (int i = 0; i < 20; ++i) p.a.engine().step();
+  const uint64_t d = p.a.engine().next_deadline();
+  EXPECT_TRUE(d == 0 || d > p.f.now()) << "deadline " << d << " at " << p.f.now();
+  destroy(a2);
+  destroy(b2);
+}
+
 TEST(Iwarp, CompletionsInSendQueueOrder) {
   IwPair p;
   auto la = register_region(p.a.engine(), 1, 1 << 20, kAllAccess);
