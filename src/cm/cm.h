@@ -40,8 +40,17 @@ inline constexpr size_t kMpaMaxFrame = wire::iwarp::kMpaHeaderLen + wire::iwarp:
 // (what siw takes, RDMA_MAX_PRIVATE_DATA) less the RFC 6581 IRD/ORD words.
 inline constexpr size_t kIwarpMaxPrivateData = 256 - wire::iwarp::kMpaEnhancedLen;
 
-// The first-FPDU rule, as softrdma_iwarp_rtr numbers it (verbs/private_abi.h).
-enum class IwRtr : uint8_t { None = 0, SendWrite = 1, SendRead = 2, SendSend = 3, Await = 4 };
+// The first-FPDU rule, as softrdma_iwarp_rtr numbers it (verbs/private_abi.h), value for value.
+enum class IwRtr : uint8_t {
+  None = 0,
+  SendWrite = 1,
+  SendRead = 2,
+  SendSend = 3,
+  Await = 4,
+  AwaitWrite = 5,
+  AwaitRead = 6,
+  AwaitSend = 7
+};
 
 // What the consumer hands the QP once the MPA exchange is done (softrdma_iwarp_conn).
 struct IwarpConn {

@@ -471,9 +471,13 @@ int Manager::iw_accept(Connection& c, const AcceptParams& p) {
     f.ird = ird;
     f.ord = ord;
   }
-  // The responder sends nothing before the initiator's first FPDU: the RTR with peer-to-peer, the
-  // ULP's first message without (RFC 5044 §7.1.2; siw fails a connection on bytes after the reply).
-  w.rtr = IwRtr::Await;
+  // The responder sends nothing before the initiator's first FPDU: the RTR we chose with
+  // peer-to-peer, the ULP's first message without (RFC 5044 §7.1.2; siw fails a connection on bytes
+  // after the reply).
+  w.rtr = !f.peer_to_peer ? IwRtr::Await
+          : f.rtr_write   ? IwRtr::AwaitWrite
+          : f.rtr_read    ? IwRtr::AwaitRead
+                          : IwRtr::AwaitSend;
   w.ird = ird;
   w.ord = ord;
   w.crc = q.crc || want_crc();

@@ -45,11 +45,12 @@ namespace softrdma::core {
 //   iw_ird_exceeded   READ request beyond IRD          iw_bad_response  READ response matching no READ
 //   iw_cannot_invalidate  SEND with invalidate of an STag that cannot be invalidated
 //   iw_local_error    receive WQE's own buffers failed their check (lkey, LOCAL_WRITE)
+//   iw_bad_rtr        peer-to-peer: the first FPDU is not the zero-length RTR agreed (RFC 6581)
 //   iw_terminate_sent / iw_terminate_rcvd   Terminate messages   iw_conn_lost  EOF or reset without one
 #define SOFTRDMA_IWARP_COUNTERS(X)                                                            \
   X(iw_tx_fpdus) X(iw_rx_fpdus) X(iw_bad_crc) X(iw_bad_framing) X(iw_bad_header) X(iw_bad_qn)   \
   X(iw_bad_msn) X(iw_bad_mo) X(iw_no_recv) X(iw_msg_too_long) X(iw_bad_stag) X(iw_bad_bounds)  \
-  X(iw_ird_exceeded) X(iw_bad_response) X(iw_cannot_invalidate) X(iw_local_error)              \
+  X(iw_ird_exceeded) X(iw_bad_response) X(iw_cannot_invalidate) X(iw_local_error) X(iw_bad_rtr) \
   X(iw_terminate_sent) X(iw_terminate_rcvd) X(iw_conn_lost)
 
 struct Counters {

@@ -636,14 +636,11 @@ void Engine::flush_queues(Qp& qp) {
 uint64_t Engine::next_deadline_ns() {
   uint64_t d = 0;
   for (Qp* qp : qp_list_) {
-    // A stream that is shut or closing sends no kick, and a hold matters only while something is
-    // queued: their deadlines would stay in the past and spin the progress thread.
+    // iWARP clears its holds and kicks when the stream ends (iwarp_stop, iwarp_conn_lost).
     const Qp::IwarpState& iw = qp->iw;
-    const bool iw_live = !iw.shut && !iw.closing;
     for (uint64_t t : {qp->comp.timer_deadline_ns, qp->comp.rnr_resume_ns,
-                       iw.hold_tx ? iw.hold_until_ns : uint64_t{0},
-                       !iw.shut && !iw.tx.empty() ? iw.tx_hold_until_ns : uint64_t{0},
-                       iw_live && iw.kicks ? iwarp_kick_due(iw) : uint64_t{0}})
+                       iw.hold_tx ? iw.hold_until_ns : uint64_t{0}, iw.tx_hold_until_ns,
+                       iw.kicks ? iwarp_kick_due(iw) : uint64_t{0}})
       if (t && (!d || t < d)) d = t;
   }
   return d;

@@ -10,9 +10,15 @@ enum class IwarpRtr : uint8_t {
   None,       // initiator without peer-to-peer: the ULP sends first
   SendWrite,  // initiator: a zero-length RDMA WRITE goes first
   SendRead,   // initiator: a zero-length RDMA READ goes first (its zero-length response is consumed)
-  SendSend,   // initiator: a zero-length SEND goes first (consumes no receive at the peer? see iwarp.md)
-  Await,      // responder: nothing is sent until the first FPDU has arrived
+  SendSend,   // initiator: a zero-length SEND goes first (it consumes no receive WQE at the peer)
+  Await,      // responder, no RTR agreed: nothing is sent until the ULP's first FPDU has arrived
+  // Responder with peer-to-peer: nothing is sent until the first FPDU, which must be the agreed
+  // zero-length WRITE, READ or SEND; any other is refused with No Matching RTR (RFC 6581 §5).
+  AwaitWrite,
+  AwaitRead,
+  AwaitSend,
 };
+inline constexpr bool iwarp_awaits(IwarpRtr r) { return r >= IwarpRtr::Await; }
 
 inline constexpr uint64_t kIwarpAwaitGraceNs = 50'000'000;  // 50 ms
 inline constexpr uint64_t kIwarpRtrHoldNs = 10'000'000;     // 10 ms

@@ -136,9 +136,9 @@ int Engine::iwarp_attach(Qp* qp, const IwarpAttach& a) {
       s.kicks = true;
     }
   }
-  if (a.rtr == IwarpRtr::Await) {
+  if (iwarp_awaits(a.rtr)) {
     s.hold_tx = true;
-    s.rtr_pending_rx = true;
+    if (a.rtr != IwarpRtr::Await) s.rtr_expected = a.rtr;
     if (a.await_grace) s.hold_until_ns = now() + kIwarpAwaitGraceNs;
   }
   qp->state.store(QpState::Rts, std::memory_order_release);
@@ -441,6 +441,7 @@ void Engine::iwarp_stop(Qp& qp) {
   for (Qp::IwarpTx& t : s.tx) t.completes = false;
   s.closing = true;
   s.hold_tx = false;
+  s.kicks = false;  // a QP in error kicks no peer: no deadline of its own is left but the RTR hold
   s.reads.clear();
   s.read_jobs.clear();
   if (!s.shut) set_events(epoll_fd_, s.fd, s.want_out ? uint32_t{EPOLLOUT} : 0u);
@@ -454,6 +455,7 @@ void Engine::iwarp_conn_lost(Qp& qp, bool reset) {
   if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
   iwarp_stop(qp);
   s.tx.clear();  // nobody reads them
+  s.tx_hold_until_ns = 0;  // nor is anything held for anyone
 }
 
 void Engine::iwarp_release(Qp& qp) {

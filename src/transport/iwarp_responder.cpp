@@ -38,6 +38,21 @@ constexpr uint8_t kDdpInvalidQn = t::kUtInvalidQn, kDdpNoBuffer = t::kUtInvalidM
 
 constexpr int kReadsPerPass = 16;  // recv calls per QP per progress pass
 
+// Whether a first FPDU is the RTR the MPA exchange agreed (RFC 6581 §5): a zero-length WRITE, a READ
+// request for nothing, or a zero-length SEND, each one whole message.
+bool is_agreed_rtr(IwarpRtr rtr, const iw::DdpHeader& h, const uint8_t* payload, size_t plen) {
+  if (!h.last) return false;
+  switch (rtr) {
+    case IwarpRtr::AwaitWrite: return h.opcode == iw::Opcode::Write && plen == 0;
+    case IwarpRtr::AwaitSend: return h.opcode == iw::Opcode::Send && plen == 0 && h.mo == 0;
+    case IwarpRtr::AwaitRead: {
+      iw::ReadRequest r;
+      return h.opcode == iw::Opcode::ReadRequest && iw::parse_read_request(payload, plen, r) && r.size == 0;
+    }
+    default: return false;
+  }
+}
+
 // A key check's result as a DDP tagged buffer error (RDMA WRITE, READ response); access rights
 // have no DDP code: invalid STag, as siw reports them.
 uint8_t ddp_tagged_code(core::AccessResult r) {
@@ -178,13 +193,17 @@ bool Engine::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
     iwarp_refuse(qp, {err.layer, err.etype, err.ecode, &C::iw_bad_header, AsyncEventType::QpReqErr}, u, copy, len);
     return false;
   }
-  // The first FPDU from the peer: transmission may start (RTR Await), and a zero-length SEND is the
-  // peer's RTR, which takes no receive WQE.
-  const bool rtr_first = s.rtr_pending_rx;
-  s.rtr_pending_rx = false;
+  // The first FPDU from the peer: transmission may start (RTR Await). With peer-to-peer it must be
+  // the zero-length RTR agreed in the MPA exchange; a zero-length SEND RTR takes no receive WQE.
+  const IwarpRtr rtr = s.rtr_expected;
+  s.rtr_expected = IwarpRtr::None;
   s.hold_tx = false;
   const uint8_t* payload = u + hl;
   const size_t plen = len - hl;
+  if (rtr != IwarpRtr::None && !is_agreed_rtr(rtr, h, payload, plen)) {
+    iwarp_refuse(qp, {L::Llp, t::kLlpMpa, t::kNoMatchingRtr, &C::iw_bad_rtr, AsyncEventType::QpFatal});
+    return false;
+  }
   const size_t ddp_len = h.tagged ? iw::kTaggedHeaderLen : iw::kUntaggedHeaderLen;
   if (!h.tagged) {
     const uint32_t want_qn = is_send(h.opcode) ? iw::kQnSend
@@ -200,7 +219,7 @@ bool Engine::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
                    len);
       return false;
     }
-    if (rtr_first && is_send(h.opcode) && plen == 0 && h.last && h.mo == 0) {
+    if (rtr == IwarpRtr::AwaitSend) {
       ++s.rx_msn[iw::kQnSend];
       return true;
     }
@@ -411,6 +430,7 @@ void Engine::iwarp_deliver_terminate(Qp& qp, const uint8_t* payload, size_t plen
   if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
   iwarp_stop(qp);
   s.tx.clear();  // nothing follows a Terminate either way (RFC 5040 §5.4)
+  s.tx_hold_until_ns = 0;
 }
 
 }  // namespace softrdma::transport

@@ -451,7 +451,7 @@ struct Qp {
     uint32_t ird = 1, ord = 1;
     bool hold_tx = false;           // RTR Await: nothing is sent before the first FPDU arrives
     uint64_t hold_until_ns = 0;     // ... or before this (IwarpAttach::await_grace), if set
-    bool rtr_pending_rx = false;    // the peer's first FPDU may be its zero-length RTR
+    IwarpRtr rtr_expected = IwarpRtr::None;  // AwaitWrite/Read/Send: what the first FPDU must be
     uint64_t tx_hold_until_ns = 0;  // nothing is written to the socket before this (IwarpAttach::rtr_hold)
     uint64_t attached_ns = 0;
     uint8_t kicks_sent = 0;         // zero-length WRITEs after a held RTR (kIwarpRtrKickNs)

@@ -109,6 +109,9 @@ int attach_tcp(ibv_qp* qp, const softrdma_iwarp_conn& c, int fd) {
     case SOFTRDMA_IW_RTR_SEND_READ: a.rtr = transport::IwarpRtr::SendRead; break;
     case SOFTRDMA_IW_RTR_SEND_SEND: a.rtr = transport::IwarpRtr::SendSend; break;
     case SOFTRDMA_IW_RTR_AWAIT: a.rtr = transport::IwarpRtr::Await; break;
+    case SOFTRDMA_IW_RTR_AWAIT_WRITE: a.rtr = transport::IwarpRtr::AwaitWrite; break;
+    case SOFTRDMA_IW_RTR_AWAIT_READ: a.rtr = transport::IwarpRtr::AwaitRead; break;
+    case SOFTRDMA_IW_RTR_AWAIT_SEND: a.rtr = transport::IwarpRtr::AwaitSend; break;
     default: a.rtr = transport::IwarpRtr::None; break;
   }
   a.ird = c.ird;
@@ -130,7 +133,7 @@ SOFTRDMA_EXPORT int softrdma_iwarp_attach(ibv_qp* qp, const softrdma_iwarp_conn*
   SoftQp* q = to_qp(qp);
   if (!is_iwarp(qp->context) || qp->qp_type != IBV_QPT_RC || q->xrcd || q->iw_fd >= 0) return EINVAL;
   if (to_ibv(q->tqp->state.load()) != IBV_QPS_INIT) return EINVAL;
-  if (conn->rtr > SOFTRDMA_IW_RTR_AWAIT) return EINVAL;
+  if (conn->rtr > SOFTRDMA_IW_RTR_AWAIT_SEND) return EINVAL;
   if (conn->flags &
       ~uint32_t{SOFTRDMA_IW_CRC | SOFTRDMA_IW_MARKERS_RX | SOFTRDMA_IW_MARKERS_TX | SOFTRDMA_IW_AWAIT_GRACE |
                   SOFTRDMA_IW_RTR_HOLD})

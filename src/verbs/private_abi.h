@@ -28,7 +28,11 @@ enum softrdma_iwarp_rtr {
   SOFTRDMA_IW_RTR_SEND_WRITE = 1,  /* initiator: send a zero-length RDMA WRITE first */
   SOFTRDMA_IW_RTR_SEND_READ = 2,   /* initiator: send a zero-length RDMA READ first */
   SOFTRDMA_IW_RTR_SEND_SEND = 3,   /* initiator: send a zero-length SEND first */
-  SOFTRDMA_IW_RTR_AWAIT = 4,       /* responder: send nothing until the first FPDU arrives */
+  SOFTRDMA_IW_RTR_AWAIT = 4,       /* responder, no RTR agreed: send nothing until the first FPDU */
+  /* responder with peer-to-peer: send nothing until the agreed zero-length RTR, refuse any other */
+  SOFTRDMA_IW_RTR_AWAIT_WRITE = 5,
+  SOFTRDMA_IW_RTR_AWAIT_READ = 6,
+  SOFTRDMA_IW_RTR_AWAIT_SEND = 7,
 };
 
 struct softrdma_iwarp_conn {

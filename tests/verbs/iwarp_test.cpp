@@ -478,7 +478,7 @@ class IwarpVerbsPair : public IwarpVerbs {
   // Attaches both; the direct path when peer QPNs are given. 0 or the first errno.
   int attach(bool direct) {
     softrdma_iwarp_conn ca = conn_of(fds[0], direct ? b->qp->qp_num : 0, SOFTRDMA_IW_RTR_SEND_WRITE);
-    softrdma_iwarp_conn cb = conn_of(fds[1], direct ? a->qp->qp_num : 0, SOFTRDMA_IW_RTR_AWAIT);
+    softrdma_iwarp_conn cb = conn_of(fds[1], direct ? a->qp->qp_num : 0, SOFTRDMA_IW_RTR_AWAIT_WRITE);
     if (int rc = softrdma_iwarp_attach(b->qp, &cb)) return rc;
     return softrdma_iwarp_attach(a->qp, &ca);
   }

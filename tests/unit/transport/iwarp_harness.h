@@ -51,6 +51,16 @@ struct IwOptions {
   uint32_t ird = 8, ord = 8;
 };
 
+// The responder's side of an initiator's RTR: what it awaits (Await when none is sent).
+inline IwarpRtr awaiting(IwarpRtr sent) {
+  switch (sent) {
+    case IwarpRtr::SendWrite: return IwarpRtr::AwaitWrite;
+    case IwarpRtr::SendRead: return IwarpRtr::AwaitRead;
+    case IwarpRtr::SendSend: return IwarpRtr::AwaitSend;
+    default: return IwarpRtr::Await;
+  }
+}
+
 inline int attach(End& e, int fd, const IwOptions& o, IwarpRtr rtr) {
   IwarpAttach a;
   a.fd = fd;

@@ -30,7 +30,7 @@ class IwarpInput : public ::testing::TestWithParam<bool> {  // CRC on or off
     IwOptions o;
     o.crc = GetParam();
     o.ird = 1;
-    ASSERT_EQ(attach(e_, sv[0], o, IwarpRtr::None), 0);
+    ASSERT_EQ(attach(e_, sv[0], o, rtr_), 0);
     ASSERT_EQ(post(e_, recv_wqe(1, *mem_, 4096, 64)), 0);
     ASSERT_EQ(post(e_, recv_wqe(2, *mem_, 4096 + 64, 64)), 0);
     before_ = e_.engine().counters();
@@ -88,6 +88,7 @@ class IwarpInput : public ::testing::TestWithParam<bool> {  // CRC on or off
     }
   }
 
+  IwarpRtr rtr_ = IwarpRtr::None;  // what the QP awaits first (IwarpRtrInput)
   Fabric f_;
   Host* host_ = nullptr;
   End e_;
@@ -369,6 +370,48 @@ TEST(IwarpMarkers, BadMarker) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Crc, IwarpInput, ::testing::Bool(),
+                         [](const auto& i) { return std::string(i.param ? "crc" : "nocrc"); });
+
+// A responder that agreed a zero-length WRITE as the RTR (peer-to-peer, RFC 6581): its first FPDU
+// must be exactly that; anything else gets the No Matching RTR Terminate (LLP / MPA / 0x07).
+class IwarpRtrInput : public IwarpInput {
+ protected:
+  IwarpRtrInput() { rtr_ = IwarpRtr::AwaitWrite; }
+};
+
+TEST_P(IwarpRtrInput, AgreedRtrThenTraffic) {
+  raw_->send_ulpdu(ulpdu(tagged_hdr(iw::Opcode::Write, 0, 0)));
+  const uint8_t data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  raw_->send_ulpdu(ulpdu(send_hdr(1, 0, true), data, 8));
+  step();
+  std::vector<core::Cqe> rc = poll_all(e_, *e_.rcq);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].wr_id, 1u);
+  EXPECT_EQ(rc[0].byte_len, 8u);
+  EXPECT_EQ(std::memcmp(mem_->data() + 4096, data, 8), 0);
+  EXPECT_EQ(e_.qp->state.load(), QpState::Rts);
+  EXPECT_EQ(delta(&core::Counters::iw_bad_rtr), 0u);
+}
+
+TEST_P(IwarpRtrInput, ZeroLengthSendInsteadOfTheAgreedWrite) {
+  raw_->send_ulpdu(ulpdu(send_hdr(1, 0, true)));
+  expect_terminated(L::Llp, 0, iw::term::kNoMatchingRtr, &core::Counters::iw_bad_rtr);
+}
+
+TEST_P(IwarpRtrInput, DataBeforeTheRtr) {
+  const uint8_t data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  raw_->send_ulpdu(ulpdu(send_hdr(1, 0, true), data, 8));
+  expect_terminated(L::Llp, 0, iw::term::kNoMatchingRtr, &core::Counters::iw_bad_rtr);
+}
+
+TEST_P(IwarpRtrInput, WriteWithDataInsteadOfTheZeroLengthRtr) {
+  const uint8_t data[16] = {};
+  raw_->send_ulpdu(ulpdu(tagged_hdr(iw::Opcode::Write, mem_->mr.rkey, mem_->addr(4096)), data, 16));
+  expect_terminated(L::Llp, 0, iw::term::kNoMatchingRtr, &core::Counters::iw_bad_rtr);
+  for (size_t i = 4096; i < 4096 + 16; ++i) ASSERT_EQ(mem_->bytes[i], 0xA5) << "byte " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Crc, IwarpRtrInput, ::testing::Bool(),
                          [](const auto& i) { return std::string(i.param ? "crc" : "nocrc"); });
 
 }  // namespace

@@ -104,7 +104,7 @@ TEST_P(IwarpFraming, RtrVariantsThenTraffic) {
   for (IwarpRtr rtr : {IwarpRtr::SendWrite, IwarpRtr::SendRead, IwarpRtr::SendSend}) {
     IwOptions o = opts();
     o.rtr_a = rtr;
-    o.rtr_b = IwarpRtr::Await;
+    o.rtr_b = awaiting(rtr);
     IwPair p(o);
     auto src = register_region(p.a.engine(), 1, 4096, kAllAccess);
     auto dst = register_region(p.b.engine(), 1, 4096, kAllAccess);
@@ -203,6 +203,33 @@ TEST(Iwarp, AwaitGraceStartsAfterItsTime) {
   destroy(b2);
 }
 
+// Without peer-to-peer no RTR was agreed: a first zero-length SEND (a stock siw client's first
+// message can be one) is the ULP's message, which completes a receive WQE of length 0, as any later
+// one does.
+TEST(Iwarp, ZeroLengthSendFirstIsAMessageWhenNoRtrWasAgreed) {
+  IwOptions o;
+  o.rtr_a = IwarpRtr::None;
+  o.rtr_b = IwarpRtr::Await;
+  IwPair p(o);
+  auto src = register_region(p.a.engine(), 1, 4096, kAllAccess);
+  auto dst = register_region(p.b.engine(), 1, 4096, kAllAccess);
+  fill(*src, 6);
+  ASSERT_EQ(post(p.b, recv_wqe(1, *dst, 0, 2048)), 0);
+  ASSERT_EQ(post(p.b, recv_wqe(2, *dst, 2048, 2048)), 0);
+  ASSERT_EQ(post(p.a, send_wqe(3, *src, 0, 0)), 0);
+  ASSERT_EQ(post(p.a, send_wqe(4, *src, 0, 100)), 0);
+  std::vector<core::Cqe> rb;
+  ASSERT_TRUE(wait_cqes(p, p.b, *p.b.rcq, 2, rb));
+  ASSERT_EQ(rb.size(), 2u);
+  EXPECT_EQ(rb[0].wr_id, 1u);
+  EXPECT_EQ(rb[0].status, WcStatus::Success);
+  EXPECT_EQ(rb[0].byte_len, 0u);
+  EXPECT_EQ(rb[1].wr_id, 2u);
+  EXPECT_EQ(rb[1].byte_len, 100u);
+  EXPECT_EQ(std::memcmp(dst->data() + 2048, src->data(), 100), 0);
+  EXPECT_EQ(p.b.qp->state.load(), QpState::Rts);
+}
+
 // An initiator with rtr_hold (what our CM asks for towards any peer): its RTR and the SEND posted
 // behind it stay queued for kIwarpRtrHoldNs after the attach, then leave in order, the RTR first.
 // A fresh pair of ends over a socketpair: a2 an initiator whose WRITE RTR is held (rtr_hold, as our
@@ -221,7 +248,7 @@ void attach_held_rtr_pair(IwPair& p, End& a2, End& b2, int* sv1) {
   ASSERT_EQ(p.a.engine().iwarp_attach(a2.qp, aa), 0);
   IwarpAttach ab;
   ab.fd = sv[1];
-  ab.rtr = IwarpRtr::Await;
+  ab.rtr = IwarpRtr::AwaitWrite;
   ab.ird = ab.ord = 8;
   ASSERT_EQ(p.b.engine().iwarp_attach(b2.qp, ab), 0);
 }
@@ -313,6 +340,35 @@ TEST(Iwarp, NoStaleDeadlineAfterAnEarlyClose) {
   for (int i = 0; i < 20; ++i) p.a.engine().step();
   const uint64_t d = p.a.engine().next_deadline();
   EXPECT_TRUE(d == 0 || d > p.f.now()) << "deadline " << d << " at " << p.f.now();
+  destroy(a2);
+  destroy(b2);
+}
+
+// A Terminate that arrives while the RTR is still held: nothing is written after it, the hold is
+// dropped with what it held, and the progress thread has no deadline left in the past (nor work).
+TEST(Iwarp, TerminateDuringTheRtrHoldLeavesNoDeadline) {
+  IwPair p(IwOptions{});
+  End a2, b2;
+  int sv1 = -1;
+  ASSERT_NO_FATAL_FAILURE(attach_held_rtr_pair(p, a2, b2, &sv1));
+  // The peer's Terminate written on b2's socket as a peer would (b2 has sent nothing, no CRC).
+  iw::DdpHeader h = send_hdr(1, 0, true, iw::Opcode::Terminate);
+  h.qn = iw::kQnTerminate;
+  iw::Terminate t{iw::TermLayer::Rdmap, iw::term::kRdmapRemoteOperation, iw::term::kUnspecified};
+  uint8_t body[iw::kMaxTerminateLen];
+  const size_t blen = iw::encode_terminate(t, body);
+  RawPeer raw(false, false);
+  raw.fd = sv1;
+  raw.send_ulpdu(ulpdu(h, body, blen));
+  raw.fd = -1;  // b2 owns it
+  for (int i = 0; i < 50 && a2.qp->state.load() != QpState::Err; ++i) p.a.engine().step();
+  ASSERT_EQ(a2.qp->state.load(), QpState::Err);
+  EXPECT_EQ(a2.qp->iw.tx_hold_until_ns, 0u);
+  p.f.net.advance_to(p.f.now() + kIwarpRtrHoldNs + 1);
+  for (int i = 0; i < 20; ++i) p.a.engine().step();
+  const uint64_t d = p.a.engine().next_deadline();
+  EXPECT_TRUE(d == 0 || d > p.f.now()) << "deadline " << d << " at " << p.f.now();
+  EXPECT_EQ(p.a.engine().counters().iw_terminate_rcvd, 1u);
   destroy(a2);
   destroy(b2);
 }
@@ -566,7 +622,7 @@ TEST(IwarpTcp, LoopbackTcpWithPartialWrites) {
   IwOptions o;
   o.crc = true;
   ASSERT_EQ(attach(a, c, o, IwarpRtr::SendRead), 0);
-  ASSERT_EQ(attach(b, s, o, IwarpRtr::Await), 0);
+  ASSERT_EQ(attach(b, s, o, IwarpRtr::AwaitRead), 0);
   const uint32_t len = 3 << 20;
   auto la = register_region(a.engine(), 1, len, kAllAccess);
   auto rb = register_region(b.engine(), 1, len, kAllAccess);
