@@ -287,7 +287,10 @@ bool Engine::iwarp_read_response_fill(Qp& qp) {
   j.src += chunk;
   j.sink_to += chunk;
   j.remaining -= chunk;
-  if (h.last) s.read_jobs.pop_front();
+  if (h.last) {
+    s.tx.back().ends_read = true;
+    s.read_jobs.pop_front();
+  }
   return true;
 }
 

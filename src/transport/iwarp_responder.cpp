@@ -345,7 +345,10 @@ void Engine::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const ui
   }
   const uint8_t* rdmap = payload;
   ++s.rx_msn[iw::kQnReadRequest];
-  if (s.read_jobs.size() >= s.ird) {
+  // Outstanding until its last response is in the socket (RFC 5040 §6.3): owed or still queued.
+  const size_t unsent = static_cast<size_t>(
+      std::count_if(s.tx.begin(), s.tx.end(), [](const Qp::IwarpTx& t) { return t.ends_read; }));
+  if (s.read_jobs.size() + unsent >= s.ird) {
     iwarp_refuse(qp, {L::Rdmap, kRdmapOperation, kRdmapCatastrophicStream, &C::iw_ird_exceeded,
                       AsyncEventType::QpReqErr},
                  hdr, hdr_len, ulpdu_len, rdmap, iw::kReadRequestLen);

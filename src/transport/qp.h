@@ -431,6 +431,7 @@ struct Qp {
     std::vector<uint8_t> owned;     // the unsent bytes, copied out (see Engine::iwarp_own_tx)
     size_t len = 0, sent = 0;
     bool completes = false;         // the last FPDU of a SEND or WRITE: its WQE is done when sent
+    bool ends_read = false;         // the last READ response to a peer's request: IRD counts it until sent
     uint64_t sq_index = 0;
   };
   struct IwarpRead {                // a READ request we sent, awaiting its response (in order)

@@ -235,6 +235,41 @@ TEST_P(IwarpInput, ReadBeyondIrd) {
   EXPECT_EQ(copied.sink_stag, 0x1111u);
 }
 
+TEST_P(IwarpInput, ReadBeyondIrdWhileTheLastResponseIsUnsent) {
+  // IRD 1: the first READ's response is framed, but the peer reads nothing, so the socket takes only
+  // part of it; a READ request then is beyond IRD, though nothing is left to frame for the first.
+  int small = 4096;
+  ASSERT_EQ(setsockopt(e_.qp->iw.fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  iw::ReadRequest r{0x1111, 0x2000, 3 * 4096, mem_->mr.rkey, mem_->addr(0)};
+  raw_->send_ulpdu(read_request(1, r));
+  step();
+  ASSERT_TRUE(e_.qp->iw.read_jobs.empty());
+  ASSERT_FALSE(e_.qp->iw.tx.empty()) << "the response must still be queued for this test to mean anything";
+  raw_->send_ulpdu(read_request(2, r));
+  for (int i = 0; i < 200 && !raw_->eof; ++i) {
+    step(1);
+    raw_->read_all();
+  }
+  ASSERT_TRUE(raw_->eof);
+  ASSERT_EQ(raw_->ulpdus.size(), 2u);  // the whole first response, then the Terminate
+  iw::DdpHeader h;
+  iw::ParseError err{};
+  ASSERT_EQ(iw::parse_header(raw_->ulpdus[0].data(), raw_->ulpdus[0].size(), h, err), iw::kTaggedHeaderLen);
+  EXPECT_EQ(h.opcode, iw::Opcode::ReadResponse);
+  EXPECT_TRUE(h.last);
+  EXPECT_EQ(raw_->ulpdus[0].size() - iw::kTaggedHeaderLen, 3u * 4096);
+  const size_t hl = iw::parse_header(raw_->ulpdus[1].data(), raw_->ulpdus[1].size(), h, err);
+  ASSERT_GT(hl, 0u);
+  ASSERT_EQ(h.opcode, iw::Opcode::Terminate);
+  iw::Terminate t;
+  ASSERT_TRUE(iw::parse_terminate(raw_->ulpdus[1].data() + hl, raw_->ulpdus[1].size() - hl, t));
+  EXPECT_EQ(t.layer, L::Rdmap);
+  EXPECT_EQ(t.etype, 2);
+  EXPECT_EQ(t.ecode, 0x07);
+  EXPECT_EQ(delta(&core::Counters::iw_ird_exceeded), 1u);
+  EXPECT_EQ(e_.qp->state.load(), QpState::Err);
+}
+
 TEST_P(IwarpInput, ReadWithinIrdIsAnswered) {
   iw::ReadRequest r{0x1111, 0x2000, 100, mem_->mr.rkey, mem_->addr(5)};
   raw_->send_ulpdu(read_request(1, r));
