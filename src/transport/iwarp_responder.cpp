@@ -189,7 +189,9 @@ bool Engine::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
   iw::ParseError err{};
   const size_t hl = iw::parse_header(u, len, h, err);
   if (!hl) {
-    const size_t copy = std::min(len, (len && (u[0] & 0x80)) ? iw::kTaggedHeaderLen : iw::kUntaggedHeaderLen);
+    // The Terminate copies the header only when it is all there (D names a whole DDP header).
+    const size_t want = (len && (u[0] & 0x80)) ? iw::kTaggedHeaderLen : iw::kUntaggedHeaderLen;
+    const size_t copy = len >= want ? want : 0;
     iwarp_refuse(qp, {err.layer, err.etype, err.ecode, &C::iw_bad_header, AsyncEventType::QpReqErr}, u, copy, len);
     return false;
   }
@@ -414,6 +416,14 @@ void Engine::iwarp_deliver_read_response(Qp& qp, const iw::DdpHeader& h, const u
   }
   rd.placed += plen;
   if (!h.last) return;
+  if (rd.placed != e.wqe.length) {
+    // The response ended before the length we asked for (RFC 5040 §4.5: one message of that size).
+    // Every earlier WQE is complete (the request went out behind them): the READ takes the error,
+    // after the Terminate is queued (the QP is in error then).
+    refuse({L::Rdmap, kRdmapOperation, kRdmapUnspecified, &C::iw_bad_response, AsyncEventType::QpReqErr});
+    requester_error(qp, WcStatus::BadRespErr);
+    return;
+  }
   s.reads.pop_front();
   e.acked = true;
   complete_in_order(qp);

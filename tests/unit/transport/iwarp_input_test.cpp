@@ -129,12 +129,40 @@ TEST_P(IwarpInput, UlpduShorterThanItsHeader) {
   std::vector<uint8_t> u = ulpdu(send_hdr(1, 0, true));
   u.resize(6);
   raw_->send_ulpdu(u);
-  step();
-  raw_->read_all();
-  ASSERT_EQ(raw_->ulpdus.size(), 1u);
+  iw::DdpHeader h;
+  size_t hl = 0;
+  ASSERT_NO_FATAL_FAILURE(read_one_ulpdu(h, hl));
+  ASSERT_GT(hl, 0u);
+  ASSERT_EQ(h.opcode, iw::Opcode::Terminate);
+  iw::Terminate t;
+  ASSERT_TRUE(iw::parse_terminate(raw_->ulpdus[0].data() + hl, raw_->ulpdus[0].size() - hl, t));
+  // Six octets are no DDP header: the Terminate copies none (D clear), rather than a torn one.
+  EXPECT_EQ(t.ddp_header_len, 0u);
   EXPECT_EQ(delta(&core::Counters::iw_bad_header), 1u);
   EXPECT_EQ(e_.qp->state.load(), QpState::Err);
   EXPECT_TRUE(raw_->eof);
+}
+
+TEST_P(IwarpInput, ReadResponseShorterThanTheRead) {
+  // Our READ of 100 octets; the peer answers 60 with L set: the READ fails (BAD_RESP_ERR), the peer
+  // gets a Terminate, and nothing is placed outside the sink (the fixture's window).
+  ASSERT_EQ(post(e_, read_wqe(9, *mem_, 4096, 100, 0x5000, 0x77)), 0);
+  step();
+  raw_->read_all();
+  ASSERT_EQ(raw_->ulpdus.size(), 1u);
+  iw::DdpHeader rq;
+  iw::ParseError err{};
+  ASSERT_GT(iw::parse_header(raw_->ulpdus[0].data(), raw_->ulpdus[0].size(), rq, err), 0u);
+  ASSERT_EQ(rq.opcode, iw::Opcode::ReadRequest);
+  raw_->ulpdus.clear();
+  std::vector<uint8_t> data(60, 0x3c);
+  raw_->send_ulpdu(ulpdu(tagged_hdr(iw::Opcode::ReadResponse, mem_->mr.lkey, mem_->addr(4096)), data.data(),
+                         data.size()));
+  expect_terminated(L::Rdmap, 2, 0xff, &core::Counters::iw_bad_response);
+  std::vector<core::Cqe> sc = poll_all(e_, *e_.scq);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].wr_id, 9u);
+  EXPECT_EQ(sc[0].status, WcStatus::BadRespErr);
 }
 
 TEST_P(IwarpInput, WriteWithBadStag) {
