@@ -417,7 +417,12 @@ SOFTRDMA_EXPORT void rdma_destroy_event_channel(rdma_event_channel* ch) {
 
 SOFTRDMA_EXPORT int rdma_create_id(rdma_event_channel* ch, rdma_cm_id** out, void* context, rdma_port_space ps) {
   if (!out) return fail(EINVAL);
-  if (ps != RDMA_PS_TCP && ps != RDMA_PS_UDP && ps != RDMA_PS_IB && ps != RDMA_PS_IPOIB) return fail(EINVAL);
+  // A caller may pass any int: read its bits as one, as loading an enum outside its range is undefined.
+  int space;
+  static_assert(sizeof space == sizeof ps);
+  std::memcpy(&space, &ps, sizeof space);
+  if (space != RDMA_PS_TCP && space != RDMA_PS_UDP && space != RDMA_PS_IB && space != RDMA_PS_IPOIB)
+    return fail(EINVAL);
   auto* id = new Id;
   id->conn.owner = id;
   if (!ch) {

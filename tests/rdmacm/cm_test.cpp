@@ -345,7 +345,7 @@ TEST(RdmaCm, BadCallsFailWithErrno) {
   ASSERT_NE(ch, nullptr);
   rdma_cm_id* id = nullptr;
   errno = 0;
-  EXPECT_EQ(rdma_create_id(ch, &id, nullptr, static_cast<rdma_port_space>(0x7777)), -1);
+  EXPECT_EQ(rdma_create_id(ch, &id, nullptr, static_cast<rdma_port_space>(0x0107)), -1);
   EXPECT_EQ(errno, EINVAL);
   ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
   // Connecting or accepting before the route is resolved / a request arrived.
