@@ -41,16 +41,10 @@ inline constexpr size_t kMpaMaxFrame = wire::iwarp::kMpaHeaderLen + wire::iwarp:
 inline constexpr size_t kIwarpMaxPrivateData = 256 - wire::iwarp::kMpaEnhancedLen;
 
 // The first-FPDU rule, as softrdma_iwarp_rtr numbers it (verbs/private_abi.h), value for value.
-enum class IwRtr : uint8_t {
-  None = 0,
-  SendWrite = 1,
-  SendRead = 2,
-  SendSend = 3,
-  Await = 4,
-  AwaitWrite = 5,
-  AwaitRead = 6,
-  AwaitSend = 7
-};
+// clang-format off
+enum class IwRtr : uint8_t { None = 0, SendWrite = 1, SendRead = 2, SendSend = 3,
+                             Await = 4, AwaitWrite = 5, AwaitRead = 6, AwaitSend = 7 };
+// clang-format on
 
 // What the consumer hands the QP once the MPA exchange is done (softrdma_iwarp_conn).
 struct IwarpConn {
