@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 namespace softrdma::core {
 
@@ -106,6 +107,8 @@ void StatsPage::detach_qp(uint32_t qpn) {
     if (s.qpn == qpn) __atomic_store_n(&s.qpn, 0u, __ATOMIC_RELEASE);
 }
 
+size_t StatsPage::page_size() { return sizeof(Page); }
+
 std::vector<StatsPage::Snapshot> StatsPage::read_all() {
   std::vector<Snapshot> out;
   DIR* d = opendir(kDir);
@@ -122,18 +125,19 @@ std::vector<StatsPage::Snapshot> StatsPage::read_all() {
     // them all.
     int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) continue;
-    // Any local user can leave a file here, and older builds wrote smaller pages: reading past the
-    // end of a short file would raise SIGBUS, so only full-size pages of this layout are mapped.
+    // Any local user can leave a file here, and older builds wrote smaller pages. Copied with pread,
+    // not mapped: a mapping of a file its owner truncates raises SIGBUS in the reader.
     struct stat st{};
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) != sizeof(Page)) {
       close(fd);
       continue;
     }
-    void* m = mmap(nullptr, sizeof(Page), PROT_READ, MAP_SHARED, fd, 0);
+    auto copy = std::make_unique<Page>();
+    const ssize_t n = pread(fd, copy.get(), sizeof(Page), 0);
     close(fd);
-    if (m == MAP_FAILED) continue;
-    const Page* p = static_cast<const Page*>(m);
-    if (__atomic_load_n(&p->magic, __ATOMIC_ACQUIRE) == kMagic && p->version == kVersion) {
+    if (n != static_cast<ssize_t>(sizeof(Page))) continue;
+    const Page* p = copy.get();
+    if (p->magic == kMagic && p->version == kVersion) {
       Snapshot s;
       s.pid = p->pid;
       s.device.assign(p->device_name, strnlen(p->device_name, sizeof p->device_name));
@@ -142,7 +146,6 @@ std::vector<StatsPage::Snapshot> StatsPage::read_all() {
         if (q.qpn) s.qps.push_back(q);
       out.push_back(std::move(s));
     }
-    munmap(m, sizeof(Page));
   }
   closedir(d);
   return out;

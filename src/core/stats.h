@@ -72,7 +72,7 @@ class StatsPage {
  public:
   static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
   // Bumped whenever Counters or the page layout changes; readers skip other versions.
-  static constexpr uint32_t kVersion = 8;
+  static constexpr uint32_t kVersion = 9;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
   // Creates /dev/shm/softrdma-stats-<pid>-<n>, mode 0600 (owner and root only; $SOFTRDMA_STATS_MODE, in
@@ -97,6 +97,7 @@ class StatsPage {
     std::vector<QpStatsSlot> qps;
   };
   static std::vector<Snapshot> read_all();
+  static size_t page_size();  // a whole page file's size (tests make hostile ones)
 
  private:
   struct Page {
