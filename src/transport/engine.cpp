@@ -979,10 +979,12 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           break;
       }
       if (m.state != QpState::Err) qp->state.store(m.state, std::memory_order_release);
-      if (direct_) {
-        direct_->qp_changed(*qp);
-        if (qp->direct.peer || qp->direct.retry_ns) direct_active_.store(true, std::memory_order_relaxed);
-      }
+    }
+    // Initiators here check the target QP's published state and access flags per request: both are
+    // republished, an access change in RTS too (IBV_QP_ACCESS_FLAGS alone).
+    if (direct_ && (m.mask & (kModState | kModAccessFlags))) {
+      direct_->qp_changed(*qp);
+      if (qp->direct.peer || qp->direct.retry_ns) direct_active_.store(true, std::memory_order_relaxed);
     }
   }
   doorbell();
