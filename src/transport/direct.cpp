@@ -202,12 +202,15 @@ class DirectPeer {
 DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port,
                                int doorbell_fd, core::Counters* counters)
     : arena_(arena),
-      rw_(std::make_shared<core::Arena>(kWritableBytes)),
+      rw_(std::make_shared<core::Arena>(kWritableBytes, /*peers_write=*/true)),
       keys_(keys),
       counters_(counters),
       policy_(peer_policy()),
       doorbell_fd_(doorbell_fd) {
-  // Peers get the arena read-only: a descriptor opened O_RDONLY cannot be mapped writable.
+  // Peers get the arena read-only: sealed against writing (a descriptor's O_RDONLY alone is not enough:
+  // a memfd can be reopened O_RDWR through /proc/self/fd), and neither file can change size.
+  if (!arena_.sealed() || !rw_->sealed())
+    throw std::system_error(ENOTSUP, std::generic_category(), "direct arena seals");
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", arena_.fd());
   ro_fd_ = open(path, O_RDONLY | O_CLOEXEC);
@@ -466,17 +469,22 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
         if (!hit) break;
         found = true;
       }
+      constexpr uint32_t kWriteBits = core::kRemoteWrite | core::kRemoteAtomic;
       bool allowed = found && (r.access & need) && r.share_id != 0;
+      bool may_write = false;  // a QP of this client may write this MR: it may get the share's writable file
       if (allowed) {
         allowed = false;
         std::lock_guard lock(gate_mu_);
-        for (const Client::Conn& k : c.descs)
-          if (still_connected(k) && gate_[k.desc].pd == r.pd && (gate_[k.desc].access & need)) allowed = true;
+        for (const Client::Conn& k : c.descs) {
+          if (!still_connected(k) || gate_[k.desc].pd != r.pd) continue;
+          if (gate_[k.desc].access & need) allowed = true;
+          if (gate_[k.desc].access & r.access & kWriteBits) may_write = true;
+        }
       }
       if (!allowed) return refuse(EACCES);
       ShareInfo info;
-      const bool writable = req.writable && (r.access & (core::kRemoteWrite | core::kRemoteAtomic));
-      int sfd = ShareTable::instance().open_fd(r.share_id, writable, &info);
+      const bool writable = req.writable && (r.access & kWriteBits);
+      int sfd = ShareTable::instance().open_fd(r.share_id, writable, may_write, &info);
       if (sfd < 0) {
         rep.status = EACCES;
         send_reply(fd, rep, -1);
