@@ -46,7 +46,10 @@ DirectEndpoint::PeerPolicy DirectEndpoint::peer_policy() {
 namespace {
 
 // kHello and kQpDesc carry (target QPN << 32 | initiator QPN), kWake the target QPN, kMap an rkey.
-enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5 };
+// kRing (no reply): wake the target's engine, for a SEND left on an armed CQ; its server thread rings
+// the engine's own doorbell (a peer never holds that eventfd: it could clear O_NONBLOCK on it, which is
+// the engine's open file description too, and make the engine's reads block). kDoorbell is refused.
+enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5, kRing = 6 };
 
 struct Reply {
   int32_t status;  // 0 or an errno
@@ -126,7 +129,6 @@ class DirectPeer {
     bool writable;
   };
   int sock = -1;
-  int doorbell_fd = -1;  // the target engine's eventfd: wakes it for a SEND left on an armed CQ
   int32_t pid = 0;
   const uint8_t* arena = nullptr;  // mapped read-only
   size_t arena_size = 0;
@@ -155,7 +157,6 @@ class DirectPeer {
     for (Mapping& m : maps) munmap(m.local, m.length);
     if (arena) munmap(const_cast<uint8_t*>(arena), arena_size);
     if (rw) munmap(rw, rw_size);
-    if (doorbell_fd >= 0) close(doorbell_fd);
     if (sock >= 0) close(sock);  // the target frees our slot
   }
 
@@ -438,17 +439,31 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
       return;
     }
     case kDoorbell:
+      // No fd of the engine's (kRing instead).
       if (c.slot < 0 || c.descs.empty()) return refuse(EPERM);
-      send_reply(fd, rep, doorbell_fd_);
-      return;
+      return refuse(ENOTSUP);
+    case kRing:
+      if (c.slot >= 0 && !c.descs.empty()) {
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof one);
+      }
+      return;  // no reply
     case kWake: {
       // The wake-up pipe of a QP's receive CQ channel, for the initiator connected to it (it can only wake).
       uint32_t desc = 0;
       if (c.slot < 0 || !connected_desc(c, static_cast<uint32_t>(req.arg), &desc)) return refuse(EPERM);
       std::lock_guard lock(wake_mu_);
-      const int wfd = wake_fds_[desc];
+      // A new open file description of the pipe's write end, the peer's own: O_NONBLOCK is a flag of the
+      // description, and a peer that cleared it on a dup of ours would make our own writes block.
+      int wfd = -1;
+      if (wake_fds_[desc] >= 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", wake_fds_[desc]);
+        wfd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      }
       rep.status = wfd >= 0 ? 0 : ENOENT;
       send_reply(fd, rep, wfd);
+      if (wfd >= 0) close(wfd);
       return;
     }
     case kMap: {
@@ -714,8 +729,6 @@ int DirectEndpoint::connect_peer(Qp& qp) {
         sizeof(DirectPeerSlot) * DirectShared::kPeers > p->rw_size - po || po % alignof(DirectPeerSlot))
       return EIO;
     p->slots = reinterpret_cast<DirectPeerSlot*>(p->rw + po);
-    DirectEndpoint::Request dreq{kDoorbell, 0, 0};
-    if (!call(p->sock, dreq, &rep, &p->doorbell_fd)) return EIO;
     peer = std::move(p);
   }
   Request req{kQpDesc, 0, conn};
@@ -937,10 +950,10 @@ void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d, int wake_fd, bool
     int claimed = core::CompletionQueue::kClaimed;
     arm->compare_exchange_strong(claimed, cur);
   }
-  if (p.doorbell_fd >= 0) {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(p.doorbell_fd, &one, sizeof one);
-  }
+  // The target's server rings its engine (kRing: no reply). Never blocks: a full socket buffer means
+  // rings are still unread there.
+  const DirectEndpoint::Request ring{kRing, 0, 0};
+  [[maybe_unused]] ssize_t n = send(p.sock, &ring, sizeof ring, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 // A WRITE or READ of len bytes at the target's address target, by process_vm_writev/readv; false (and

@@ -113,7 +113,8 @@ class DirectEndpoint {
  public:
   // The context's arena and key table (in it), and its address in the registry (names our socket).
   // Throws std::system_error when the socket or the arena block cannot be had.
-  // doorbell_fd: the engine's eventfd, which initiators write when they leave a SEND for an armed CQ.
+  // doorbell_fd: the engine's eventfd; the server thread writes it when an initiator rings (kRing) for a
+  // SEND it left for an armed CQ (initiators never get it).
   // counters: the context's device counters (the server thread adds direct_refused there, atomically).
   DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port, int doorbell_fd,
                  core::Counters* counters);
