@@ -492,7 +492,8 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
         std::lock_guard lock(gate_mu_);
         for (const Client::Conn& k : c.descs) {
           if (!still_connected(k) || gate_[k.desc].pd != r.pd) continue;
-          if (gate_[k.desc].access & need) allowed = true;
+          // One right asked for, granted by both the QP and the MR (not one bit by each).
+          if (gate_[k.desc].access & r.access & need) allowed = true;
           if (gate_[k.desc].access & r.access & kWriteBits) may_write = true;
         }
       }
