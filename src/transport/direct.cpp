@@ -602,6 +602,16 @@ void DirectEndpoint::qp_changed(Qp& qp) {
   }
 }
 
+void DirectEndpoint::qp_access_changed(Qp& qp) {
+  if (qp.direct.desc == ~0u) return;
+  DirectQpDesc& d = shared_->qps[qp.direct.desc];
+  const uint32_t before = d.access.load(std::memory_order_relaxed);
+  d.access.store(qp.access_flags, std::memory_order_seq_cst);
+  publish_gate(qp);
+  // An initiator that read the old flags is inside its copy window: let it finish.
+  if (before & ~qp.access_flags) wait_copies();
+}
+
 void DirectEndpoint::release_inbox(Qp& qp) {
   if (!qp.direct.inbox) return;
   rw_->release(qp.direct.inbox, sizeof(DirectInbox));

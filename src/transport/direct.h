@@ -125,6 +125,9 @@ class DirectEndpoint {
   // --- as a target (all under the engine lock) ---
   void qp_created(Qp& qp);
   void qp_changed(Qp& qp);
+  // Its remote access flags changed, not its state: published; a right taken away binds every copy
+  // that starts after this returns.
+  void qp_access_changed(Qp& qp);
   void qp_destroyed(Qp& qp);  // then the engine places what is left in the inbox, and releases it:
   void release_inbox(Qp& qp);
   // The QP's inbox, once it is connected (RC without SRQ): where initiators put SENDs.

@@ -986,6 +986,9 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
         direct_->qp_changed(*qp);
         if (qp->direct.peer || qp->direct.retry_ns) direct_active_.store(true, std::memory_order_relaxed);
       }
+    } else if ((m.mask & kModAccessFlags) && direct_) {
+      // The flags alone (RTS to RTS): initiators and the server thread check the new ones from now on.
+      direct_->qp_access_changed(*qp);
     }
   }
   doorbell();
