@@ -364,7 +364,10 @@ int DirectEndpoint::admit(Client& c, uint32_t target_qpn, uint32_t initiator_qpn
   // Not yet in RTR: its peer may still be on its way to it (either side may reach RTR first).
   if (st == QpState::Reset || st == QpState::Init) return EAGAIN;
   if (!live || g.dest_qpn != initiator_qpn) return EPERM;
-  // The client must be the process that owns the initiator QPN, not merely one that knows it.
+  // The client must be the process that owns the initiator QPN, not merely one that knows it: the
+  // process our QP found its peer in at RTR (none when its peer is on another host, whatever the registry
+  // says of that QPN now), and still the registry's owner of it.
+  if (!g.peer_pid || g.peer_pid != c.pid) return EPERM;
   auto ep = net::Registry::instance().lookup(initiator_qpn);
   if (!ep || ep->pid != c.pid) return EPERM;
   bool known = false;
@@ -529,6 +532,7 @@ void DirectEndpoint::publish_gate(const Qp& qp) {
   g.state = static_cast<uint32_t>(qp.state.load(std::memory_order_relaxed));
   g.pd = qp.cfg.pd;
   g.access = qp.access_flags;
+  g.peer_pid = qp.cfg.type == QpType::Rc ? qp.direct.retry_pid : 0;
 }
 
 void DirectEndpoint::qp_created(Qp& qp) {
@@ -760,6 +764,7 @@ int DirectEndpoint::connect_peer(Qp& qp) {
 void DirectEndpoint::detach(Qp& qp) {
   const bool had_peer = qp.direct.peer != nullptr;
   forget_peer(qp);
+  qp.direct.retry_pid = 0;  // no local peer (publish_gate: nobody is admitted for this QP)
   if (!had_peer) return;
   // The connection goes with the last QP that used it.
   for (auto it = peers_.begin(); it != peers_.end();)

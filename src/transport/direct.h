@@ -194,6 +194,7 @@ class DirectEndpoint {
     uint32_t state = 0;  // QpState
     uint32_t pd = 0;
     uint32_t access = 0;
+    int32_t peer_pid = 0;  // the local process its peer QP belonged to at RTR (0: none here)
   };
   void serve();
   void handle_client(Client& c, const Request& req);
