@@ -183,6 +183,15 @@ class DirectPeer {
       if (fd >= 0) close(fd);
       return nullptr;
     }
+    // The file must hold what we map, and stay so (sealed against shrinking): else our copies would
+    // fault (SIGBUS) past its end.
+    struct stat st {};
+    const int seals = fcntl(fd, F_GET_SEALS);
+    if (fstat(fd, &st) != 0 || st.st_size < 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
+        rep.c > static_cast<uint64_t>(st.st_size) || rep.b > static_cast<uint64_t>(st.st_size) - rep.c) {
+      close(fd);
+      return nullptr;
+    }
     void* p = mmap(nullptr, rep.b, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd,
                    static_cast<off_t>(rep.c));
     close(fd);
@@ -697,6 +706,13 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     setsockopt(p->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(p->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(p->sock, reinterpret_cast<sockaddr*>(&sa), len) != 0) return EIO;  // no direct server there
+    // Abstract names belong to whoever binds them first: the server must be the process that owns the
+    // target QP (the registry's, at our RTR) and of a user our policy serves, before we say anything.
+    int32_t server_pid = 0;
+    if (!credentials_pass(p->sock, &server_pid) || server_pid != pid) {
+      refused();
+      return EPERM;
+    }
     DirectEndpoint::Request req{kHello, 0, conn};
     Reply rep{};
     int afd = -1, wfd = -1;
@@ -711,7 +727,9 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     }
     // A file shorter than the size it claims would fault (SIGBUS) where we read past its end.
     struct stat ast {}, wst {};
-    if (fstat(afd, &ast) != 0 || fstat(wfd, &wst) != 0 || ast.st_size < 0 || wst.st_size < 0 ||
+    const int aseals = fcntl(afd, F_GET_SEALS), wseals = fcntl(wfd, F_GET_SEALS);
+    if (aseals < 0 || wseals < 0 || !(aseals & F_SEAL_SHRINK) || !(wseals & F_SEAL_SHRINK) ||
+        fstat(afd, &ast) != 0 || fstat(wfd, &wst) != 0 || ast.st_size < 0 || wst.st_size < 0 ||
         static_cast<uint64_t>(ast.st_size) < rep.a || static_cast<uint64_t>(wst.st_size) < rep.d) {
       close_both();
       return EIO;
@@ -736,8 +754,9 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     const uint64_t kt = p->shared->key_table_off, ks = p->shared->key_seq_off;
     if (kt > rep.a || core::MrTable::slots_bytes() > rep.a - kt || ks > rep.a - sizeof(uint64_t) || ks % 8)
       return EIO;
-    p->key_table = p->arena + p->shared->key_table_off;
-    p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + p->shared->key_seq_off);
+    // (The values checked, not read again: the target could change them in between.)
+    p->key_table = p->arena + kt;
+    p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + ks);
     p->slot = rep.index;
     const uint64_t po = p->shared->peers_off;
     if (p->slot >= DirectShared::kPeers || po > p->rw_size ||
