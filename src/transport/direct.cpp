@@ -238,6 +238,7 @@ DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, ui
   shared_->key_seq_off = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(keys.seq()) - arena_.base());
   for (uint32_t i = DirectShared::kQps; i-- > 0;) free_descs_.push_back(i);
   for (int& fd : wake_fds_) fd = -1;
+  for (auto& sp : slot_pid_) sp.store(0, std::memory_order_relaxed);
   listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   sockaddr_un sa;
@@ -289,41 +290,61 @@ void DirectEndpoint::serve() {
     }
     if (pfds[0].revents) return;
     if (pfds[1].revents & POLLIN) {
-      int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       int32_t pid = 0;
       if (c >= 0) {
         timeval tv{1, 0};
         setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        const bool pass = credentials_pass(c, &pid);
-        if (!pass) refused();
-        if (clients_.size() >= kMaxClients) {
+        ucred cred{};
+        socklen_t cl = sizeof cred;
+        getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+        if (!credentials_pass(c, &pid)) {
+          // Another user (SOFTRDMA_DIRECT_PEERS): EPERM now, closed now -- it holds nothing of ours. What
+          // it sent already is read first (closing with it unread resets the connection: the client
+          // would see ECONNRESET once, then our EPERM).
+          refused();
+          Request junk;
+          while (recv(c, &junk, sizeof junk, MSG_DONTWAIT) > 0) {
+          }
+          Reply no{};
+          no.status = EPERM;
+          send_reply(c, no, -1);
+          close(c);
+        } else if (clients_.size() >= kMaxClients) {
           close(c);  // a flood of connections costs us nothing more
         } else {
-          // Another user (SOFTRDMA_DIRECT_PEERS) is answered EPERM to its first request, and closed
-          // then: closing with its request unread would reset the connection before it read why.
-          clients_.push_back({c, -1, pid, {}, !pass});
+          // Connections of one user that have not been admitted yet are bounded: past kMaxIdlePerUid,
+          // its oldest one goes (a real initiator says hello at once).
+          size_t idle = 0, oldest = clients_.size();
+          for (size_t k = 0; k < clients_.size(); ++k)
+            if (clients_[k].fd >= 0 && clients_[k].slot < 0 && clients_[k].uid == cred.uid) {
+              if (oldest == clients_.size()) oldest = k;
+              ++idle;
+            }
+          if (idle >= kMaxIdlePerUid) {
+            close(clients_[oldest].fd);
+            clients_[oldest].fd = -1;
+          }
+          clients_.push_back({c, -1, pid, cred.uid, {}});
         }
       }
     }
     for (size_t i = 2; i < pfds.size(); ++i) {
       if (!pfds[i].revents) continue;
       size_t k = i - 2;
+      if (clients_[k].fd < 0) continue;  // closed above (too many idle ones of its user)
       Request req{};
       ssize_t n = recv(pfds[i].fd, &req, sizeof req, MSG_DONTWAIT);
-      if (n == static_cast<ssize_t>(sizeof req) && !clients_[k].refused) {
+      if (n == static_cast<ssize_t>(sizeof req)) {
         handle_client(clients_[k], req);
         continue;
-      }
-      if (n > 0 && clients_[k].refused) {
-        Reply no{};
-        no.status = EPERM;
-        send_reply(clients_[k].fd, no, -1);
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       // Gone: its slot is free again (it held no copy: a process only closes after its last one).
       if (clients_[k].slot >= 0) {
         slots_[clients_[k].slot].busy.store(0, std::memory_order_release);
         slots_[clients_[k].slot].pid.store(0, std::memory_order_release);
+        slot_pid_[clients_[k].slot].store(0, std::memory_order_seq_cst);
       }
       close(clients_[k].fd);
       clients_[k].fd = -1;
@@ -422,14 +443,13 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
       if (int err = admit(c, static_cast<uint32_t>(req.arg >> 32), static_cast<uint32_t>(req.arg), &desc))
         return refuse(err);
       int32_t slot = -1;
+      // Who holds which slot is ours to know (slot_pid_), not what peers wrote in the writable area.
       for (uint32_t i = 0; i < DirectShared::kPeers && slot < 0; ++i) {
-        int32_t p = slots_[i].pid.load(std::memory_order_acquire);
-        bool reclaim = p != 0 && !pid_alive(p);
-        if (p == 0 || reclaim) {
-          slots_[i].busy.store(0, std::memory_order_relaxed);
-          slots_[i].pid.store(c.pid, std::memory_order_release);
-          slot = static_cast<int32_t>(i);
-        }
+        if (slot_pid_[i].load(std::memory_order_relaxed) != 0) continue;
+        slots_[i].busy.store(0, std::memory_order_relaxed);
+        slots_[i].pid.store(c.pid, std::memory_order_release);
+        slot_pid_[i].store(c.pid, std::memory_order_seq_cst);
+        slot = static_cast<int32_t>(i);
       }
       if (slot < 0) return refuse(EBUSY);
       c.slot = slot;
@@ -655,11 +675,14 @@ void DirectEndpoint::qp_destroyed(Qp& qp) {
 void DirectEndpoint::wait_copies() {
   // Every initiator either saw the new sequence number before its copy (and re-checks), or announced
   // its copy before we looked (and we wait for it): a seq_cst store and load on each side.
+  // Only slots our server gave to a connected client count (slot_pid_; a peer can write any slot's pid and
+  // busy words), and only while that client is connected.
   for (uint32_t i = 0; i < DirectShared::kPeers; ++i) {
     DirectPeerSlot& s = slots_[i];
-    int32_t pid = s.pid.load(std::memory_order_seq_cst);
+    const int32_t pid = slot_pid_[i].load(std::memory_order_seq_cst);
     if (pid == 0) continue;
     for (uint32_t spins = 0; s.busy.load(std::memory_order_seq_cst); ++spins) {
+      if (slot_pid_[i].load(std::memory_order_relaxed) != pid) break;  // its client went
       if ((spins & 1023) == 1023 && !pid_alive(pid)) break;  // it died mid-copy: nothing left to wait for
       sched_yield();
     }

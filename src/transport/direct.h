@@ -20,6 +20,8 @@
 // QP; wake-up pipes only for such QPs. Everything else is refused (EPERM, EAGAIN while our QP is not yet
 // in RTR towards it) and counted (direct_refused).
 #pragma once
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -179,14 +181,15 @@ class DirectEndpoint {
     int fd;
     int32_t slot;  // its busy slot; -1 until a kHello was admitted
     int32_t pid;
+    uid_t uid;
     // Our QPs connected to it: descriptor, QPN and its QPN (a descriptor reused by another QP is not).
     struct Conn {
       uint32_t desc, qpn, peer_qpn;
     };
     std::vector<Conn> descs;
-    bool refused;                 // its credentials failed: EPERM to its first request, then closed
   };
   static constexpr size_t kMaxClients = 4096;
+  static constexpr size_t kMaxIdlePerUid = 64;  // connections of one user not (yet) admitted
   // What the server thread may rely on for a QP (not the arena: peers can write that): kept under gate_mu_.
   struct Gate {
     uint32_t qpn = 0;  // 0: none
@@ -213,6 +216,9 @@ class DirectEndpoint {
   std::shared_ptr<core::Arena> rw_;
   int ro_fd_ = -1;  // the arena's memfd reopened read-only: what peers get
   DirectPeerSlot* slots_ = nullptr;  // in rw_: one per connected initiator process
+  // The pid of the client each slot was given to (0: free): set and cleared by the server thread, read
+  // by wait_copies. Never the slot's own pid word, which peers can write.
+  std::atomic<int32_t> slot_pid_[DirectShared::kPeers];
   const core::MrTable& keys_;
   core::Counters* counters_;
   PeerPolicy policy_;
