@@ -1,5 +1,6 @@
 #include "core/arena.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -14,8 +15,8 @@ constexpr size_t kAlign = 64;
 size_t round_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
 }  // namespace
 
-Arena::Arena(size_t capacity) : capacity_(round_up(capacity)) {
-  fd_ = memfd_create("softrdma-arena", MFD_CLOEXEC);
+Arena::Arena(size_t capacity, bool peers_write) : capacity_(round_up(capacity)) {
+  fd_ = memfd_create("softrdma-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "memfd_create");
   // The file is sparse: pages cost memory only once touched.
   if (ftruncate(fd_, static_cast<off_t>(capacity_)) != 0) {
@@ -30,6 +31,11 @@ Arena::Arena(size_t capacity) : capacity_(round_up(capacity)) {
     throw std::system_error(e, std::generic_category(), "mmap arena");
   }
   base_ = static_cast<uint8_t*>(p);
+  // A memfd's inode is mode 0777: the mode of a descriptor says nothing about what its holder can reopen
+  // it as. The seals hold for every descriptor (F_SEAL_FUTURE_WRITE: Linux 5.1).
+  const int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | (peers_write ? 0 : F_SEAL_FUTURE_WRITE);
+  // Without them (an older kernel) nothing of it may be given to peers: sealed() says so.
+  sealed_ = fcntl(fd_, F_ADD_SEALS, seals) == 0;
   free_[0] = {0, capacity_};
   nfree_ = 1;
 }

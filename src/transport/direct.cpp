@@ -46,7 +46,10 @@ DirectEndpoint::PeerPolicy DirectEndpoint::peer_policy() {
 namespace {
 
 // kHello and kQpDesc carry (target QPN << 32 | initiator QPN), kWake the target QPN, kMap an rkey.
-enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5 };
+// kRing (no reply): wake the target's engine, for a SEND left on an armed CQ; its server thread rings
+// the engine's own doorbell (a peer never holds that eventfd: it could clear O_NONBLOCK on it, which is
+// the engine's open file description too, and make the engine's reads block). kDoorbell is refused.
+enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5, kRing = 6 };
 
 struct Reply {
   int32_t status;  // 0 or an errno
@@ -126,7 +129,6 @@ class DirectPeer {
     bool writable;
   };
   int sock = -1;
-  int doorbell_fd = -1;  // the target engine's eventfd: wakes it for a SEND left on an armed CQ
   int32_t pid = 0;
   const uint8_t* arena = nullptr;  // mapped read-only
   size_t arena_size = 0;
@@ -155,7 +157,6 @@ class DirectPeer {
     for (Mapping& m : maps) munmap(m.local, m.length);
     if (arena) munmap(const_cast<uint8_t*>(arena), arena_size);
     if (rw) munmap(rw, rw_size);
-    if (doorbell_fd >= 0) close(doorbell_fd);
     if (sock >= 0) close(sock);  // the target frees our slot
   }
 
@@ -182,6 +183,15 @@ class DirectPeer {
       if (fd >= 0) close(fd);
       return nullptr;
     }
+    // The file must hold what we map, and stay so (sealed against shrinking): else our copies would
+    // fault (SIGBUS) past its end.
+    struct stat st {};
+    const int seals = fcntl(fd, F_GET_SEALS);
+    if (fstat(fd, &st) != 0 || st.st_size < 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
+        rep.c > static_cast<uint64_t>(st.st_size) || rep.b > static_cast<uint64_t>(st.st_size) - rep.c) {
+      close(fd);
+      return nullptr;
+    }
     void* p = mmap(nullptr, rep.b, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd,
                    static_cast<off_t>(rep.c));
     close(fd);
@@ -202,12 +212,15 @@ class DirectPeer {
 DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port,
                                int doorbell_fd, core::Counters* counters)
     : arena_(arena),
-      rw_(std::make_shared<core::Arena>(kWritableBytes)),
+      rw_(std::make_shared<core::Arena>(kWritableBytes, /*peers_write=*/true)),
       keys_(keys),
       counters_(counters),
       policy_(peer_policy()),
       doorbell_fd_(doorbell_fd) {
-  // Peers get the arena read-only: a descriptor opened O_RDONLY cannot be mapped writable.
+  // Peers get the arena read-only: sealed against writing (a descriptor's O_RDONLY alone is not enough:
+  // a memfd can be reopened O_RDWR through /proc/self/fd), and neither file can change size.
+  if (!arena_.sealed() || !rw_->sealed())
+    throw std::system_error(ENOTSUP, std::generic_category(), "direct arena seals");
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", arena_.fd());
   ro_fd_ = open(path, O_RDONLY | O_CLOEXEC);
@@ -225,6 +238,7 @@ DirectEndpoint::DirectEndpoint(core::Arena& arena, const core::MrTable& keys, ui
   shared_->key_seq_off = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(keys.seq()) - arena_.base());
   for (uint32_t i = DirectShared::kQps; i-- > 0;) free_descs_.push_back(i);
   for (int& fd : wake_fds_) fd = -1;
+  for (auto& sp : slot_pid_) sp.store(0, std::memory_order_relaxed);
   listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   sockaddr_un sa;
@@ -276,41 +290,61 @@ void DirectEndpoint::serve() {
     }
     if (pfds[0].revents) return;
     if (pfds[1].revents & POLLIN) {
-      int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       int32_t pid = 0;
       if (c >= 0) {
         timeval tv{1, 0};
         setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        const bool pass = credentials_pass(c, &pid);
-        if (!pass) refused();
-        if (clients_.size() >= kMaxClients) {
+        ucred cred{};
+        socklen_t cl = sizeof cred;
+        getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+        if (!credentials_pass(c, &pid)) {
+          // Another user (SOFTRDMA_DIRECT_PEERS): EPERM now, closed now -- it holds nothing of ours. What
+          // it sent already is read first (closing with it unread resets the connection: the client
+          // would see ECONNRESET once, then our EPERM).
+          refused();
+          Request junk;
+          while (recv(c, &junk, sizeof junk, MSG_DONTWAIT) > 0) {
+          }
+          Reply no{};
+          no.status = EPERM;
+          send_reply(c, no, -1);
+          close(c);
+        } else if (clients_.size() >= kMaxClients) {
           close(c);  // a flood of connections costs us nothing more
         } else {
-          // Another user (SOFTRDMA_DIRECT_PEERS) is answered EPERM to its first request, and closed
-          // then: closing with its request unread would reset the connection before it read why.
-          clients_.push_back({c, -1, pid, {}, !pass});
+          // Connections of one user that have not been admitted yet are bounded: past kMaxIdlePerUid,
+          // its oldest one goes (a real initiator says hello at once).
+          size_t idle = 0, oldest = clients_.size();
+          for (size_t k = 0; k < clients_.size(); ++k)
+            if (clients_[k].fd >= 0 && clients_[k].slot < 0 && clients_[k].uid == cred.uid) {
+              if (oldest == clients_.size()) oldest = k;
+              ++idle;
+            }
+          if (idle >= kMaxIdlePerUid) {
+            close(clients_[oldest].fd);
+            clients_[oldest].fd = -1;
+          }
+          clients_.push_back({c, -1, pid, cred.uid, {}});
         }
       }
     }
     for (size_t i = 2; i < pfds.size(); ++i) {
       if (!pfds[i].revents) continue;
       size_t k = i - 2;
+      if (clients_[k].fd < 0) continue;  // closed above (too many idle ones of its user)
       Request req{};
       ssize_t n = recv(pfds[i].fd, &req, sizeof req, MSG_DONTWAIT);
-      if (n == static_cast<ssize_t>(sizeof req) && !clients_[k].refused) {
+      if (n == static_cast<ssize_t>(sizeof req)) {
         handle_client(clients_[k], req);
         continue;
-      }
-      if (n > 0 && clients_[k].refused) {
-        Reply no{};
-        no.status = EPERM;
-        send_reply(clients_[k].fd, no, -1);
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       // Gone: its slot is free again (it held no copy: a process only closes after its last one).
       if (clients_[k].slot >= 0) {
         slots_[clients_[k].slot].busy.store(0, std::memory_order_release);
         slots_[clients_[k].slot].pid.store(0, std::memory_order_release);
+        slot_pid_[clients_[k].slot].store(0, std::memory_order_seq_cst);
       }
       close(clients_[k].fd);
       clients_[k].fd = -1;
@@ -360,7 +394,10 @@ int DirectEndpoint::admit(Client& c, uint32_t target_qpn, uint32_t initiator_qpn
   // Not yet in RTR: its peer may still be on its way to it (either side may reach RTR first).
   if (st == QpState::Reset || st == QpState::Init) return EAGAIN;
   if (!live || g.dest_qpn != initiator_qpn) return EPERM;
-  // The client must be the process that owns the initiator QPN, not merely one that knows it.
+  // The client must be the process that owns the initiator QPN, not merely one that knows it: the
+  // process our QP found its peer in at RTR (none when its peer is on another host, whatever the registry
+  // says of that QPN now), and still the registry's owner of it.
+  if (!g.peer_pid || g.peer_pid != c.pid) return EPERM;
   auto ep = net::Registry::instance().lookup(initiator_qpn);
   if (!ep || ep->pid != c.pid) return EPERM;
   bool known = false;
@@ -406,14 +443,13 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
       if (int err = admit(c, static_cast<uint32_t>(req.arg >> 32), static_cast<uint32_t>(req.arg), &desc))
         return refuse(err);
       int32_t slot = -1;
+      // Who holds which slot is ours to know (slot_pid_), not what peers wrote in the writable area.
       for (uint32_t i = 0; i < DirectShared::kPeers && slot < 0; ++i) {
-        int32_t p = slots_[i].pid.load(std::memory_order_acquire);
-        bool reclaim = p != 0 && !pid_alive(p);
-        if (p == 0 || reclaim) {
-          slots_[i].busy.store(0, std::memory_order_relaxed);
-          slots_[i].pid.store(c.pid, std::memory_order_release);
-          slot = static_cast<int32_t>(i);
-        }
+        if (slot_pid_[i].load(std::memory_order_relaxed) != 0) continue;
+        slots_[i].busy.store(0, std::memory_order_relaxed);
+        slots_[i].pid.store(c.pid, std::memory_order_release);
+        slot_pid_[i].store(c.pid, std::memory_order_seq_cst);
+        slot = static_cast<int32_t>(i);
       }
       if (slot < 0) return refuse(EBUSY);
       c.slot = slot;
@@ -435,17 +471,31 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
       return;
     }
     case kDoorbell:
+      // No fd of the engine's (kRing instead).
       if (c.slot < 0 || c.descs.empty()) return refuse(EPERM);
-      send_reply(fd, rep, doorbell_fd_);
-      return;
+      return refuse(ENOTSUP);
+    case kRing:
+      if (c.slot >= 0 && !c.descs.empty()) {
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof one);
+      }
+      return;  // no reply
     case kWake: {
       // The wake-up pipe of a QP's receive CQ channel, for the initiator connected to it (it can only wake).
       uint32_t desc = 0;
       if (c.slot < 0 || !connected_desc(c, static_cast<uint32_t>(req.arg), &desc)) return refuse(EPERM);
       std::lock_guard lock(wake_mu_);
-      const int wfd = wake_fds_[desc];
+      // A new open file description of the pipe's write end, the peer's own: O_NONBLOCK is a flag of the
+      // description, and a peer that cleared it on a dup of ours would make our own writes block.
+      int wfd = -1;
+      if (wake_fds_[desc] >= 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", wake_fds_[desc]);
+        wfd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      }
       rep.status = wfd >= 0 ? 0 : ENOENT;
       send_reply(fd, rep, wfd);
+      if (wfd >= 0) close(wfd);
       return;
     }
     case kMap: {
@@ -466,17 +516,23 @@ void DirectEndpoint::handle_client(Client& c, const Request& req) {
         if (!hit) break;
         found = true;
       }
+      constexpr uint32_t kWriteBits = core::kRemoteWrite | core::kRemoteAtomic;
       bool allowed = found && (r.access & need) && r.share_id != 0;
+      bool may_write = false;  // a QP of this client may write this MR: it may get the share's writable file
       if (allowed) {
         allowed = false;
         std::lock_guard lock(gate_mu_);
-        for (const Client::Conn& k : c.descs)
-          if (still_connected(k) && gate_[k.desc].pd == r.pd && (gate_[k.desc].access & need)) allowed = true;
+        for (const Client::Conn& k : c.descs) {
+          if (!still_connected(k) || gate_[k.desc].pd != r.pd) continue;
+          // One right asked for, granted by both the QP and the MR (not one bit by each).
+          if (gate_[k.desc].access & r.access & need) allowed = true;
+          if (gate_[k.desc].access & r.access & kWriteBits) may_write = true;
+        }
       }
       if (!allowed) return refuse(EACCES);
       ShareInfo info;
-      const bool writable = req.writable && (r.access & (core::kRemoteWrite | core::kRemoteAtomic));
-      int sfd = ShareTable::instance().open_fd(r.share_id, writable, &info);
+      const bool writable = req.writable && (r.access & kWriteBits);
+      int sfd = ShareTable::instance().open_fd(r.share_id, writable, may_write, &info);
       if (sfd < 0) {
         rep.status = EACCES;
         send_reply(fd, rep, -1);
@@ -505,6 +561,7 @@ void DirectEndpoint::publish_gate(const Qp& qp) {
   g.state = static_cast<uint32_t>(qp.state.load(std::memory_order_relaxed));
   g.pd = qp.cfg.pd;
   g.access = qp.access_flags;
+  g.peer_pid = qp.cfg.type == QpType::Rc ? qp.direct.retry_pid : 0;
 }
 
 void DirectEndpoint::qp_created(Qp& qp) {
@@ -578,6 +635,16 @@ void DirectEndpoint::qp_changed(Qp& qp) {
   }
 }
 
+void DirectEndpoint::qp_access_changed(Qp& qp) {
+  if (qp.direct.desc == ~0u) return;
+  DirectQpDesc& d = shared_->qps[qp.direct.desc];
+  const uint32_t before = d.access.load(std::memory_order_relaxed);
+  d.access.store(qp.access_flags, std::memory_order_seq_cst);
+  publish_gate(qp);
+  // An initiator that read the old flags is inside its copy window: let it finish.
+  if (before & ~qp.access_flags) wait_copies();
+}
+
 void DirectEndpoint::release_inbox(Qp& qp) {
   if (!qp.direct.inbox) return;
   rw_->release(qp.direct.inbox, sizeof(DirectInbox));
@@ -608,11 +675,14 @@ void DirectEndpoint::qp_destroyed(Qp& qp) {
 void DirectEndpoint::wait_copies() {
   // Every initiator either saw the new sequence number before its copy (and re-checks), or announced
   // its copy before we looked (and we wait for it): a seq_cst store and load on each side.
+  // Only slots our server gave to a connected client count (slot_pid_; a peer can write any slot's pid and
+  // busy words), and only while that client is connected.
   for (uint32_t i = 0; i < DirectShared::kPeers; ++i) {
     DirectPeerSlot& s = slots_[i];
-    int32_t pid = s.pid.load(std::memory_order_seq_cst);
+    const int32_t pid = slot_pid_[i].load(std::memory_order_seq_cst);
     if (pid == 0) continue;
     for (uint32_t spins = 0; s.busy.load(std::memory_order_seq_cst); ++spins) {
+      if (slot_pid_[i].load(std::memory_order_relaxed) != pid) break;  // its client went
       if ((spins & 1023) == 1023 && !pid_alive(pid)) break;  // it died mid-copy: nothing left to wait for
       sched_yield();
     }
@@ -659,6 +729,13 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     setsockopt(p->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(p->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(p->sock, reinterpret_cast<sockaddr*>(&sa), len) != 0) return EIO;  // no direct server there
+    // Abstract names belong to whoever binds them first: the server must be the process that owns the
+    // target QP (the registry's, at our RTR) and of a user our policy serves, before we say anything.
+    int32_t server_pid = 0;
+    if (!credentials_pass(p->sock, &server_pid) || server_pid != pid) {
+      refused();
+      return EPERM;
+    }
     DirectEndpoint::Request req{kHello, 0, conn};
     Reply rep{};
     int afd = -1, wfd = -1;
@@ -673,7 +750,9 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     }
     // A file shorter than the size it claims would fault (SIGBUS) where we read past its end.
     struct stat ast {}, wst {};
-    if (fstat(afd, &ast) != 0 || fstat(wfd, &wst) != 0 || ast.st_size < 0 || wst.st_size < 0 ||
+    const int aseals = fcntl(afd, F_GET_SEALS), wseals = fcntl(wfd, F_GET_SEALS);
+    if (aseals < 0 || wseals < 0 || !(aseals & F_SEAL_SHRINK) || !(wseals & F_SEAL_SHRINK) ||
+        fstat(afd, &ast) != 0 || fstat(wfd, &wst) != 0 || ast.st_size < 0 || wst.st_size < 0 ||
         static_cast<uint64_t>(ast.st_size) < rep.a || static_cast<uint64_t>(wst.st_size) < rep.d) {
       close_both();
       return EIO;
@@ -698,16 +777,15 @@ int DirectEndpoint::connect_peer(Qp& qp) {
     const uint64_t kt = p->shared->key_table_off, ks = p->shared->key_seq_off;
     if (kt > rep.a || core::MrTable::slots_bytes() > rep.a - kt || ks > rep.a - sizeof(uint64_t) || ks % 8)
       return EIO;
-    p->key_table = p->arena + p->shared->key_table_off;
-    p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + p->shared->key_seq_off);
+    // (The values checked, not read again: the target could change them in between.)
+    p->key_table = p->arena + kt;
+    p->key_seq = reinterpret_cast<const std::atomic<uint64_t>*>(p->arena + ks);
     p->slot = rep.index;
     const uint64_t po = p->shared->peers_off;
     if (p->slot >= DirectShared::kPeers || po > p->rw_size ||
         sizeof(DirectPeerSlot) * DirectShared::kPeers > p->rw_size - po || po % alignof(DirectPeerSlot))
       return EIO;
     p->slots = reinterpret_cast<DirectPeerSlot*>(p->rw + po);
-    DirectEndpoint::Request dreq{kDoorbell, 0, 0};
-    if (!call(p->sock, dreq, &rep, &p->doorbell_fd)) return EIO;
     peer = std::move(p);
   }
   Request req{kQpDesc, 0, conn};
@@ -728,6 +806,7 @@ int DirectEndpoint::connect_peer(Qp& qp) {
 void DirectEndpoint::detach(Qp& qp) {
   const bool had_peer = qp.direct.peer != nullptr;
   forget_peer(qp);
+  qp.direct.retry_pid = 0;  // no local peer (publish_gate: nobody is admitted for this QP)
   if (!had_peer) return;
   // The connection goes with the last QP that used it.
   for (auto it = peers_.begin(); it != peers_.end();)
@@ -929,10 +1008,10 @@ void wake_if_armed(const DirectPeer& p, const DirectQpDesc& d, int wake_fd, bool
     int claimed = core::CompletionQueue::kClaimed;
     arm->compare_exchange_strong(claimed, cur);
   }
-  if (p.doorbell_fd >= 0) {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(p.doorbell_fd, &one, sizeof one);
-  }
+  // The target's server rings its engine (kRing: no reply). Never blocks: a full socket buffer means
+  // rings are still unread there.
+  const DirectEndpoint::Request ring{kRing, 0, 0};
+  [[maybe_unused]] ssize_t n = send(p.sock, &ring, sizeof ring, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 // A WRITE or READ of len bytes at the target's address target, by process_vm_writev/readv; false (and

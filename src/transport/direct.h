@@ -20,6 +20,8 @@
 // QP; wake-up pipes only for such QPs. Everything else is refused (EPERM, EAGAIN while our QP is not yet
 // in RTR towards it) and counted (direct_refused).
 #pragma once
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -113,7 +115,8 @@ class DirectEndpoint {
  public:
   // The context's arena and key table (in it), and its address in the registry (names our socket).
   // Throws std::system_error when the socket or the arena block cannot be had.
-  // doorbell_fd: the engine's eventfd, which initiators write when they leave a SEND for an armed CQ.
+  // doorbell_fd: the engine's eventfd; the server thread writes it when an initiator rings (kRing) for a
+  // SEND it left for an armed CQ (initiators never get it).
   // counters: the context's device counters (the server thread adds direct_refused there, atomically).
   DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port, int doorbell_fd,
                  core::Counters* counters);
@@ -124,6 +127,9 @@ class DirectEndpoint {
   // --- as a target (all under the engine lock) ---
   void qp_created(Qp& qp);
   void qp_changed(Qp& qp);
+  // Its remote access flags changed, not its state: published; a right taken away binds every copy
+  // that starts after this returns.
+  void qp_access_changed(Qp& qp);
   void qp_destroyed(Qp& qp);  // then the engine places what is left in the inbox, and releases it:
   void release_inbox(Qp& qp);
   // The QP's inbox, once it is connected (RC without SRQ): where initiators put SENDs.
@@ -175,14 +181,15 @@ class DirectEndpoint {
     int fd;
     int32_t slot;  // its busy slot; -1 until a kHello was admitted
     int32_t pid;
+    uid_t uid;
     // Our QPs connected to it: descriptor, QPN and its QPN (a descriptor reused by another QP is not).
     struct Conn {
       uint32_t desc, qpn, peer_qpn;
     };
     std::vector<Conn> descs;
-    bool refused;                 // its credentials failed: EPERM to its first request, then closed
   };
   static constexpr size_t kMaxClients = 4096;
+  static constexpr size_t kMaxIdlePerUid = 64;  // connections of one user not (yet) admitted
   // What the server thread may rely on for a QP (not the arena: peers can write that): kept under gate_mu_.
   struct Gate {
     uint32_t qpn = 0;  // 0: none
@@ -190,6 +197,7 @@ class DirectEndpoint {
     uint32_t state = 0;  // QpState
     uint32_t pd = 0;
     uint32_t access = 0;
+    int32_t peer_pid = 0;  // the local process its peer QP belonged to at RTR (0: none here)
   };
   void serve();
   void handle_client(Client& c, const Request& req);
@@ -208,6 +216,9 @@ class DirectEndpoint {
   std::shared_ptr<core::Arena> rw_;
   int ro_fd_ = -1;  // the arena's memfd reopened read-only: what peers get
   DirectPeerSlot* slots_ = nullptr;  // in rw_: one per connected initiator process
+  // The pid of the client each slot was given to (0: free): set and cleared by the server thread, read
+  // by wait_copies. Never the slot's own pid word, which peers can write.
+  std::atomic<int32_t> slot_pid_[DirectShared::kPeers];
   const core::MrTable& keys_;
   core::Counters* counters_;
   PeerPolicy policy_;

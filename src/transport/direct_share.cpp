@@ -91,13 +91,15 @@ SOFTRDMA_WHOLE_PAGES void copy_page(uint8_t* dst, const uint8_t* src, size_t n) 
   for (size_t i = 0; i < n / 8; ++i) d[i] = s[i];
 }
 
+void unmove_range(int fd, uint64_t lo, uint64_t len);
+
 // Moves the private anonymous pages [lo, hi) onto a new memfd at the same address. Returns the fd or -1
 // (the range is then unchanged). Writes to these pages by other threads between the copy and the
 // remap are lost: the caller holds the engine lock (its progress thread is quiet) and documents that
 // application threads must not write them while ibv_reg_mr runs.
-int move_to_memfd(uint64_t lo, uint64_t hi) {
+int move_to_memfd(uint64_t lo, uint64_t hi, bool remote_write) {
   size_t len = hi - lo;
-  int fd = memfd_create("softrdma-mr", MFD_CLOEXEC);
+  int fd = memfd_create("softrdma-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return -1;
   if (ftruncate(fd, static_cast<off_t>(len)) != 0) {
     close(fd);
@@ -125,6 +127,15 @@ int move_to_memfd(uint64_t lo, uint64_t hi) {
     return -1;
   }
   munmap(tmp, len);
+  // Our own mappings are made: from now on the file never changes size (a peer's ftruncate would fault
+  // us with SIGBUS), and unless a peer may write it, nobody maps it writable again -- whatever fd mode
+  // (a memfd's inode is mode 0777: an O_RDONLY fd can be reopened O_RDWR through /proc/self/fd).
+  const int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | (remote_write ? 0 : F_SEAL_FUTURE_WRITE);
+  if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
+    unmove_range(fd, lo, len);
+    close(fd);
+    return -1;
+  }
   return fd;
 }
 
@@ -168,6 +179,7 @@ std::vector<std::pair<uint64_t, uint64_t>> still_ours(int fd, uint64_t lo, uint6
 void unmove(int fd, uint64_t lo, uint64_t len) {
   for (auto [s, e] : still_ours(fd, lo, lo + len)) make_private(s, e - s);
 }
+void unmove_range(int fd, uint64_t lo, uint64_t len) { unmove(fd, lo, len); }
 
 }  // namespace
 
@@ -206,6 +218,9 @@ uint64_t ShareTable::acquire(uint64_t addr, uint64_t len, bool remote_write) {
     // Inside one share: the same backing serves both MRs. Straddling one: the pages cannot get a
     // second backing without cutting the first share's peers off, so no direct access.
     if (lo >= elo && hi <= ehi) {
+      // Pages sealed against writing cannot be shared writable any more: that MR is reached by
+      // process_vm_writev (or packets) instead.
+      if (remote_write && e.write_sealed) return 0;
       // Unless the application replaced those pages since: then the share no longer backs them.
       if (e.moved) {
         auto ours = still_ours(e.fd, e.info.base, ehi);
@@ -232,8 +247,9 @@ uint64_t ShareTable::acquire(uint64_t addr, uint64_t len, bool remote_write) {
   }
   Entry e{};
   if (private_anon) {
-    e.fd = move_to_memfd(lo, hi);
+    e.fd = move_to_memfd(lo, hi, remote_write);
     e.moved = true;
+    e.write_sealed = !remote_write;
     e.info.file_off = 0;
   } else if (shared_file) {
     // Exported as it is: the mapping's own file, opened through map_files (needs CAP_SYS_ADMIN or
@@ -243,6 +259,15 @@ uint64_t ShareTable::acquire(uint64_t addr, uint64_t len, bool remote_write) {
     bool w = lines[0].perms[1] == 'w';
     e.fd = open(path, (w ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     e.info.file_off = lines[0].offset + (lo - lines[0].start);
+    // Not our file to seal: exported only when its own seals already make that safe. It must not shrink
+    // (a peer's ftruncate would fault us); without a write seal it is never handed out for reading only
+    // (open_fd), since whoever holds any fd of it may reopen it writable.
+    const int seals = e.fd >= 0 ? fcntl(e.fd, F_GET_SEALS) : -1;
+    if (seals < 0 || !(seals & F_SEAL_SHRINK) || (remote_write && (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)))) {
+      if (e.fd >= 0) close(e.fd);
+      return 0;
+    }
+    e.write_sealed = (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0;
   } else {
     return 0;
   }
@@ -275,11 +300,14 @@ void ShareTable::release(uint64_t id, bool remote_write) {
   }
 }
 
-int ShareTable::open_fd(uint64_t id, bool writable, ShareInfo* info) {
+int ShareTable::open_fd(uint64_t id, bool writable, bool may_write, ShareInfo* info) {
   std::lock_guard lock(mutex_);
   for (Entry& e : entries_) {
     if (e.info.id != id) continue;
-    if (writable && !e.writable_refs) return -1;
+    if (writable && (!e.writable_refs || e.write_sealed)) return -1;
+    // Any fd of a file that is not sealed against writing can be reopened writable: only for a peer
+    // that may write it anyway.
+    if (!writable && !e.write_sealed && !may_write) return -1;
     *info = e.info;
     // A new open file description, read-only unless write is granted: the peer's mmap enforces it.
     char path[64];

@@ -34,14 +34,18 @@ class ShareTable {
   uint64_t acquire(uint64_t addr, uint64_t len, bool remote_write);
   void release(uint64_t id, bool remote_write);
   // A new fd of share id (read-only unless writable is asked and granted) and its geometry; -1 when
-  // the share is gone or write is asked and no live MR on it grants it.
-  int open_fd(uint64_t id, bool writable, ShareInfo* info);
+  // the share is gone or write is asked and no live MR on it grants it. Every share's file is sealed
+  // against changes of size; one that no MR granted remote write when it was made is sealed against
+  // writing too (F_SEAL_FUTURE_WRITE), and only such a share is handed out read-only to a peer that may
+  // not write it (may_write false): any fd of an unsealed file can be reopened writable.
+  int open_fd(uint64_t id, bool writable, bool may_write, ShareInfo* info);
 
  private:
   void after_fork_in_child();
   struct Entry {
     ShareInfo info;
     bool moved;  // moved onto our memfd (else exported as it was)
+    bool write_sealed;  // nobody can map its file writable any more (F_SEAL_FUTURE_WRITE or F_SEAL_WRITE)
     int fd;
     uint32_t refs;
     uint32_t writable_refs;

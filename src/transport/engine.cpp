@@ -979,12 +979,13 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           break;
       }
       if (m.state != QpState::Err) qp->state.store(m.state, std::memory_order_release);
-    }
-    // Initiators here check the target QP's published state and access flags per request: both are
-    // republished, an access change in RTS too (IBV_QP_ACCESS_FLAGS alone).
-    if (direct_ && (m.mask & (kModState | kModAccessFlags))) {
-      direct_->qp_changed(*qp);
-      if (qp->direct.peer || qp->direct.retry_ns) direct_active_.store(true, std::memory_order_relaxed);
+      if (direct_) {
+        direct_->qp_changed(*qp);
+        if (qp->direct.peer || qp->direct.retry_ns) direct_active_.store(true, std::memory_order_relaxed);
+      }
+    } else if ((m.mask & kModAccessFlags) && direct_) {
+      // The flags alone (RTS to RTS): initiators and the server thread check the new ones from now on.
+      direct_->qp_access_changed(*qp);
     }
   }
   doorbell();

@@ -8,18 +8,26 @@
 #include "hostile.h"
 #include "two_process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/kcmp.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "transport/direct.h"  // the layout of the shared block and the inbox (header only)
 
@@ -89,6 +97,8 @@ Answer ask(int s, const Req& r) {
   mh.msg_control = ctl;
   mh.msg_controllen = sizeof ctl;
   ssize_t n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
+  // A server that closed us with our request unread reports ECONNRESET once; its reply still follows.
+  if (n < 0 && errno == ECONNRESET) n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
   for (cmsghdr* c = CMSG_FIRSTHDR(&mh); n > 0 && c; c = CMSG_NXTHDR(&mh, c))
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       int fds[2] = {-1, -1};
@@ -400,6 +410,372 @@ TEST_F(DirectIsolation, GarbageInInboxHarmsOnlyThatQp) {
   dst2.reset();
 }
 
+// ---- issue 17, second review: what a connected peer can do with what it is given ----
+
+// True when something writes through fd: mprotect of a read-only shared mapping to writable, or the fd
+// reopened O_RDWR through /proc/self/fd (a memfd's inode is mode 0777, and we may be root) and then a
+// writable shared mapping of it, or a write() of the byte already there.
+bool can_write_through(int fd, size_t len, off_t off) {
+  bool w = false;
+  void* m = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, off);
+  if (m != MAP_FAILED) {
+    if (mprotect(m, len, PROT_READ | PROT_WRITE) == 0) w = true;
+    munmap(m, len);
+  }
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  int rw = open(path, O_RDWR | O_CLOEXEC);
+  if (rw >= 0) {
+    void* wm = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, rw, off);
+    if (wm != MAP_FAILED) {
+      w = true;
+      munmap(wm, len);
+    }
+    uint8_t b = 0;
+    if (pread(rw, &b, 1, off) == 1 && pwrite(rw, &b, 1, off) == 1) w = true;
+    close(rw);
+  }
+  return w;
+}
+
+// Brings x (on dx) and y (on dy) to RTS towards each other, y granting its peer only y_access.
+void connect_with_access(Side& x, Device& dx, Side& y, Device& dy, unsigned y_access) {
+  ConnConfig conn;
+  ASSERT_EQ(modify_to_init(x.qp, kAllAccess), 0);
+  ASSERT_EQ(modify_to_init(y.qp, y_access), 0);
+  ASSERT_EQ(modify_to_rtr(x.qp, y.qpn(), y.psn, dy.gid, conn, dy.attr), 0);
+  ASSERT_EQ(modify_to_rtr(y.qp, x.qpn(), x.psn, dx.gid, conn, dx.attr), 0);
+  ASSERT_EQ(modify_to_rts(x.qp, x.psn, conn, dx.attr), 0);
+  ASSERT_EQ(modify_to_rts(y.qp, y.psn, conn, dy.attr), 0);
+}
+
+// Every fd a connected peer gets only to read -- the arena, the share of a read-only MR -- stays
+// read-only however it is reopened or remapped: no key-table slot or registered byte of the target
+// can be written through it.
+TEST_F(DirectIsolation, ReadOnlyFdsCannotBeReopenedWritable) {
+  auto ro = p->b.buf(4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ASSERT_TRUE(ro && ro->mr);
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  ASSERT_EQ(hello.rep.status, 0);
+  ASSERT_GE(hello.fd, 0);
+  EXPECT_FALSE(can_write_through(hello.fd, 4096, 0)) << "the arena (key table, QP descriptors)";
+  hello.close_fds();
+  Answer m = ask(s, {kMap, 0, ro->rkey()});
+  ASSERT_EQ(m.rep.status, 0);
+  ASSERT_GE(m.fd, 0);
+  EXPECT_FALSE(can_write_through(m.fd, m.rep.b, static_cast<off_t>(m.rep.c))) << "a read-only MR's share";
+  m.close_fds();
+  close(s);
+  p->expect_memory_intact();
+  p->sanity();
+}
+
+// A peer whose QP grants it only REMOTE_READ, on an MR that grants REMOTE_WRITE too (to peers of other
+// QPs), gets no fd of that MR's memory that it could reopen writable; its READ still works.
+TEST_F(DirectIsolation, ReadOnlyPeerGetsNoWritableFileOfAWritableMr) {
+  Side a2, b2;
+  ASSERT_TRUE(a2.create(p->da, QpConfig{}) && b2.create(p->db, QpConfig{}));
+  auto mine = a2.buf(8192), theirs = b2.buf(8192);  // every right
+  ASSERT_TRUE(mine->mr && theirs->mr);
+  fill_pattern(theirs->data, 8192, 71);
+  ASSERT_NO_FATAL_FAILURE(
+      connect_with_access(a2, p->da, b2, p->db, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{b2.qpn()} << 32 | a2.qpn()});
+  ASSERT_EQ(hello.rep.status, 0);
+  hello.close_fds();
+  Answer w = ask(s, {kMap, 1, theirs->rkey()});
+  EXPECT_LT(w.fd, 0) << "its QP does not grant REMOTE_WRITE";
+  w.close_fds();
+  Answer r = ask(s, {kMap, 0, theirs->rkey()});
+  if (r.fd >= 0) {
+    EXPECT_FALSE(can_write_through(r.fd, r.rep.b, static_cast<off_t>(r.rep.c))) << "the share it may only read";
+  }
+  r.close_fds();
+  close(s);
+  EXPECT_EQ(check_pattern(theirs->data, 8192, 71), 8192u);
+  SendWr rd(1, IBV_WR_RDMA_READ, {mine->sge(0, 4096)});
+  rd.rdma(theirs->addr(4096), theirs->rkey());
+  ASSERT_EQ(post_send(a2.qp, rd), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(a2.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  std::vector<uint8_t> want(8192);
+  fill_pattern(want.data(), 8192, 71);
+  EXPECT_EQ(std::memcmp(mine->data, want.data() + 4096, 4096), 0) << "the READ brought the target's bytes";
+  mine.reset();
+  theirs.reset();
+}
+
+// No file a peer gets can change size: a shrunk writable area or MR share would fault the target (SIGBUS)
+// where it touches the lost pages. (A grow is tried first: on a file without the seals it is harmless
+// and is undone; a shrink is tried only where the grow was refused.)
+TEST_F(DirectIsolation, PeerCannotResizeWhatItMaps) {
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  ASSERT_EQ(hello.rep.status, 0);
+  ASSERT_GE(hello.fd, 0);
+  ASSERT_GE(hello.fd2, 0);
+  Answer m = ask(s, {kMap, 1, p->target->rkey()});
+  ASSERT_EQ(m.rep.status, 0);
+  ASSERT_GE(m.fd, 0);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", hello.fd);
+  int arena_rw = open(path, O_RDWR | O_CLOEXEC);  // root may; a memfd's mode lets its owner too
+  struct Case {
+    const char* what;
+    int fd;
+  } cases[] = {{"writable area", hello.fd2}, {"writable MR share", m.fd}, {"arena reopened O_RDWR", arena_rw}};
+  for (const Case& c : cases) {
+    if (c.fd < 0) continue;
+    struct stat st{};
+    ASSERT_EQ(fstat(c.fd, &st), 0) << c.what;
+    const int grow = ftruncate(c.fd, st.st_size + 4096);
+    const int grow_errno = errno;
+    EXPECT_EQ(grow, -1) << c.what << " grew";
+    if (grow == 0) {
+      EXPECT_EQ(ftruncate(c.fd, st.st_size), 0) << c.what;  // back to what the target maps
+      continue;
+    }
+    EXPECT_EQ(grow_errno, EPERM) << c.what;
+    errno = 0;
+    EXPECT_EQ(ftruncate(c.fd, 0), -1) << c.what << " shrank";
+    EXPECT_EQ(errno, EPERM) << c.what;
+  }
+  if (arena_rw >= 0) close(arena_rw);
+  hello.close_fds();
+  m.close_fds();
+  close(s);
+  p->expect_memory_intact();
+  p->sanity();
+}
+
+// Whether fd shares its open file description with any other fd of this process (kcmp KCMP_FILE).
+bool description_shared(int fd) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return true;
+  bool shared = false;
+  const pid_t me = getpid();
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    long other = strtol(e->d_name, &end, 10);
+    if (*end || other == fd || other == dirfd(d)) continue;
+    if (syscall(SYS_kcmp, me, me, KCMP_FILE, fd, static_cast<int>(other)) == 0) shared = true;
+  }
+  closedir(d);
+  return shared;
+}
+
+// The doorbell and the wake-up pipe a connected peer gets are its own open file descriptions, not the
+// target engine's or completion channel's: flags it sets there (O_NONBLOCK cleared, to make the target's
+// writes block once it has filled the pipe) do not reach the target, which keeps delivering events.
+TEST_F(DirectIsolation, WakeFdsArePeersOwn) {
+  ibv_comp_channel* ch = ibv_create_comp_channel(p->db.ctx);
+  ASSERT_NE(ch, nullptr);
+  QpConfig with_channel;
+  with_channel.recv_channel = ch;
+  Side a2, b2;
+  ASSERT_TRUE(a2.create(p->da, QpConfig{}) && b2.create(p->db, with_channel));
+  auto src2 = a2.buf(4096), dst2 = b2.buf(4096);
+  ASSERT_TRUE(src2->mr && dst2->mr);
+  ASSERT_NO_FATAL_FAILURE(connect_with_access(a2, p->da, b2, p->db, kAllAccess));
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{b2.qpn()} << 32 | a2.qpn()});
+  ASSERT_EQ(hello.rep.status, 0);
+  hello.close_fds();
+  Answer bell = ask(s, {kDoorbell, 0, 0});
+  Answer wake = ask(s, {kWake, 0, b2.qpn()});
+  for (Answer* x : {&bell, &wake}) {
+    if (x->fd < 0) continue;
+    // (The target's server thread, in this process, closes its own fd of what it sent just after
+    // sending: looked at again until it has, or for good.)
+    bool shared = true;
+    for (int i = 0; i < 200 && shared; ++i)
+      if ((shared = description_shared(x->fd))) usleep(5000);
+    ASSERT_FALSE(shared) << (x == &bell ? "the doorbell" : "the wake-up fd")
+                                            << " is the target's own open file";
+    // What an attacker does with it: blocking, then as full as it gets.
+    ASSERT_EQ(fcntl(x->fd, F_SETFL, 0), 0);
+  }
+  close(s);
+  // b2's application waits for a SEND on its channel: the event comes.
+  ASSERT_EQ(ibv_req_notify_cq(b2.rcq, 0), 0);
+  ASSERT_EQ(post_recv(b2.qp, 9, {dst2->sge(0, 64)}), 0);
+  SendWr snd(3, IBV_WR_SEND, {src2->sge(0, 64)});
+  ASSERT_EQ(post_send(a2.qp, snd), 0);
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  ASSERT_EQ(ibv_get_cq_event(ch, &ev_cq, &ev_ctx), 0);
+  EXPECT_EQ(ev_cq, b2.rcq);
+  ibv_ack_cq_events(ev_cq, 1);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b2.rcq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(poll_wc(a2.scq, &wc));
+  bell.close_fds();
+  wake.close_fds();
+  src2.reset();
+  dst2.reset();
+  b2.reset();
+  ibv_destroy_comp_channel(ch);
+}
+
+// A connected peer marks a busy slot that is not its own as taken by a live process (pid 1) and busy:
+// the target's ibv_dereg_mr (which waits for copies in flight) still returns.
+TEST_F(DirectIsolation, ForgedBusySlotDoesNotHangTheTarget) {
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  ASSERT_EQ(hello.rep.status, 0);
+  ASSERT_GE(hello.fd, 0);
+  ASSERT_GE(hello.fd2, 0);
+  void* m = mmap(nullptr, hello.rep.a, PROT_READ, MAP_SHARED, hello.fd, 0);
+  void* wm = mmap(nullptr, hello.rep.d, PROT_READ | PROT_WRITE, MAP_SHARED, hello.fd2, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  ASSERT_NE(wm, MAP_FAILED);
+  const auto* sh = reinterpret_cast<const DirectShared*>(static_cast<const uint8_t*>(m) + hello.rep.b);
+  auto* slots = reinterpret_cast<transport::DirectPeerSlot*>(static_cast<uint8_t*>(wm) + sh->peers_off);
+  const uint32_t forged = (hello.rep.index + 7) % DirectShared::kPeers;  // not ours, not a's
+  slots[forged].pid.store(1);
+  slots[forged].busy.store(1);
+  slots[hello.rep.index].pid.store(1);  // and ours claims to be init's
+  auto mr = p->b.buf(4096);
+  ASSERT_TRUE(mr && mr->mr);
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    EXPECT_EQ(ibv_dereg_mr(mr->mr), 0);
+    mr->mr = nullptr;
+    done = true;
+  });
+  for (int i = 0; i < 300 && !done; ++i) usleep(100000);
+  const bool returned = done;
+  slots[forged].busy.store(0);  // let a hung target go, so that the test can end
+  slots[forged].pid.store(0);
+  t.join();
+  EXPECT_TRUE(returned) << "ibv_dereg_mr waited for a slot nobody holds";
+  munmap(m, hello.rep.a);
+  munmap(wm, hello.rep.d);
+  hello.close_fds();
+  close(s);
+  p->sanity();
+}
+
+// A writable share needs one write right (REMOTE_WRITE or REMOTE_ATOMIC) granted by both the QP and the
+// MR: a QP granting READ and ATOMIC with an MR granting only WRITE gives nothing to write with.
+TEST_F(DirectIsolation, WritableShareNeedsOneRightGrantedByBoth) {
+  Side a2, b2;
+  ASSERT_TRUE(a2.create(p->da, QpConfig{}) && b2.create(p->db, QpConfig{}));
+  auto write_only = b2.buf(4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  auto atomic_only = b2.buf(4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  ASSERT_TRUE(write_only->mr && atomic_only->mr);
+  ASSERT_NO_FATAL_FAILURE(connect_with_access(
+      a2, p->da, b2, p->db, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC));
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{b2.qpn()} << 32 | a2.qpn()});
+  ASSERT_EQ(hello.rep.status, 0);
+  hello.close_fds();
+  Answer no = ask(s, {kMap, 1, write_only->rkey()});
+  EXPECT_EQ(no.rep.status, EACCES) << "QP: READ|ATOMIC, MR: WRITE";
+  EXPECT_LT(no.fd, 0);
+  no.close_fds();
+  Answer yes = ask(s, {kMap, 1, atomic_only->rkey()});
+  EXPECT_EQ(yes.rep.status, 0) << "QP and MR both grant ATOMIC";
+  EXPECT_GE(yes.fd, 0);
+  yes.close_fds();
+  close(s);
+  write_only.reset();
+  atomic_only.reset();
+}
+
+// The target's QP is connected to a QP of another host; a local process that the registry says owns a
+// QPN of that number (here: this process, whose a2 has it) is not its peer and is not admitted.
+TEST_F(DirectIsolation, QpConnectedElsewhereCannotBeAdopted) {
+  Side a2, b2;
+  ASSERT_TRUE(a2.create(p->da, QpConfig{}) && b2.create(p->db, QpConfig{}));
+  ConnConfig conn;
+  ibv_gid remote{};  // ::ffff:192.0.2.1 (TEST-NET-1): another host
+  remote.raw[10] = remote.raw[11] = 0xff;
+  remote.raw[12] = 192;
+  remote.raw[13] = 0;
+  remote.raw[14] = 2;
+  remote.raw[15] = 1;
+  ASSERT_EQ(modify_to_init(b2.qp, kAllAccess), 0);
+  ASSERT_EQ(modify_to_rtr(b2.qp, a2.qpn(), a2.psn, remote, conn, p->db.attr), 0);
+  ASSERT_EQ(modify_to_rts(b2.qp, b2.psn, conn, p->db.attr), 0);
+  const uint64_t before = refused_of(p->b.qpn());
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  Answer hello = ask(s, {kHello, 0, uint64_t{b2.qpn()} << 32 | a2.qpn()});
+  EXPECT_EQ(hello.rep.status, EPERM) << "b2's peer is on 192.0.2.1";
+  EXPECT_LT(hello.fd, 0);
+  hello.close_fds();
+  close(s);
+  EXPECT_EQ(refused_of(p->b.qpn()) - before, 1u);
+}
+
+// Another user's idle connections (refused at accept) do not fill the server's table: after 4200 of
+// them, held open, the real peer is still served.
+TEST_F(DirectIsolation, RefusedIdleClientsDoNotShutOthersOut) {
+  if (!root()) GTEST_SKIP() << "needs root to run the attacker as uid " << kAttackerId;
+  int ready[2], go[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(go, O_CLOEXEC), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(ready[0]);
+    close(go[1]);
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    if (!drop_to_attacker()) _exit(2);
+    int held = 0;
+    for (int i = 0; i < 4200; ++i) {
+      int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (c < 0) break;
+      bool ok = false;
+      for (int tries = 0; tries < 200 && !ok; ++tries) {
+        ok = connect(c, reinterpret_cast<const sockaddr*>(&sa), sa_len) == 0;
+        if (!ok && errno != EAGAIN) break;
+        if (!ok) usleep(1000);
+      }
+      if (!ok) {
+        close(c);
+        break;
+      }
+      ++held;
+    }
+    (void)!write(ready[1], &held, sizeof held);
+    char c;
+    (void)!read(go[0], &c, 1);  // holds them all until the parent is done
+    _exit(0);
+  }
+  close(ready[1]);
+  close(go[0]);
+  int held = 0;
+  ASSERT_EQ(read(ready[0], &held, sizeof held), static_cast<ssize_t>(sizeof held));
+  int s = connect_to(sa, sa_len);
+  Answer hello{};
+  if (s >= 0) hello = ask(s, {kHello, 0, uint64_t{p->b.qpn()} << 32 | p->a.qpn()});
+  close(go[1]);
+  int st = 0;
+  reap_within(child, 30, &st);
+  close(ready[0]);
+  EXPECT_GE(s, 0) << "after " << held << " idle connections of another user";
+  EXPECT_TRUE(hello.replied) << "after " << held << " idle connections of another user";
+  EXPECT_EQ(hello.rep.status, 0);
+  hello.close_fds();
+  if (s >= 0) close(s);
+  p->sanity();
+}
+
 // The connection gate answers EAGAIN while the target QP is not yet in RTR towards the initiator; the
 // initiator asks again on a later WQE. Whichever side reaches RTR first, both end up on the direct path.
 TEST(DirectGate, EitherSideMayReachRtrFirst) {
@@ -440,6 +816,86 @@ TEST(DirectGate, EitherSideMayReachRtrFirst) {
     abuf.reset();
     bbuf.reset();
   }
+  unsetenv("SOFTRDMA_DIRECT");
+}
+
+// Another process (of our own user) serving the abstract name of a target context that does not serve
+// the direct path itself (SOFTRDMA_DIRECT=0 there) is not that target: the initiator, whose QP is
+// connected to the real target QP, sends it nothing -- no hello naming the connection, no SEND -- and
+// its WRITE arrives by packets.
+TEST(DirectImpostor, InitiatorTalksOnlyToTheTargetsOwner) {
+  setenv("SOFTRDMA_DIRECT", "0", 1);
+  auto db = std::make_unique<Device>();
+  setenv("SOFTRDMA_DIRECT", "1", 1);
+  auto da = std::make_unique<Device>();
+  ASSERT_TRUE(da->ok() && db->ok());
+  Side a, b;
+  ASSERT_TRUE(a.create(*da, QpConfig{}) && b.create(*db, QpConfig{}));
+  auto abuf = a.buf(8192), bbuf = b.buf(8192);
+  ASSERT_TRUE(abuf->mr && bbuf->mr);
+  auto ep = net::Registry::instance().lookup(b.qpn());
+  ASSERT_TRUE(ep);
+  socklen_t name_len = 0;
+  const sockaddr_un name = direct_address(*ep, &name_len);
+  int ready[2], result[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(result, O_CLOEXEC), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (l < 0 || bind(l, reinterpret_cast<const sockaddr*>(&name), name_len) != 0 || listen(l, 8) != 0) _exit(3);
+    (void)!write(ready[1], "r", 1);
+    int got = 0;  // requests the initiator sent us
+    pollfd pf{l, POLLIN, 0};
+    while (poll(&pf, 1, 20000) > 0) {
+      int c = accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) break;
+      pollfd cf{c, POLLIN, 0};
+      bool closed = false;
+      while (!closed && poll(&cf, 1, 5000) > 0) {
+        Req r{};
+        ssize_t n = recv(c, &r, sizeof r, 0);
+        if (n <= 0) {
+          closed = true;
+          break;
+        }
+        ++got;
+        Rep no{};
+        no.status = EPERM;
+        (void)send(c, &no, sizeof no, MSG_NOSIGNAL);
+      }
+      close(c);
+      if (closed || got) break;
+    }
+    (void)!write(result[1], &got, sizeof got);
+    _exit(0);
+  }
+  close(ready[1]);
+  close(result[1]);
+  char r = 0;
+  ASSERT_EQ(read(ready[0], &r, 1), 1);
+  ConnConfig conn;
+  ASSERT_NO_FATAL_FAILURE(connect_with_access(a, *da, b, *db, kAllAccess));
+  fill_pattern(abuf->data, 4096, 61);
+  SendWr w(1, IBV_WR_RDMA_WRITE, {abuf->sge(0, 4096)});
+  w.rdma(bbuf->addr(0), bbuf->rkey());
+  ASSERT_EQ(post_send(a.qp, w), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(a.scq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(check_pattern(bbuf->data, 4096, 61), 4096u);
+  int got = -1;
+  EXPECT_EQ(read(result[0], &got, sizeof got), static_cast<ssize_t>(sizeof got));
+  EXPECT_EQ(got, 0) << "requests the initiator sent to a process that is not its target";
+  int st = 0;
+  EXPECT_TRUE(reap_within(child, 30, &st));
+  close(ready[0]);
+  close(result[0]);
+  abuf.reset();
+  bbuf.reset();
+  a.reset();
+  b.reset();
   unsetenv("SOFTRDMA_DIRECT");
 }
 

@@ -80,6 +80,12 @@ int target_main(int sock) {
       case 'q':
         s.destroy_qp();
         break;
+      case 'w': {  // the QP, in RTS, stops granting REMOTE_WRITE (the access flags alone)
+        ibv_qp_attr attr{};
+        attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+        if (ibv_modify_qp(s.qp, &attr, IBV_QP_ACCESS_FLAGS)) return 21;
+        break;
+      }
       case 'x':
         return 0;
       default:
@@ -325,6 +331,25 @@ TEST_F(DirectPath, WriteWithoutRemoteWriteIsRemoteAccessError) {
   SendWr w(1, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
   w.rdma(peer.r_addr, peer.r_rkey);
   ibv_wc wc = one(w);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  expect_untouched();
+}
+
+// Access flags changed in RTS by themselves (no state change) bind the next request, as a responder's
+// check of its QP's flags does: a WRITE after REMOTE_WRITE was taken away is a remote access error, on
+// a connection whose earlier WRITE went through (the initiator had the target's memory mapped already).
+TEST_F(DirectPath, RemoteWriteRevokedInRtsIsRemoteAccessError) {
+  ASSERT_NO_FATAL_FAILURE(connect());
+  fill_pattern(src->data, kALen, 11);  // the target's own pattern: this WRITE changes nothing
+  SendWr w1(1, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  w1.rdma(peer.a_addr, peer.a_rkey);
+  ibv_wc wc = one(w1);
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  ASSERT_NO_FATAL_FAILURE(command('w'));
+  fill_pattern(src->data, kALen, 25);
+  SendWr w2(2, IBV_WR_RDMA_WRITE, {src->sge(0, 64)});
+  w2.rdma(peer.a_addr + 4096, peer.a_rkey);
+  wc = one(w2);
   EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
   expect_untouched();
 }
