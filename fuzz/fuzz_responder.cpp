@@ -34,11 +34,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 #include <algorithm>
 #include <sanitizer/asan_interface.h>
 #include <sched.h>
 
+#include "config/config.h"
 #include "core/cq.h"
 #include "core/mr.h"
 #include "net/interfaces.h"
@@ -307,10 +309,12 @@ void check_untouched() {
 void setup() {
   // A private registry: our QPNs and the sink's never mix with other softrdma processes' traffic.
   setenv("SOFTRDMA_REGISTRY", "softrdma-registry-fuzz", 0);
-  setenv("SOFTRDMA_SPIN_US", "0", 0);  // the progress thread blocks at once instead of spinning
   verbose = getenv("FUZZ_VERBOSE") != nullptr;
   h = new Harness;
-  h->engine = std::make_unique<transport::Engine>(net::list_interfaces().back());
+  // A device context's options, but the progress thread blocks at once instead of spinning.
+  transport::EngineOptions opts = transport::context_options(config::parse());
+  opts.spin_us = 0;
+  h->engine = std::make_unique<transport::Engine>(net::list_interfaces().back(), std::move(opts));
 
   h->sink_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_in sa{};

@@ -9,30 +9,33 @@
 set -u
 
 # Folder (longest prefix wins) -> modules whose headers it may include ("-": none). Modules are the
-# folders of src/. Keep in step with the target_link_libraries of CMakeLists.txt and its subfolders.
+# folders of src/; config (the table of environment variables) is a leaf every layer may include.
+# Keep in step with the target_link_libraries of CMakeLists.txt and its subfolders.
 read -r -d '' TABLE <<'EOF'
-src/wire              wire
-src/net               net
-src/core              core
-src/transport         transport core net wire cm
-src/verbs             verbs transport core net
-src/cm                cm net wire
-src/rdmacm            rdmacm cm verbs
+src/config            config
+src/wire              wire config
+src/net               net config
+src/core              core config
+src/transport         transport core net wire cm config
+src/verbs             verbs transport core net config
+src/cm                cm net wire config
+src/rdmacm            rdmacm cm verbs config
 src/stubs             -
-tools                 core
-tests/unit/wire       wire
-tests/unit/net        net
-tests/unit/core       core
-tests/unit/transport  transport core net wire
-tests/unit/verbs      verbs core
-tests/unit/cm         cm wire
+tools                 core config
+tests/unit/config     config
+tests/unit/wire       wire config
+tests/unit/net        net config
+tests/unit/core       core config
+tests/unit/transport  transport core net wire config
+tests/unit/verbs      verbs core config
+tests/unit/cm         cm wire config
 tests/verbs           core verbs
 tests/faults          -
 tests/hostile         wire net core verbs transport
 tests/rdmacm          -
 tests/compat          -
 tests/interop         -
-fuzz                  wire transport core net
+fuzz                  wire transport core net config
 EOF
 
 # Folders below the ABI layers: no rdma-core ABI header (<infiniband/...>, <rdma/...>) there.

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "config/config.h"
 #include "core/stats.h"
 #include "device_view.h"
 
@@ -442,7 +443,7 @@ fs::path self_exe_dir() {
 }
 
 fs::path lib_dir() {
-  if (const char* env = std::getenv("SOFTRDMA_LIB_DIR"); env && *env) return fs::path(env);
+  if (const std::string env = config::parse().lib_dir; !env.empty()) return fs::path(env);
   std::error_code ec;
   fs::path dir = fs::weakly_canonical(self_exe_dir() / ".." / "lib", ec);
   return ec ? self_exe_dir() / ".." / "lib" : dir;
@@ -485,8 +486,7 @@ std::string prepend_list(const std::string& head, const char* tail, char sep) {
 
 // Where the devices are shown as the kernel would (device_view.h), unless the user opted out.
 void show_devices(bool want_view, bool print_env) {
-  const char* env = std::getenv("SOFTRDMA_VIEW");
-  if (!want_view || (env && std::string_view(env) == "0")) return;
+  if (!want_view || !config::parse().view) return;
   std::vector<ViewEntry> entries;
   std::string why;
   ViewMode mode = ViewMode::None;

@@ -16,6 +16,7 @@
 #include <ctime>
 
 #include "cm/cm.h"
+#include "config/config.h"
 #include "net/interfaces.h"  // is_local_ip
 #include "net/tuple_table.h"
 
@@ -29,22 +30,14 @@ uint64_t now_ns() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-uint64_t env_ms(uint64_t dflt_ms) {
-  const char* s = getenv("SOFTRDMA_MPA_TIMEOUT_MS");
-  return (s && *s ? strtoull(s, nullptr, 10) : dflt_ms) * 1000000ull;
-}
+uint64_t env_ms(uint64_t dflt_ms) { return config::parse().mpa_timeout_ms.value_or(dflt_ms) * 1000000ull; }
 // RFC 5044 leaves the MPA timers to the implementation; these are siw's: the initiator waits 10 s
 // for the reply, the responder 5 s for the request. SOFTRDMA_MPA_TIMEOUT_MS sets both (tests).
 uint64_t reply_timeout_ns() { return env_ms(10000); }
 uint64_t request_timeout_ns() { return env_ms(5000); }
-bool want_crc() {
-  const char* s = getenv("SOFTRDMA_MPA_CRC");
-  return s && std::strcmp(s, "1") == 0;
-}
-bool direct_enabled() {
-  const char* s = getenv("SOFTRDMA_DIRECT");
-  return !(s && std::strcmp(s, "0") == 0);
-}
+bool want_crc() { return config::parse().mpa_crc; }
+// The table's one definition, which the engine's contexts follow too (off under SOFTRDMA_IMPAIR).
+bool direct_enabled() { return config::parse().direct; }
 
 constexpr size_t kMaxPendingAccepts = 1024;  // TCP connections whose MPA request is still awaited
 constexpr uint8_t kKindConn = 1, kKindAccept = 2;

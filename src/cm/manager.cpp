@@ -22,6 +22,7 @@
 
 #include "cm/cm.h"
 #include "cm/protect.h"
+#include "config/config.h"
 #include "net/interfaces.h"
 #include "net/registry.h"
 #include "net/udp_port.h"
@@ -36,18 +37,13 @@ uint64_t now_ns() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-uint64_t env_u64(const char* name, uint64_t dflt) {
-  const char* s = getenv(name);
-  return s && *s ? strtoull(s, nullptr, 10) : dflt;
-}
-
 // How long a CM request waits for its answer before it is sent again, and how often. The kernel waits
 // 4.096 us * 2^20 (~4.3 s) 15 times; SOFTRDMA_CM_TIMEOUT_MS / SOFTRDMA_CM_RETRIES shorten that for tests.
-uint64_t cm_timeout_ns() { return env_u64("SOFTRDMA_CM_TIMEOUT_MS", 1000) * 1000000ull; }
+uint64_t cm_timeout_ns() { return config::parse().cm_timeout_ms * 1000000ull; }
 constexpr uint64_t kProbeIntervalNs = 50000000;  // 50 ms
-int cm_retries() { return static_cast<int>(env_u64("SOFTRDMA_CM_RETRIES", 15)); }
+int cm_retries() { return static_cast<int>(config::parse().cm_retries); }
 // How often a connection to another host checks that its peer process still exists (docs/rdmacm.md).
-uint64_t cm_probe_ns() { return env_u64("SOFTRDMA_CM_PROBE_MS", 2000) * 1000000ull; }
+uint64_t cm_probe_ns() { return config::parse().cm_probe_ms * 1000000ull; }
 
 // Starting PSNs, communication IDs and transaction IDs come from the kernel's CSPRNG: a peer that
 // saw the values of its own connections must learn nothing about another's (a seeded mt19937 gives

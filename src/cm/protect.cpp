@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "config/config.h"
+
 namespace softrdma::cm {
 
 namespace {
@@ -99,8 +101,10 @@ WireConfig parse_wire_config(const char* mode, const char* key_hex, const char* 
 }
 
 const WireConfig& wire_config() {
-  static const WireConfig c = parse_wire_config(getenv("SOFTRDMA_WIRE_PROTECT"), getenv("SOFTRDMA_AUTH_KEY"),
-                                                getenv("SOFTRDMA_AUTH_KEY_FILE"));
+  static const WireConfig c = [] {
+    const config::Settings s = config::parse();
+    return parse_wire_config(s.wire_protect.c_str(), s.auth_key.c_str(), s.auth_key_file.c_str());
+  }();
   return c;
 }
 

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <memory>
 
+#include "config/config.h"
+
 namespace softrdma::core {
 
 namespace {
@@ -34,13 +36,10 @@ const std::vector<const char*>& counter_names() {
 namespace {
 mode_t stats_mode() {
   // Owner only unless widened: counters reveal QPNs, peers and traffic volumes.
-  const char* env = std::getenv("SOFTRDMA_STATS_MODE");
-  if (!env || !*env) return 0600;
-  char* end = nullptr;
-  unsigned long m = std::strtoul(env, &end, 8);
+  const std::optional<uint32_t> m = config::parse().stats_mode;  // nullopt: unset or not a mode
+  if (!m) return 0600;
   // No write bits for anyone else, nothing beyond rwx: a page others could write would lie to readers.
-  if (*end != '\0' || m > 0777) return 0600;
-  return static_cast<mode_t>((m & 0644) | 0600);
+  return static_cast<mode_t>((*m & 0644) | 0600);
 }
 }  // namespace
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "config/config.h"
+
 namespace softrdma::net {
 
 uint64_t ImpairmentRng::next() {
@@ -131,10 +133,10 @@ std::optional<ImpairmentConfig> parse_impairment(std::string_view spec, std::str
 }
 
 std::optional<ImpairmentConfig> impairment_from_env() {
-  const char* env = std::getenv("SOFTRDMA_IMPAIR");
-  if (!env || !*env) return std::nullopt;
+  const std::string spec = config::parse().impair;
+  if (spec.empty()) return std::nullopt;
   std::string error;
-  auto cfg = parse_impairment(env, &error);
+  auto cfg = parse_impairment(spec, &error);
   if (!cfg) {
     std::fprintf(stderr, "softrdma: ignoring SOFTRDMA_IMPAIR: %s\n", error.c_str());
     return std::nullopt;

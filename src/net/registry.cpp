@@ -18,6 +18,8 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "config/config.h"
+
 namespace softrdma::net {
 namespace {
 
@@ -104,8 +106,8 @@ std::string shm_path_for(const std::string& name) { return name.front() == '/' ?
 }  // namespace
 
 std::string Registry::default_path() {
-  const char* env = std::getenv("SOFTRDMA_REGISTRY");
-  if (env && *env) return shm_path_for(env);
+  const std::string base = config::parse().registry;
+  if (!base.empty()) return shm_path_for(base);
   return "/dev/shm/softrdma-registry-" + std::to_string(netns_inode());
 }
 

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "config/config.h"
 #include "net/interfaces.h"
 
 namespace softrdma::net {
@@ -85,8 +86,8 @@ uint32_t home(const TcpTuple& t) {
 }  // namespace
 
 std::string TupleTable::default_path() {
-  const char* env = std::getenv("SOFTRDMA_TUPLES");
-  if (env && *env) return env[0] == '/' ? std::string(env) : "/dev/shm/" + std::string(env);
+  const std::string base = config::parse().tuples;
+  if (!base.empty()) return base[0] == '/' ? base : "/dev/shm/" + base;
   return "/dev/shm/softrdma-tuples-" + std::to_string(netns_inode());
 }
 

@@ -20,6 +20,8 @@
 #include <string>
 #include <system_error>
 
+#include "config/config.h"
+
 namespace softrdma::net {
 namespace {
 
@@ -71,10 +73,7 @@ struct UdpPort::Buffers {
 
 namespace {
 // SOFTRDMA_GSO=0 turns segmentation offload off (to measure what it brings, or on a kernel without it).
-bool gso_wanted() {
-  const char* s = getenv("SOFTRDMA_GSO");
-  return !s || std::strcmp(s, "0") != 0;
-}
+bool gso_wanted() { return config::parse().gso; }
 }  // namespace
 
 UdpPort::UdpPort(uint32_t ip_be, uint16_t port) : ip_be_(ip_be), buf_(std::make_unique<Buffers>()) {

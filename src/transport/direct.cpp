@@ -27,21 +27,7 @@
 
 namespace softrdma::transport {
 
-// On unless SOFTRDMA_DIRECT=0 (for comparison) or SOFTRDMA_IMPAIR asks for packet faults.
-constexpr bool kDirectByDefault = true;
-
-bool direct_enabled() {
-  // Read per context (at its creation): a process may open impaired and unimpaired contexts.
-  if (const char* s = getenv("SOFTRDMA_DIRECT")) return strcmp(s, "0") != 0;
-  return kDirectByDefault && getenv("SOFTRDMA_IMPAIR") == nullptr;
-}
-
-DirectEndpoint::PeerPolicy DirectEndpoint::peer_policy() {
-  const char* s = getenv("SOFTRDMA_DIRECT_PEERS");
-  if (s && strcmp(s, "any") == 0) return PeerPolicy::Any;
-  if (s && strcmp(s, "group") == 0) return PeerPolicy::Group;
-  return PeerPolicy::User;  // also for anything unknown: the safe choice
-}
+DirectEndpoint::PeerPolicy DirectEndpoint::peer_policy() { return config::parse().direct_peers; }
 
 namespace {
 

@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "config/config.h"
 #include "core/arena.h"
 #include "core/limits.h"
 #include "core/mr.h"
@@ -37,10 +38,6 @@
 #include "transport/qp.h"
 
 namespace softrdma::transport {
-
-// On by default; off when SOFTRDMA_DIRECT=0, and by default when SOFTRDMA_IMPAIR asks for packet faults
-// (those tests are about the packet path). Read when a context is created.
-bool direct_enabled();
 
 struct DirectQpDesc {
   // Changed only by ibv_modify_qp and friends: stays in the initiator's cache.
@@ -172,7 +169,7 @@ class DirectEndpoint {
   };
 
   // Who may talk to our server at all (SOFTRDMA_DIRECT_PEERS, read per context).
-  enum class PeerPolicy { User, Group, Any };
+  using PeerPolicy = config::DirectPeers;
   static PeerPolicy peer_policy();
 
  private:

@@ -41,13 +41,6 @@ constexpr uint32_t kForwardTrailerLen = 13;
 constexpr uint8_t kForwardMagic[4] = {'S', 'R', 'F', 'W'};
 constexpr uint32_t kMaxDatagram = 8192;  // far above MTU 4096 plus every header
 
-uint64_t spin_window_ns() {
-  // How long the progress thread keeps spinning after its last piece of work before it blocks. Read
-  // when a context is opened, like SOFTRDMA_DIRECT.
-  const char* s = getenv("SOFTRDMA_SPIN_US");
-  return (s ? strtoull(s, nullptr, 10) : 200) * 1000ull;
-}
-
 // True when more threads are runnable than there are CPUs (/proc/stat procs_running, which counts
 // us). Spinning then only steals the core from the thread that would produce our next packet: a
 // blocked thread woken by the kernel (~20 us) beats a spinner waiting for a scheduler tick (~4 ms).
@@ -67,7 +60,7 @@ bool cpus_oversubscribed() {
 Engine::Engine(const net::Interface& iface, EngineOptions opts)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
       clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname),
-      spin_ns_(spin_window_ns()) {
+      spin_ns_(opts_.spin_us * 1000ull) {
   if (!opts_.open_port)
     opts_.open_port = [](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
       return std::make_unique<net::UdpPort>(ip_be, port);
@@ -97,7 +90,7 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   sq_credits_ = std::make_unique<SqCredit[]>(core::DeviceLimits::kMaxQp);
   for (uint32_t i = core::DeviceLimits::kMaxQp; i-- > 0;) free_credits_.push_back(i);
   try_take_roce_port(0);
-  if (opts_.direct && direct_enabled()) {
+  if (opts_.direct) {
     try {
       direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, port_->port(), doorbell_fd_,
                                                  &stats_.device());
@@ -132,7 +125,7 @@ void Engine::try_take_roce_port(uint64_t now) {
 }
 
 Engine::~Engine() {
-  if (getenv("SOFTRDMA_COUNTERS")) {
+  if (opts_.dump_counters) {
     // A post-mortem for debugging (docs/debugging.md): what this context's engine saw.
     // Appended piece by piece: operator+ on std::string draws GCC 12 -Wrestrict false positives at -O3.
     std::string line = "softrdma ";

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "config/config.h"
 #include "core/arena.h"
 #include "core/cq.h"
 #include "core/event_queue.h"
@@ -65,15 +66,29 @@ struct QpModify {
 // How an engine meets the world (the packet seam, net/packet_port.h). The defaults are a device
 // context's: UDP sockets, the system clock, a progress thread. A deterministic transport test gives
 // ports of a net::MemoryNetwork and its virtual clock, no thread and no direct path, and calls step().
+// The engine reads no environment: a context's options come from the configuration table
+// (context_options below), read when it opens.
 struct EngineOptions {
   // Opens the packet port at (ip, port); port 0 means any. Throws std::system_error when it cannot.
   std::function<std::unique_ptr<net::PacketPort>(uint32_t ip_be, uint16_t port)> open_port;
   const net::Clock* clock = nullptr;  // nullptr: net::SystemClock
   bool progress_thread = true;
   bool link_monitor = true;
-  bool direct = true;           // the intra-host direct path, unless SOFTRDMA_DIRECT=0
+  bool direct = true;           // the intra-host direct path (SOFTRDMA_DIRECT)
   bool take_roce_port = true;   // try to hold UDP 4791 for the address (DESIGN §4)
+  // How long the progress thread keeps spinning after its last piece of work before it blocks.
+  uint64_t spin_us = config::Settings{}.spin_us;  // SOFTRDMA_SPIN_US
+  bool dump_counters = false;   // print the context's counters to stderr when it closes (SOFTRDMA_COUNTERS)
 };
+
+// A device context's options from the configuration table's settings.
+inline EngineOptions context_options(const config::Settings& s) {
+  EngineOptions o;
+  o.direct = s.direct;
+  o.spin_us = s.spin_us;
+  o.dump_counters = s.counters;
+  return o;
+}
 
 class Engine {
  public:

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "config/config.h"
 #include "core/limits.h"
 #include "verbs/parent_domain.h"
 #include "verbs/soft_objects.h"
@@ -24,14 +25,9 @@ namespace {
 
 // SOFTRDMA_TRANSPORT: roce (default: RoCE devices only), iwarp (iWARP devices only, as a siw host),
 // both (RoCE devices first, then iWARP). Anything else counts as roce.
-enum class Selection { Roce = 0, Iwarp = 1, Both = 2 };
+using Selection = config::Transport;
 
-Selection selection() {
-  const char* s = getenv("SOFTRDMA_TRANSPORT");
-  if (s && !strcmp(s, "iwarp")) return Selection::Iwarp;
-  if (s && !strcmp(s, "both")) return Selection::Both;
-  return Selection::Roce;
-}
+Selection selection() { return config::parse().transport; }
 
 // EUI-64 from a MAC (the universal/local bit flipped), as RoCE NICs and siw (addrconf_addr_eui48) do.
 uint64_t eui64(const std::array<uint8_t, 6>& m) {
@@ -354,7 +350,8 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   try {
     shared = std::make_shared<ContextShared>();
     shared->device = sd;
-    shared->engine = std::make_unique<transport::Engine>(sd->iface);
+    // The context's settings are read now: a process may open contexts with different ones.
+    shared->engine = std::make_unique<transport::Engine>(sd->iface, transport::context_options(config::parse()));
   } catch (const std::system_error& e) {
     errno = e.code().value() ? e.code().value() : ENODEV;
     return nullptr;

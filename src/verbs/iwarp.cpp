@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "config/config.h"
 #include "core/limits.h"
 #include "verbs/private_abi.h"
 #include "verbs/qp_state.h"
@@ -50,10 +51,9 @@ int iwarp_check_modify(ibv_qp_state cur, ibv_qp_state next, int mask) {
 
 namespace {
 
-bool direct_disabled() {
-  const char* s = getenv("SOFTRDMA_DIRECT");
-  return s && !strcmp(s, "0");
-}
+// The table's one definition, which the engine's contexts and librdmacm follow too (off under
+// SOFTRDMA_IMPAIR).
+bool direct_disabled() { return !config::parse().direct; }
 
 // The peer is a softrdma QP of this host: RTR then RTS exactly as a RoCE QP towards it (PSNs 0; IRD
 // and ORD as the READ depths), so the engine finds it in the registry and takes the direct path.

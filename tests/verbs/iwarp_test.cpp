@@ -613,6 +613,28 @@ TEST_F(IwarpVerbsPair, TcpPathSendWriteRead) {
   EXPECT_EQ(n, 0) << "EOF once the QP is gone";
 }
 
+// Contexts opened under SOFTRDMA_IMPAIR (SOFTRDMA_DIRECT unset) have no direct path, and the iWARP
+// attach agrees: given the peer's QPN (as librdmacm passes it when its tuple table finds the peer), the
+// QPs still exchange FPDUs on their TCP stream. Issue 26: the attach read SOFTRDMA_DIRECT alone and put
+// the QPs on the direct path the engine had off.
+class IwarpVerbsPairImpaired : public IwarpVerbsPair {
+ protected:
+  // Set before SetUp opens the contexts. Faults on the UDP ports only: the TCP stream is untouched.
+  ScopedEnv impair{"SOFTRDMA_IMPAIR", "seed=26,tx_drop=0.01"};
+  ScopedEnv direct{"SOFTRDMA_DIRECT", nullptr};
+};
+
+TEST_F(IwarpVerbsPairImpaired, PeerQpnGivenStillTakesTheTcpStream) {
+  const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
+  const uint64_t fpdus_before = my_counter(&core::Counters::iw_tx_fpdus);
+  int rc = attach(true);
+  if (rc == EOPNOTSUPP) GTEST_SKIP() << "Engine::iwarp_attach is not implemented in this build";
+  ASSERT_EQ(rc, 0) << std::strerror(rc);
+  ASSERT_NO_FATAL_FAILURE(traffic());
+  EXPECT_EQ(my_counter(&core::Counters::direct_ops), ops_before) << "SOFTRDMA_IMPAIR: nothing direct";
+  EXPECT_GE(my_counter(&core::Counters::iw_tx_fpdus) - fpdus_before, 5u) << "the five messages went as FPDUs";
+}
+
 // What an iWARP QP cannot post: immediate data, atomics, memory-window WRs, a READ into two SGEs.
 TEST_F(IwarpVerbsPair, PostSendRefusesWhatRdmapLacks) {
   ASSERT_EQ(attach(true), 0);

@@ -1,0 +1,114 @@
+// The configuration table (config/config.h): each variable parsed from a given lookup (no setenv),
+// the defaults taken from the table, and the one definition of the direct path's switch.
+#include "config/config.h"
+
+#include <map>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace softrdma::config {
+namespace {
+
+Settings parse_of(const std::map<std::string, std::string>& env) {
+  return parse([&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(ConfigTable, EveryRowIsNamedTypedAndExplained) {
+  std::set<std::string> names;
+  for (const Variable& v : table()) {
+    const std::string name = v.name;
+    EXPECT_EQ(name.rfind("SOFTRDMA_", 0), 0u) << name;
+    EXPECT_TRUE(names.insert(name).second) << name << " twice";
+    EXPECT_NE(std::string(v.help), "") << name;
+    EXPECT_NE(std::string(v.reader), "") << name;
+    EXPECT_NE(std::string(type_name(v.type)), "?") << name;
+    EXPECT_EQ(find(name), &v);
+  }
+  EXPECT_EQ(find("SOFTRDMA_NO_SUCH_VARIABLE"), nullptr);
+  EXPECT_EQ(find("FAULT_SEED"), nullptr) << "the fault tests' own variables are not softrdma's";
+}
+
+// Unset, and set but empty, give the table's defaults, which are also Settings' own.
+TEST(ConfigTable, DefaultsComeFromTheTable) {
+  for (const auto& env : {std::map<std::string, std::string>{},
+                          std::map<std::string, std::string>{{"SOFTRDMA_SPIN_US", ""}, {"SOFTRDMA_GSO", ""},
+                                                             {"SOFTRDMA_CM_RETRIES", ""}}}) {
+    const Settings s = parse_of(env);
+    const Settings d;
+    EXPECT_EQ(s.spin_us, d.spin_us);
+    EXPECT_EQ(std::to_string(s.spin_us), find("SOFTRDMA_SPIN_US")->fallback);
+    EXPECT_EQ(std::to_string(s.cm_timeout_ms), find("SOFTRDMA_CM_TIMEOUT_MS")->fallback);
+    EXPECT_EQ(std::to_string(s.cm_retries), find("SOFTRDMA_CM_RETRIES")->fallback);
+    EXPECT_EQ(std::to_string(s.cm_probe_ms), find("SOFTRDMA_CM_PROBE_MS")->fallback);
+    EXPECT_EQ(s.cm_timeout_ms, d.cm_timeout_ms);
+    EXPECT_EQ(s.cm_retries, d.cm_retries);
+    EXPECT_EQ(s.cm_probe_ms, d.cm_probe_ms);
+    EXPECT_EQ(s.gso, d.gso);
+    EXPECT_TRUE(s.gso);
+    EXPECT_FALSE(s.mpa_crc);
+    EXPECT_TRUE(s.view);
+    EXPECT_TRUE(s.direct);
+    EXPECT_FALSE(s.counters);
+    EXPECT_EQ(s.transport, Transport::Roce);
+    EXPECT_EQ(s.direct_peers, DirectPeers::User);
+    EXPECT_FALSE(s.mpa_timeout_ms.has_value());
+    EXPECT_FALSE(s.stats_mode.has_value());
+    EXPECT_EQ(s.registry, "");
+    EXPECT_EQ(s.impair, "");
+  }
+}
+
+TEST(ConfigTable, ValuesAreParsedByType) {
+  const Settings s = parse_of({{"SOFTRDMA_SPIN_US", "7"},
+                               {"SOFTRDMA_GSO", "0"},
+                               {"SOFTRDMA_MPA_CRC", "1"},
+                               {"SOFTRDMA_VIEW", "0"},
+                               {"SOFTRDMA_COUNTERS", "0"},  // a flag: set is on, whatever the value
+                               {"SOFTRDMA_TRANSPORT", "both"},
+                               {"SOFTRDMA_DIRECT_PEERS", "group"},
+                               {"SOFTRDMA_MPA_TIMEOUT_MS", "1500"},
+                               {"SOFTRDMA_STATS_MODE", "0640"},
+                               {"SOFTRDMA_REGISTRY", "mine"},
+                               {"SOFTRDMA_CM_RETRIES", "2"}});
+  EXPECT_EQ(s.spin_us, 7u);
+  EXPECT_FALSE(s.gso);
+  EXPECT_TRUE(s.mpa_crc);
+  EXPECT_FALSE(s.view);
+  EXPECT_TRUE(s.counters);
+  EXPECT_EQ(s.transport, Transport::Both);
+  EXPECT_EQ(s.direct_peers, DirectPeers::Group);
+  EXPECT_EQ(s.mpa_timeout_ms, 1500u);
+  EXPECT_EQ(s.stats_mode, 0640u);
+  EXPECT_EQ(s.registry, "mine");
+  EXPECT_EQ(s.cm_retries, 2u);
+  // What a choice or a bool does not know means the default; so does a mode that is not octal.
+  const Settings odd = parse_of({{"SOFTRDMA_GSO", "no"},
+                                 {"SOFTRDMA_MPA_CRC", "yes"},
+                                 {"SOFTRDMA_TRANSPORT", "infiniband"},
+                                 {"SOFTRDMA_DIRECT_PEERS", "everyone"},
+                                 {"SOFTRDMA_STATS_MODE", "rw-r--r--"}});
+  EXPECT_TRUE(odd.gso);
+  EXPECT_FALSE(odd.mpa_crc);
+  EXPECT_EQ(odd.transport, Transport::Roce);
+  EXPECT_EQ(odd.direct_peers, DirectPeers::User) << "the safe choice";
+  EXPECT_FALSE(odd.stats_mode.has_value());
+  EXPECT_FALSE(parse_of({{"SOFTRDMA_STATS_MODE", "01777"}}).stats_mode.has_value());
+}
+
+// The bug of issue 26: the engine turned the direct path off under SOFTRDMA_IMPAIR while iWARP's
+// connection setup (librdmacm, libibverbs) did not. One definition now: every reader gets this.
+TEST(ConfigTable, DirectPathIsOffUnderImpairUnlessAskedFor) {
+  EXPECT_TRUE(parse_of({}).direct);
+  EXPECT_FALSE(parse_of({{"SOFTRDMA_DIRECT", "0"}}).direct);
+  EXPECT_FALSE(parse_of({{"SOFTRDMA_IMPAIR", "seed=1,tx_drop=0.1"}}).direct);
+  EXPECT_TRUE(parse_of({{"SOFTRDMA_IMPAIR", "seed=1,tx_drop=0.1"}, {"SOFTRDMA_DIRECT", "1"}}).direct);
+  EXPECT_FALSE(parse_of({{"SOFTRDMA_IMPAIR", "seed=1"}, {"SOFTRDMA_DIRECT", "0"}}).direct);
+}
+
+}  // namespace
+}  // namespace softrdma::config
