@@ -1,7 +1,7 @@
 // The softrdma command: lists the devices our libibverbs offers, and runs unmodified RDMA
 // programs over our libraries, in a view that shows the devices where the kernel would
 // (device_view.h). `devices` uses only the public verbs API, so what it prints is
-// exactly what any verbs program sees.
+// exactly what any verbs program sees. `config` lists the environment variables (config/config.h).
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -578,6 +578,28 @@ int cmd_version() {
   return 0;
 }
 
+// Every variable of the configuration table (config/config.h): its value in this environment, its
+// default and what it does. markdown: the table docs/debugging.md holds (no values), for
+// ctest tools.config_docs.
+int cmd_config(bool markdown) {
+  if (markdown) {
+    fmt::print("| variable | type | default | read by | meaning |\n|---|---|---|---|---|\n");
+    for (const config::Variable& v : config::table())
+      fmt::print("| `{}` | {} | {} | {} | {} |\n", v.name, config::type_name(v.type),
+                 *v.fallback ? fmt::format("`{}`", v.fallback) : std::string("unset"), v.reader, v.help);
+    return 0;
+  }
+  for (const config::Variable& v : config::table()) {
+    const char* value = std::getenv(v.name);
+    fmt::print("{} {} (default: {})\n    {}, read by {}: {}\n", v.name,
+               value ? fmt::format("= {}", value) : std::string("unset"), *v.fallback ? v.fallback : "unset",
+               config::type_name(v.type), v.reader, v.help);
+  }
+  // The one setting that depends on two variables, as every library sees it.
+  fmt::print("direct path: {}\n", config::parse().direct ? "on" : "off");
+  return 0;
+}
+
 }  // namespace
 }  // namespace softrdma::tools
 
@@ -610,6 +632,11 @@ int main(int argc, char** argv) {
   bool stat_qp = false, stat_all = false;
   stat->add_flag("-q,--qp", stat_qp, "Also print each QP's counters");
   stat->add_flag("-a,--all", stat_all, "Print counters that are zero too");
+
+  auto* config_cmd = app.add_subcommand("config", "List every SOFTRDMA_* variable: its value here, default and help");
+  bool config_markdown = false;
+  config_cmd->add_flag("--markdown", config_markdown,
+                       "Print the table of docs/debugging.md instead (no values)");
 
   // `run` takes its own few options, then PROGRAM: everything from PROGRAM on is PROGRAM's, which
   // a general option parser would try to interpret, so `run` is split off by hand.
@@ -651,5 +678,6 @@ int main(int argc, char** argv) {
   if (*devices) return for_ip.empty() ? cmd_devices(verbose, only_dev) : cmd_devices_for_ip(for_ip);
   if (*version) return cmd_version();
   if (*stat) return cmd_stat(stat_qp, stat_all);
+  if (*config_cmd) return cmd_config(config_markdown);
   return 1;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools.cli: `softrdma run` gives an unmodified program the loader environment it needs, and
-# passes its arguments and exit status through untouched. Runs against a scratch lib dir, so it
-# checks the command itself, not the library.
+# passes its arguments and exit status through untouched; `config` lists the environment variables.
+# Runs against a scratch lib dir, so it checks the command itself, not the library.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/compat_lib.sh"
 compat_require_softrdma
@@ -68,5 +68,23 @@ got=$("$SOFTRDMA" devices --iwarp --ip 127.0.0.1)
 expect "devices --iwarp --ip 127.0.0.1 names softrdma_iw_lo" softrdma_iw_lo "$got"
 got=$("$SOFTRDMA" devices | grep -c '^hca_id:.softrdma_iw_' || true)
 expect "devices without a selection lists no iWARP device" 0 "$got"
+
+# `config` lists every variable of the table: its value here (or unset), its default and its help.
+got=$(env -u SOFTRDMA_SPIN_US "$SOFTRDMA" config | grep '^SOFTRDMA_SPIN_US ' || true)
+expect "config shows an unset variable and its default" "SOFTRDMA_SPIN_US unset (default: 200)" "$got"
+got=$(SOFTRDMA_SPIN_US=7 "$SOFTRDMA" config | grep '^SOFTRDMA_SPIN_US ' || true)
+expect "config shows the value from the environment" "SOFTRDMA_SPIN_US = 7 (default: 200)" "$got"
+got=$("$SOFTRDMA" config | grep -A1 '^SOFTRDMA_MPA_CRC ' | tail -1 || true)
+expect "config shows type, readers and help" \
+  '    bool, read by librdmacm: `1`: ask for MPA CRCs on every FPDU (docs/iwarp.md)' "$got"
+got=$("$SOFTRDMA" config | grep -c '^SOFTRDMA_' || true)
+expect "config lists as many variables as --markdown" "$("$SOFTRDMA" config --markdown | grep -c '^| `SOFTRDMA_')" "$got"
+# The direct path's switch as every library reads it: off under SOFTRDMA_IMPAIR unless asked for.
+got=$(env -u SOFTRDMA_DIRECT SOFTRDMA_IMPAIR=seed=1 "$SOFTRDMA" config | tail -1)
+expect "config: no direct path under SOFTRDMA_IMPAIR" "direct path: off" "$got"
+got=$(SOFTRDMA_DIRECT=1 SOFTRDMA_IMPAIR=seed=1 "$SOFTRDMA" config | tail -1)
+expect "config: SOFTRDMA_DIRECT=1 wins over SOFTRDMA_IMPAIR" "direct path: on" "$got"
+got=$(env -u SOFTRDMA_DIRECT -u SOFTRDMA_IMPAIR "$SOFTRDMA" config | tail -1)
+expect "config: the direct path is on by default" "direct path: on" "$got"
 
 compat_finish
