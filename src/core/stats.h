@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
+
 namespace softrdma::core {
 
 // One set of counters, kept for the device and for each QP. Fields that happen before a packet is
@@ -75,9 +77,10 @@ class StatsPage {
   static constexpr uint32_t kVersion = 9;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
-  // Creates /dev/shm/softrdma-stats-<pid>-<n>, mode 0600 (owner and root only; $SOFTRDMA_STATS_MODE, in
-  // octal, widens it to at most 0644); falls back to private memory if that fails.
-  explicit StatsPage(const std::string& device);
+  // Creates /dev/shm/softrdma-stats-<pid>-<n>, mode 0600 (owner and root only; SOFTRDMA_STATS_MODE, in
+  // octal, widens it to at most 0644); falls back to private memory if that fails. settings: from the
+  // environment when the page is created unless given.
+  explicit StatsPage(const std::string& device, const config::Settings& settings = config::parse());
   ~StatsPage();
   StatsPage(const StatsPage&) = delete;
   StatsPage& operator=(const StatsPage&) = delete;

@@ -6,8 +6,6 @@
 #include <cstring>
 #include <initializer_list>
 
-#include "config/config.h"
-
 namespace softrdma::net {
 
 uint64_t ImpairmentRng::next() {
@@ -132,8 +130,7 @@ std::optional<ImpairmentConfig> parse_impairment(std::string_view spec, std::str
   return cfg;
 }
 
-std::optional<ImpairmentConfig> impairment_from_env() {
-  const std::string spec = config::parse().impair;
+std::optional<ImpairmentConfig> impairment_from(std::string_view spec) {
   if (spec.empty()) return std::nullopt;
   std::string error;
   auto cfg = parse_impairment(spec, &error);

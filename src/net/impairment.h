@@ -52,9 +52,9 @@ struct ImpairmentConfig {
 
 // Parses the SOFTRDMA_IMPAIR syntax. On error returns nullopt and describes the problem in *error.
 std::optional<ImpairmentConfig> parse_impairment(std::string_view spec, std::string* error);
-// Reads SOFTRDMA_IMPAIR now (every call: tests change it between device opens). Unset, empty or all-zero:
-// nullopt. A parse error prints one line to stderr and is otherwise ignored (nullopt).
-std::optional<ImpairmentConfig> impairment_from_env();
+// The impairment a port gets from SOFTRDMA_IMPAIR's value (config::Settings::impair). Empty or
+// all-zero: nullopt. A parse error prints one line to stderr and is otherwise ignored (nullopt).
+std::optional<ImpairmentConfig> impairment_from(std::string_view spec);
 
 // What one direction of one port did to its datagrams.
 struct ImpairmentStats {

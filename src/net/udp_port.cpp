@@ -71,14 +71,11 @@ struct UdpPort::Buffers {
   } tx_ctrl[kBatch];
 };
 
-namespace {
-// SOFTRDMA_GSO=0 turns segmentation offload off (to measure what it brings, or on a kernel without it).
-bool gso_wanted() { return config::parse().gso; }
-}  // namespace
 
-UdpPort::UdpPort(uint32_t ip_be, uint16_t port) : ip_be_(ip_be), buf_(std::make_unique<Buffers>()) {
+UdpPort::UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings)
+    : ip_be_(ip_be), buf_(std::make_unique<Buffers>()) {
   const uint64_t index = g_ports_created.fetch_add(1, std::memory_order_relaxed);
-  if (auto cfg = impairment_from_env()) impair_ = std::make_unique<PortImpairment>(*cfg, index);
+  if (auto cfg = impairment_from(settings.impair)) impair_ = std::make_unique<PortImpairment>(*cfg, index);
   fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0) throw_errno(errno, "socket");
   auto fail = [this](const char* what) {
@@ -91,7 +88,8 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port) : ip_be_(ip_be), buf_(std::make_
   if (setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) fail("IP_MTU_DISCOVER");
   int on = 1;
   if (setsockopt(fd_, IPPROTO_IP, IP_PKTINFO, &on, sizeof(on)) != 0) fail("IP_PKTINFO");
-  if (gso_wanted()) {
+  // SOFTRDMA_GSO=0 turns segmentation offload off (to measure what it brings, or on a kernel without it).
+  if (settings.gso) {
     // Segmented sends need UDP_SEGMENT (4.18) and segmented receives UDP_GRO (5.0); both or neither.
     int zero = 0;
     gso_ = setsockopt(fd_, SOL_UDP, UDP_SEGMENT, &zero, sizeof(zero)) == 0 &&

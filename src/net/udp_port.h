@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "config/config.h"
 #include "net/packet_port.h"
 
 namespace softrdma::net {
@@ -23,7 +24,8 @@ class UdpPort final : public PacketPort {
   // (IP_PMTUDISC_DO: the kernel then sends IP identification 0, which the ICRC covers), IP_PKTINFO on,
   // UDP_SEGMENT/UDP_GRO where the kernel has them (offload()) and 8 MiB socket buffers where allowed.
   // Throws std::system_error on failure.
-  UdpPort(uint32_t ip_be, uint16_t port);
+  // settings: SOFTRDMA_IMPAIR and SOFTRDMA_GSO, from the environment when the port opens unless given.
+  UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings = config::parse());
   ~UdpPort();
   UdpPort(const UdpPort&) = delete;
   UdpPort& operator=(const UdpPort&) = delete;

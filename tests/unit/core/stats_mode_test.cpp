@@ -8,19 +8,19 @@
 
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include <gtest/gtest.h>
 
 namespace softrdma::core {
 namespace {
 
+// The mode of a page created with SOFTRDMA_STATS_MODE=env (nullptr: unset).
 mode_t page_mode(const char* env) {
-  if (env)
-    setenv("SOFTRDMA_STATS_MODE", env, 1);
-  else
-    unsetenv("SOFTRDMA_STATS_MODE");
-  StatsPage page("mode-test");
-  unsetenv("SOFTRDMA_STATS_MODE");
+  const config::Settings s = config::parse([env](const char* name) -> const char* {
+    return std::string_view(name) == "SOFTRDMA_STATS_MODE" ? env : nullptr;
+  });
+  StatsPage page("mode-test", s);
   struct stat st{};
   if (page.path().empty() || stat(page.path().c_str(), &st) != 0) return 07777;
   return st.st_mode & 07777;

@@ -21,6 +21,13 @@ namespace {
 
 const uint32_t kLo = htonl(INADDR_LOOPBACK);
 
+// The environment's settings with SOFTRDMA_IMPAIR set to spec: what a port opened under it gets.
+config::Settings impaired(const char* spec) {
+  config::Settings s = config::parse();
+  s.impair = spec;
+  return s;
+}
+
 // What came out of a DirectionImpairment, in order.
 struct Out {
   std::vector<uint8_t> bytes;
@@ -111,20 +118,16 @@ TEST(ImpairmentParse, Errors) {
 }
 
 TEST(ImpairmentParse, BadEnvironmentPrintsOneLineAndIsIgnored) {
-  setenv("SOFTRDMA_IMPAIR", "tx_drop=2", 1);
   testing::internal::CaptureStderr();
-  auto c = impairment_from_env();
+  auto c = impairment_from("tx_drop=2");
   std::string err = testing::internal::GetCapturedStderr();
-  unsetenv("SOFTRDMA_IMPAIR");
   EXPECT_FALSE(c);
   EXPECT_NE(err.find("SOFTRDMA_IMPAIR"), std::string::npos);
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1);
   // And a port created with it is not impaired.
-  setenv("SOFTRDMA_IMPAIR", "tx_drop=2", 1);
   testing::internal::CaptureStderr();
-  UdpPort p(kLo, 0);
+  UdpPort p(kLo, 0, impaired("tx_drop=2"));
   (void)testing::internal::GetCapturedStderr();
-  unsetenv("SOFTRDMA_IMPAIR");
   EXPECT_EQ(p.impairment(), nullptr);
 }
 
@@ -397,8 +400,7 @@ TEST(Impairment, CorruptionFlipsOneToThreeBits) {
 }
 
 TEST(Impairment, OffIsPassThrough) {
-  unsetenv("SOFTRDMA_IMPAIR");
-  UdpPort a(kLo, 0), b(kLo, 0);
+  UdpPort a(kLo, 0, impaired("")), b(kLo, 0, impaired(""));
   EXPECT_EQ(a.impairment(), nullptr);
   constexpr uint32_t kN = 200;
   for (uint32_t i = 0; i < kN; ++i) {
@@ -436,10 +438,8 @@ std::vector<std::vector<uint8_t>> drain(UdpPort& p, size_t max_per_call = UdpPor
 }
 
 TEST(Impairment, UdpPortTxDropAndDupAreCounted) {
-  setenv("SOFTRDMA_IMPAIR", "seed=11,tx_drop=0.2,tx_dup=0.2,tx_reorder=0.2,reorder_depth=4", 1);
-  UdpPort a(kLo, 0);
-  unsetenv("SOFTRDMA_IMPAIR");
-  UdpPort b(kLo, 0);
+  UdpPort a(kLo, 0, impaired("seed=11,tx_drop=0.2,tx_dup=0.2,tx_reorder=0.2,reorder_depth=4"));
+  UdpPort b(kLo, 0, impaired(""));
   ASSERT_NE(a.impairment(), nullptr);
   EXPECT_EQ(b.impairment(), nullptr);
   constexpr uint32_t kN = 1000;
@@ -472,9 +472,7 @@ TEST(Impairment, UdpPortTxDropAndDupAreCounted) {
 
 TEST(Impairment, UdpPortRxNothingHeldOnceSocketIsEmpty) {
   UdpPort a(kLo, 0);
-  setenv("SOFTRDMA_IMPAIR", "seed=5,rx_reorder=0.5,rx_dup=0.1,rx_corrupt=0.1,reorder_depth=16", 1);
-  UdpPort b(kLo, 0);
-  unsetenv("SOFTRDMA_IMPAIR");
+  UdpPort b(kLo, 0, impaired("seed=5,rx_reorder=0.5,rx_dup=0.1,rx_corrupt=0.1,reorder_depth=16"));
   ASSERT_NE(b.impairment(), nullptr);
   constexpr uint32_t kN = 500;
   for (uint32_t i = 0; i < kN; ++i) {
@@ -505,10 +503,8 @@ TEST(Impairment, UdpPortRxNothingHeldOnceSocketIsEmpty) {
 
 TEST(Impairment, PortsOfOneSeedDrawDifferentStreams) {
   // The seed is mixed with the port's creation index: two ports do not drop the same datagrams.
-  setenv("SOFTRDMA_IMPAIR", "seed=1,tx_drop=0.5", 1);
-  UdpPort a(kLo, 0), b(kLo, 0);
-  unsetenv("SOFTRDMA_IMPAIR");
-  UdpPort sink(kLo, 0);
+  UdpPort a(kLo, 0, impaired("seed=1,tx_drop=0.5")), b(kLo, 0, impaired("seed=1,tx_drop=0.5"));
+  UdpPort sink(kLo, 0, impaired(""));
   std::vector<uint64_t> da, db;
   for (uint32_t i = 0; i < 64; ++i) {
     auto d = original(i);
@@ -522,10 +518,8 @@ TEST(Impairment, PortsOfOneSeedDrawDifferentStreams) {
 }
 
 TEST(Impairment, UdpPortTxHoldSurvivesFlushesUntilTheNextSend) {
-  setenv("SOFTRDMA_IMPAIR", "seed=1,tx_hold=1", 1);
-  UdpPort a(kLo, 0);
-  unsetenv("SOFTRDMA_IMPAIR");
-  UdpPort b(kLo, 0), c(kLo, 0);
+  UdpPort a(kLo, 0, impaired("seed=1,tx_hold=1"));
+  UdpPort b(kLo, 0, impaired("")), c(kLo, 0, impaired(""));
   auto d1 = original(1), d2 = original(2);
   a.send(d1.data(), 64, kLo, b.port());
   for (int i = 0; i < 10; ++i) a.flush();

@@ -334,9 +334,9 @@ TEST(UdpPortGso, AnEmptyDatagramIsNotLostInARun) {
 TEST(UdpPortGso, SegmentIndicesSurviveReceiveImpairment) {
   // SOFTRDMA_IMPAIR on the receiving side (a burst far away: nothing is touched here) passes datagrams
   // through its own queue; each keeps the index it had in its buffer, which its ICRC covers.
-  setenv("SOFTRDMA_IMPAIR", "seed=1,rx_burst_at=1000000,rx_burst_len=1", 1);
-  UdpPort b(kLo, 0);
-  unsetenv("SOFTRDMA_IMPAIR");
+  config::Settings impaired = config::parse();
+  impaired.impair = "seed=1,rx_burst_at=1000000,rx_burst_len=1";
+  UdpPort b(kLo, 0, impaired);
   UdpPort a(kLo, 0);
   SKIP_WITHOUT_OFFLOAD(a);
   ASSERT_NE(b.impairment(), nullptr);
@@ -352,9 +352,9 @@ TEST(UdpPortGso, SegmentIndicesSurviveReceiveImpairment) {
 }
 
 TEST(UdpPortGso, OffWithSoftrdmaGso0) {
-  setenv("SOFTRDMA_GSO", "0", 1);
-  UdpPort a(kLo, 0);
-  unsetenv("SOFTRDMA_GSO");
+  config::Settings no_gso = config::parse();
+  no_gso.gso = false;  // SOFTRDMA_GSO=0
+  UdpPort a(kLo, 0, no_gso);
   UdpPort b(kLo, 0);
   EXPECT_FALSE(a.offload());
   std::vector<std::vector<uint8_t>> sent;
