@@ -306,7 +306,22 @@ class Engine {
   // PD for that request (IBTA 10.2.10); InvalidRequest when the domain has no such SRQ here.
   Verdict xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info);
   void uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info);
+  // The RC responder's stages (responder.cpp), in the order responder_receive runs them.
   void responder_receive(Qp& qp, const wire::Packet& pkt);
+  void nak_psn_gap(Qp& qp);
+  void responder_duplicate(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  void replay_response(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  void regenerate_read(Qp& qp, const wire::Packet& pkt, const ReplayEntry& r, int32_t off);
+  // Opcode sequence, the XRC target's SRQ, length, then the receive WQE (classified by its TMH on a
+  // tag-matching SRQ).
+  Verdict check_request(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  Verdict execute_read(Qp& qp, const wire::Packet& pkt);
+  Verdict execute_atomic(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  Verdict execute_atomic_write(Qp& qp, const wire::Packet& pkt);
+  // A SEND or WRITE packet executed: the next PSN is expected, and the ACK it asked for is owed.
+  void responder_acknowledge(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  // An ACK of everything up to psn is owed: sent by flush_owed_acks, coalesced with later ones.
+  void owe_ack(Qp& qp, uint32_t psn);
   void responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn);
   bool responder_run_reads(Qp& qp);
   void send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig);
