@@ -84,16 +84,7 @@ void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus re
              : nak_code == wire::kNakRemoteOp   ? &core::Counters::naks_sent_rem_op
                                                 : &core::Counters::naks_sent_inv_req);
   responder_send_ack(qp, wire::aeth_nak(nak_code), psn);
-  if (qp.resp.recv_active) {
-    core::Cqe c{};
-    c.wr_id = active_recv_wqe(qp).wr_id;
-    c.status = recv_status;
-    c.opcode = core::WcOpcode::Recv;
-    c.qp_num = qp.qpn;
-    retire_recv_wqe(qp);
-    qp.resp.recv_active = false;
-    post_cqe(receive_cq(qp), c, false);
-  }
+  if (qp.resp.recv_active) fail_recv(qp, recv_status, receive_cq(qp));
   // Errors that consumed no receive WQE are reported through the async event stream (IBTA 11.6.3).
   AsyncEventType ev = nak_code == wire::kNakRemoteAccess ? AsyncEventType::QpAccessErr
                       : nak_code == wire::kNakInvalidRequest ? AsyncEventType::QpReqErr
@@ -161,19 +152,8 @@ Engine::Verdict Engine::check_receive(Qp& qp, const wire::OpcodeInfo& info) {
   }
   if (info.kind != wire::OpKind::Send || !info.first) return {};
   // A WQE still held from a message given up (UC, SRQ) serves this one.
-  if (!qp.resp.recv_active) {
-    if (!next_recv_wqe(qp)) return {Verdict::Rnr};
-    take_recv_wqe(qp);
-    qp.resp.recv_active = true;
-  }
-  qp.resp.recv_offset = 0;
-  RecvWqe& w = active_recv_wqe(qp);
-  // An SRQ's buffers belong to the SRQ's protection domain (IBTA 10.2.9).
-  uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;
-  for (uint32_t i = 0; i < w.num_sge; ++i)
-    if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.resp.recv_host[i]) !=
-        core::AccessResult::Ok)
-      return {Verdict::RemoteOp, WcStatus::LocProtErr};
+  if (!qp.resp.recv_active && !next_recv_wqe(qp)) return {Verdict::Rnr};
+  if (open_recv_message(qp) != WcStatus::Success) return {Verdict::RemoteOp, WcStatus::LocProtErr};
   return {};
 }
 
@@ -223,22 +203,11 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
   }
   // A message that matched a tagged buffer places what follows its TMH.
   const uint32_t skip = info.first && tm_kind == TmKind::Expected ? tm::kTmhBytes : 0;
-  const uint32_t len = pkt.payload_len - skip;
-  RecvWqe& w = active_recv_wqe(qp);
-  if (qp.resp.recv_offset + len > w.length) return {Verdict::InvalidRequest, WcStatus::LocLenErr};
-  const uint8_t* src = pkt.payload + skip;
-  bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, len,
-                                   [&](uint8_t* p, uint64_t n) {
-                                     if (!p) return false;
-                                     std::memcpy(p, src, n);
-                                     src += n;
-                                     return true;
-                                   });
-  // The receive buffer's MR was deregistered while this message arrived.
-  if (!placed) return {Verdict::RemoteOp, WcStatus::LocProtErr};
-  qp.resp.recv_offset += len;
+  // Too long for the WQE: an invalid request; its memory deregistered meanwhile: a local error.
+  if (WcStatus st = place_recv(qp, pkt.payload + skip, pkt.payload_len - skip); st != WcStatus::Success)
+    return {st == WcStatus::LocLenErr ? Verdict::InvalidRequest : Verdict::RemoteOp, st};
   if (!info.last) return {};
-  core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
+  core::Cqe c = connected_receive_cqe(qp, active_recv_wqe(qp).wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
                                       (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
   if (tm_kind != TmKind::None) {
     // Tag-matching SRQ: the completion says what the TMH made of the message.
@@ -259,10 +228,8 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
     c.wc_flags = core::kWcWithInv;
     c.imm_or_inv = pkt.ieth_rkey;
   }
-  retire_recv_wqe(qp);
-  qp.resp.recv_active = false;
   qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-  post_cqe(receive_cq(qp), c, pkt.bth.solicited);
+  finish_recv(qp, c, receive_cq(qp), pkt.bth.solicited);
   return {};
 }
 
@@ -289,9 +256,7 @@ Engine::Verdict Engine::execute_write(Qp& qp, const wire::OpcodeInfo& info, cons
   if ((info.headers & wire::kHdrImm) && complete_receive) {
     core::Cqe c = connected_receive_cqe(qp, take_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
                                         qp.resp.write_total, true, pkt.imm_data_be);
-    retire_recv_wqe(qp);
-    qp.resp.recv_active = false;
-    post_cqe(receive_cq(qp), c, pkt.bth.solicited);
+    finish_recv(qp, c, receive_cq(qp), pkt.bth.solicited);
   }
   return {};
 }
