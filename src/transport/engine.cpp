@@ -598,10 +598,7 @@ void Engine::flush_queues(Qp& qp) {
       qp.sq.tail.store(i + 1, std::memory_order_release);
       continue;
     }
-    core::Cqe c{};
-    c.wr_id = e.wqe.wr_id;
-    c.status = WcStatus::WrFlushErr;
-    c.qp_num = qp.qpn;
+    core::Cqe c = wqe_cqe(qp.qpn, e.wqe.wr_id, WcStatus::WrFlushErr, core::WcOpcode{});
     tag_sq_cqe(qp, c, i);
     qp.sq.tail.store(i + 1, std::memory_order_release);
     post_cqe(qp.cfg.send_cq, c, false);
@@ -612,19 +609,11 @@ void Engine::flush_queues(Qp& qp) {
   if (qp.resp.srq_wqe_held) {
     // The SRQ WQE this QP had taken is its own now; the SRQ's other WQEs are not flushed.
     qp.resp.srq_wqe_held = false;
-    core::Cqe c{};
-    c.wr_id = qp.resp.srq_wqe.wr_id;
-    c.status = WcStatus::WrFlushErr;
-    c.opcode = core::WcOpcode::Recv;
-    c.qp_num = qp.qpn;
+    const core::Cqe c = wqe_cqe(qp.qpn, qp.resp.srq_wqe.wr_id, WcStatus::WrFlushErr, core::WcOpcode::Recv);
     post_cqe(receive_cq(qp), c, false);
   }
   for (uint64_t i = qp.rq.tail.load(); i != qp.rq.head.load(std::memory_order_acquire); ++i) {
-    core::Cqe c{};
-    c.wr_id = qp.rq.at(i).wr_id;
-    c.status = WcStatus::WrFlushErr;
-    c.opcode = core::WcOpcode::Recv;
-    c.qp_num = qp.qpn;
+    const core::Cqe c = wqe_cqe(qp.qpn, qp.rq.at(i).wr_id, WcStatus::WrFlushErr, core::WcOpcode::Recv);
     qp.rq.tail.store(i + 1, std::memory_order_release);
     post_cqe(qp.cfg.recv_cq, c, false);
   }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <initializer_list>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -25,6 +26,7 @@
 #include "transport/direct.h"
 #include "transport/icrc_gate.h"
 #include "transport/iwarp.h"
+#include "transport/placement.h"
 #include "transport/qp.h"
 #include "transport/raw.h"
 #include "transport/srq.h"
@@ -218,6 +220,9 @@ class Engine {
   // The direct path's receive side (direct_receive.cpp): places what initiators left in the QP's inbox
   // into its receive WQEs and writes the CQEs; true when anything was placed.
   bool direct_receive(Qp& qp);
+  // A SEND of length bytes from the inbox entry slot (or the inbox's data ring) into w: the status of
+  // place_message; the ring's bytes are consumed either way.
+  WcStatus direct_place_send(Qp& qp, const DirectInboxEntry& slot, const RecvWqe& w, uint32_t length);
   bool direct_receive_all();
   // Takes the engine lock for an application thread: when free, or, once a QP has a direct peer, after
   // waiting for it (posts and polls then do the direct path's work themselves).
@@ -237,6 +242,26 @@ class Engine {
   void retire_recv_wqe(Qp& qp);      // that message is complete (or failed): an RQ WQE leaves the RQ
   // After a flush of a QP attached to an SRQ: IBV_EVENT_QP_LAST_WQE_REACHED, once per error.
   void report_last_wqe(Qp& qp);
+  // placement.cpp: receive placement, the one step of every path that places a message into a
+  // receive WQE (RoCE RC/UC, iWARP, UD, the direct inbox; raw frames resolve their WQE alike).
+  // A receive WQE's buffers for a message of need bytes: LOC_LEN_ERR when they are too short,
+  // LOC_PROT_ERR when an SGE fails its key check (pd, LOCAL_WRITE), else Success with each SGE's host
+  // pointer in host[].
+  WcStatus resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const;
+  // A whole message (UD, the direct path) into w: its SGEs resolved for the pieces' total length, the
+  // pieces copied one after another from offset 0. The status of resolve_recv_sges.
+  WcStatus place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const;
+  // A message placed in pieces (RC, UC, iWARP, tag matching): the active WQE's SGEs resolved into
+  // qp.resp.recv_host (LOC_PROT_ERR or Success).
+  WcStatus resolve_active_recv(Qp& qp);
+  // A message starts on the next receive WQE (the caller saw one): taken, at offset 0, SGEs resolved.
+  WcStatus open_recv_message(Qp& qp);
+  // len bytes of the message in progress at its offset: LOC_LEN_ERR past the WQE's length,
+  // LOC_PROT_ERR when its memory was deregistered, else Success and the offset moves on.
+  WcStatus place_recv(Qp& qp, const uint8_t* src, uint64_t len);
+  // The message in progress completes with c into cq: its WQE is retired. fail_recv: in error, status.
+  void finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited);
+  void fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq);
   // datagram.cpp: UD send and receive, the UC requester and responder (no ACKs, no retransmission).
   bool unreliable_requester_run(Qp& qp);
   void datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_be, uint32_t dst_ip_be,
@@ -306,7 +331,22 @@ class Engine {
   // PD for that request (IBTA 10.2.10); InvalidRequest when the domain has no such SRQ here.
   Verdict xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info);
   void uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info);
+  // The RC responder's stages (responder.cpp), in the order responder_receive runs them.
   void responder_receive(Qp& qp, const wire::Packet& pkt);
+  void nak_psn_gap(Qp& qp);
+  void responder_duplicate(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  void replay_response(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  void regenerate_read(Qp& qp, const wire::Packet& pkt, const ReplayEntry& r, int32_t off);
+  // Opcode sequence, the XRC target's SRQ, length, then the receive WQE (classified by its TMH on a
+  // tag-matching SRQ).
+  Verdict check_request(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  Verdict execute_read(Qp& qp, const wire::Packet& pkt);
+  Verdict execute_atomic(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  Verdict execute_atomic_write(Qp& qp, const wire::Packet& pkt);
+  // A SEND or WRITE packet executed: the next PSN is expected, and the ACK it asked for is owed.
+  void responder_acknowledge(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  // An ACK of everything up to psn is owed: sent by flush_owed_acks, coalesced with later ones.
+  void owe_ack(Qp& qp, uint32_t psn);
   void responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn);
   bool responder_run_reads(Qp& qp);
   void send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig);
@@ -438,10 +478,6 @@ class Engine {
   std::vector<McastGroup> mcast_;
   bool mcast_if_set_ = false;  // port_ sends multicast out of the device's interface
   void mcast_receive(bool& did);
-  // A receive WQE's buffers for a datagram or frame of need bytes (UD, raw packet): LOC_LEN_ERR when
-  // they are too short, LOC_PROT_ERR when an SGE fails its key check (pd, LOCAL_WRITE), else Success
-  // with each SGE's host pointer in host[].
-  WcStatus resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const;
   // A receive ring of max(max_wr, 1) WQEs in the context's arena (QP RQ, SRQ, WQ), with its size in
   // *bytes for the release; false (errno ENOMEM) when the arena is full.
   bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes);

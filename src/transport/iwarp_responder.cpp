@@ -278,39 +278,23 @@ void Engine::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t* h
       refuse({L::Ddp, kDdpUntagged, kDdpNoBuffer, &C::iw_no_recv, AsyncEventType::QpReqErr});
       return;
     }
-    take_recv_wqe(qp);
-    qp.resp.recv_active = true;
-    qp.resp.recv_offset = 0;
     qp.resp.in_message = true;
-    RecvWqe& w = active_recv_wqe(qp);
-    const uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;
-    for (uint32_t i = 0; i < w.num_sge; ++i)
-      if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.resp.recv_host[i]) !=
-          core::AccessResult::Ok) {
-        refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
-        return;
-      }
+    if (open_recv_message(qp) != WcStatus::Success) {
+      refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
+      return;
+    }
   }
-  RecvWqe& w = active_recv_wqe(qp);
-  if (qp.resp.recv_offset + plen > w.length) {
-    refuse({L::Ddp, kDdpUntagged, kDdpTooLong, &C::iw_msg_too_long, AsyncEventType::QpReqErr, WcStatus::LocLenErr});
+  // Too long for the WQE, or its MR deregistered while the message arrived.
+  if (const WcStatus st = place_recv(qp, payload, plen); st != WcStatus::Success) {
+    if (st == WcStatus::LocLenErr)
+      refuse({L::Ddp, kDdpUntagged, kDdpTooLong, &C::iw_msg_too_long, AsyncEventType::QpReqErr, WcStatus::LocLenErr});
+    else
+      refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
     return;
   }
-  const uint8_t* src = payload;
-  const bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, plen,
-                                         [&](uint8_t* p, uint64_t n) {
-                                           if (!p) return false;
-                                           std::memcpy(p, src, n);
-                                           src += n;
-                                           return true;
-                                         });
-  if (!placed) {  // the receive buffer's MR was deregistered while the message arrived
-    refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
-    return;
-  }
-  qp.resp.recv_offset += plen;
   if (!h.last) return;
-  core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset, false, 0);
+  core::Cqe c = connected_receive_cqe(qp, active_recv_wqe(qp).wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
+                                      false, 0);
   if (h.opcode == iw::Opcode::SendInvalidate || h.opcode == iw::Opcode::SendSolicitedInvalidate) {
     // The STag in the header is invalidated as the message completes, by the rules of RoCE's SEND
     // with invalidate (a type 2 window bound through this QP).
@@ -322,12 +306,10 @@ void Engine::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t* h
     c.wc_flags = core::kWcWithInv;
     c.imm_or_inv = h.rsvd_ulp;
   }
-  retire_recv_wqe(qp);
-  qp.resp.recv_active = false;
   qp.resp.in_message = false;
   ++s.rx_msn[iw::kQnSend];
   const bool solicited = h.opcode == iw::Opcode::SendSolicited || h.opcode == iw::Opcode::SendSolicitedInvalidate;
-  post_cqe(receive_cq(qp), c, solicited);
+  finish_recv(qp, c, receive_cq(qp), solicited);
 }
 
 void Engine::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
