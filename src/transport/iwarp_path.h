@@ -117,6 +117,8 @@ class IwarpPath final : public Path, private PathServices {
   // Requester and READ responses: frames what is due into the state's tx, then writes it; true when it did.
   bool iwarp_transmit(Qp& qp);
   bool iwarp_requester_fill(Qp& qp);
+  // The READ request of the WQE at the send index (RFC 5040 §4.4), which joins the outstanding READs.
+  void iwarp_read_request(Qp& qp, const SendWqe& w);
   bool iwarp_read_response_fill(Qp& qp);
   // Frames one ULPDU (the header bytes, then payload[0..n)) onto the QP's transmit queue; completes:
   // the SQ entry at sq_index is done once the FPDU's last byte is in the socket.

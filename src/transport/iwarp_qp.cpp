@@ -187,6 +187,29 @@ void IwarpPath::iwarp_queue(Qp& qp, const uint8_t* hdr, size_t hdr_len, const io
   count(&qp, &core::Counters::iw_tx_fpdus);
 }
 
+void IwarpPath::iwarp_read_request(Qp& qp, const SendWqe& w) {
+  IwarpState& s = state(qp);
+  uint8_t hdr[iw::kMaxHeaderLen];
+  // RDMA READ request (RFC 5040 §4.4): untagged on QN 1; the sink is the local SGE, named by its lkey.
+  iw::DdpHeader h;
+  h.last = true;
+  h.opcode = iw::Opcode::ReadRequest;
+  h.qn = iw::kQnReadRequest;
+  h.msn = s.tx_msn[iw::kQnReadRequest]++;
+  size_t n = iw::encode_header(h, hdr);
+  iw::ReadRequest r;
+  r.sink_stag = w.sge[0].lkey;
+  r.sink_to = w.sge[0].addr;
+  r.size = static_cast<uint32_t>(w.length);
+  r.src_stag = w.rkey;
+  r.src_to = w.remote_addr;
+  n += iw::encode_read_request(r, hdr + n);
+  iwarp_queue(qp, hdr, n, nullptr, 0);
+  s.reads.push_back({qp.req.send_index, false, 0});
+  ++qp.req.reads_outstanding;
+  ++qp.req.send_index;
+}
+
 bool IwarpPath::iwarp_requester_fill(Qp& qp) {
   IwarpState& s = state(qp);
   const uint64_t head = std::min(qp.sq.head.load(std::memory_order_acquire), qp.req.sq_stop_at);
@@ -219,28 +242,11 @@ bool IwarpPath::iwarp_requester_fill(Qp& qp) {
     return true;
   }
   const SendWqe& w = e.wqe;
-  uint8_t hdr[iw::kMaxHeaderLen];
   if (wr.read) {
-    // RDMA READ request (RFC 5040 §4.4): untagged on QN 1; the sink is the local SGE, named by its lkey.
-    iw::DdpHeader h;
-    h.last = true;
-    h.opcode = iw::Opcode::ReadRequest;
-    h.qn = iw::kQnReadRequest;
-    h.msn = s.tx_msn[iw::kQnReadRequest]++;
-    size_t n = iw::encode_header(h, hdr);
-    iw::ReadRequest r;
-    r.sink_stag = w.sge[0].lkey;
-    r.sink_to = w.sge[0].addr;
-    r.size = static_cast<uint32_t>(w.length);
-    r.src_stag = w.rkey;
-    r.src_to = w.remote_addr;
-    n += iw::encode_read_request(r, hdr + n);
-    iwarp_queue(qp, hdr, n, nullptr, 0);
-    s.reads.push_back({qp.req.send_index, false, 0});
-    ++qp.req.reads_outstanding;
-    ++qp.req.send_index;
+    iwarp_read_request(qp, w);
     return true;
   }
+  uint8_t hdr[iw::kMaxHeaderLen];
   iw::DdpHeader h;
   const bool write = w.op == WrOp::Write;
   const uint64_t off = s.send_offset;
