@@ -131,9 +131,9 @@ void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
 }
 
 bool Engine::requester_run(Qp& qp, uint64_t now) {
-  if (qp.cfg.type == QpType::Raw) return raw_requester_run(qp);
+  // A QP on a path of its own (path.h: raw packets, iWARP's TCP stream) is sent by that path.
+  if (Path* p = qp.on_path()) return p->transmit(qp, now);
   if (qp.cfg.type != QpType::Rc) return unreliable_requester_run(qp);
-  if (qp.iw.active) return iwarp_transmit(qp);  // over the QP's TCP stream (iwarp_qp.cpp)
   // now 0 (a post from the caller's thread): the clock is read only where a timer needs it.
   if (qp.comp.rnr_resume_ns) {
     if (!now) now = this->now();
