@@ -6,6 +6,9 @@
 # libibverbs/librdmacm ABI headers below the ABI layers.
 #   tools/check_layers.sh [ROOT]     check ROOT (default: this checkout); exit 1 on any violation
 #   tools/check_layers.sh --self-test  plant violations in a scratch tree and require each be caught
+#   tools/check_layers.sh --markdown   print the src/ rows of the table as docs/architecture.md shows them
+#   tools/check_layers.sh --docs [FILE] fail unless FILE (default docs/architecture.md) holds that table
+#                                      between its "layers:begin" and "layers:end" markers
 set -u
 
 # Folder (longest prefix wins) -> modules whose headers it may include ("-": none). Modules are the
@@ -132,6 +135,43 @@ self_test() {
   return $fail
 }
 
+# The module rows of the table (src/ only) as a markdown table; a module's own name is left out.
+markdown() {
+  echo "| module | may include |"
+  echo "|---|---|"
+  local prefix mods m out
+  while read -r prefix mods; do
+    [[ $prefix == src/* ]] || continue
+    out=""
+    for m in $mods; do
+      [[ $m == "${prefix#src/}" || $m == - ]] && continue
+      out+="${out:+, }$m"
+    done
+    echo "| \`$prefix\` | ${out:-—} |"
+  done <<<"$TABLE"
+}
+
+# FILE's lines between the markers must be exactly markdown()'s output.
+check_docs() {
+  local file=$1 have want
+  have=$(sed -n '/<!-- layers:begin/,/<!-- layers:end/{/<!-- layers:/d;p}' "$file")
+  want=$(markdown)
+  if [[ $have != "$want" ]]; then
+    echo "$file: its layer table differs from tools/check_layers.sh; put this between the markers:"
+    echo "$want"
+    return 1
+  fi
+  echo "layers: $file shows the table"
+}
+
+if [[ ${1:-} == --markdown ]]; then
+  markdown
+  exit
+fi
+if [[ ${1:-} == --docs ]]; then
+  check_docs "${2:-$(cd "$(dirname "$0")/.." && pwd)/docs/architecture.md}"
+  exit
+fi
 if [[ ${1:-} == --self-test ]]; then
   self_test && echo "layer check self-test: ok"
   exit

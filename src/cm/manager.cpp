@@ -175,7 +175,7 @@ void Manager::send_mad(Connection& c, const uint8_t* mad, bool request) {
     send_to(c.peer_ip_be, wire::kRoceUdpPort, src_ip, mad);
     return;
   }
-  // A peer on this host: straight to its socket (DESIGN §4), by service port or by its comm ID.
+  // A peer on this host: straight to its socket (docs/rdmacm.md), by service port or by its comm ID.
   if (h.attr_id == static_cast<uint16_t>(wire::CmAttr::Req) || h.attr_id == static_cast<uint16_t>(wire::CmAttr::SidrReq)) {
     send_to(c.peer_ip_be, c.service_port, src_ip, mad);
     return;

@@ -1,4 +1,4 @@
-// A per-context shared-memory arena (DESIGN §5): every structure a peer NIC would touch (MR key table,
+// A per-context shared-memory arena (docs/direct-path.md): every structure a peer NIC would touch (MR key table,
 // RQ rings, CQ rings) is carved out of one memfd, so a later intra-host peer can map it.
 #pragma once
 #include <cstddef>

@@ -174,14 +174,25 @@ bool fault_in(uint64_t addr, uint64_t len, bool write) {
   return true;
 }
 
-namespace {
-AccessResult resolve(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len, bool write, uint8_t** host) {
+AccessResult MrTable::check_range(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len) {
   if (r.pd != pd) return AccessResult::BadPd;
   // Written to be overflow-proof: va + len may wrap for hostile requests.
   if (va < r.iova || va - r.iova > r.length || len > r.length - (va - r.iova))
     return AccessResult::OutOfRange;
+  return AccessResult::Ok;
+}
+
+AccessResult MrTable::check_remote_region(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len,
+                                          uint32_t need) {
+  if ((r.access & need) != need) return AccessResult::NoPermission;
+  return check_range(r, pd, va, len);
+}
+
+namespace {
+// The host address of a checked range; an on-demand region's pages are faulted in now, before the copy
+// touches them.
+AccessResult host_of(const MrRegion& r, uint64_t va, uint64_t len, bool write, uint8_t** host) {
   *host = reinterpret_cast<uint8_t*>(r.addr + (va - r.iova));
-  // An on-demand region's pages are faulted in now, before the copy touches them.
   if ((r.access & kOnDemand) && !fault_in(r.addr + (va - r.iova), len, write)) return AccessResult::NotMapped;
   return AccessResult::Ok;
 }
@@ -216,7 +227,8 @@ AccessResult MrTable::check_local(uint32_t lkey, uint32_t pd, uint64_t va, uint6
   const Slot* s = find(lkey, false);
   if (!s) return AccessResult::BadKey;
   if (write && !(s->region.access & kLocalWrite)) return AccessResult::NoPermission;
-  return resolve(s->region, pd, va, len, write, host);
+  if (AccessResult a = check_range(s->region, pd, va, len); a != AccessResult::Ok) return a;
+  return host_of(s->region, va, len, write, host);
 }
 
 AccessResult MrTable::check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t len, uint32_t need,
@@ -225,8 +237,8 @@ AccessResult MrTable::check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint
   if (!s) return AccessResult::BadKey;
   // A type 2 window is associated with one QP (IBTA 10.6.7.2.2: type 2B checks QP and PD).
   if (s->window == static_cast<uint8_t>(MwType::Type2) && s->qpn != qpn) return AccessResult::BadKey;
-  if ((s->region.access & need) != need) return AccessResult::NoPermission;
-  return resolve(s->region, pd, va, len, (need & (kRemoteWrite | kRemoteAtomic)) != 0, host);
+  if (AccessResult a = check_remote_region(s->region, pd, va, len, need); a != AccessResult::Ok) return a;
+  return host_of(s->region, va, len, (need & (kRemoteWrite | kRemoteAtomic)) != 0, host);
 }
 
 bool MrTable::alloc_window(MwType type, uint32_t pd, uint32_t* handle, uint32_t* rkey) {

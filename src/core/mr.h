@@ -82,6 +82,12 @@ class MrTable {
   // window's; qpn is the QP the request arrived on (a type 2 window is usable only through its own).
   AccessResult check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t len, uint32_t need,
                             uint8_t** host, uint32_t qpn = 0) const;
+  // What a remote request needs of the region its key names, once found: every bit of need, then PD and
+  // bounds (check_range). One decision for the responder (check_remote, on this table) and the direct
+  // path's initiator (on a region it found in the target's table image with find_in).
+  static AccessResult check_remote_region(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len, uint32_t need);
+  // [va, va+len) lies inside the region, which is in PD pd: Ok, BadPd or OutOfRange.
+  static AccessResult check_range(const MrRegion& r, uint32_t pd, uint64_t va, uint64_t len);
 
   // Memory windows. alloc_window: false when max_mw are allocated; the window starts unbound.
   static constexpr uint32_t kMaxMw = kCapacity / 8;  // bound windows take one key slot each

@@ -1,4 +1,4 @@
-// Which softrdma devices exist: one per IPv4 address of the host's UP interfaces (DESIGN §4).
+// Which softrdma devices exist: one per IPv4 address of the host's UP interfaces (docs/architecture.md, "Devices and addressing").
 #pragma once
 
 #include <array>

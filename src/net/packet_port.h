@@ -1,4 +1,4 @@
-// The packet seam (DESIGN §8): what a progress engine sends and receives datagrams through, and the
+// The packet seam (docs/architecture.md, "The packet seam"): what a progress engine sends and receives datagrams through, and the
 // clock it reads. UdpPort (udp_port.h) is the real one; MemoryNetwork (memory_network.h) is an
 // in-memory network with a virtual clock, so transport tests step engines deterministically.
 #pragma once

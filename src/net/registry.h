@@ -1,4 +1,4 @@
-// Host-local registry (DESIGN §4): host-unique 24-bit QPNs, and for each QPN the owning process and
+// Host-local registry (docs/architecture.md, "Devices and addressing"): host-unique 24-bit QPNs, and for each QPN the owning process and
 // the UDP endpoint that reaches it.
 //
 // It lives in shared-memory files, one per user and network namespace (net/user_files.h):

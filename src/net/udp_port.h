@@ -1,4 +1,4 @@
-// A packet port: batched UDP I/O for one device context (DESIGN §2, src/net).
+// A packet port: batched UDP I/O for one device context (src/net; docs/architecture.md).
 #pragma once
 
 #include <cstddef>

@@ -43,10 +43,7 @@ void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
   bool report = signaled || status != WcStatus::Success;
   core::Cqe c{};
   if (report) {
-    c.wr_id = e.wqe.wr_id;
-    c.status = status;
-    c.opcode = work_request(e.wqe.op, qp.cfg.type).completion;
-    c.qp_num = qp.qpn;
+    c = wqe_cqe(qp.qpn, e.wqe.wr_id, status, work_request(e.wqe.op, qp.cfg.type).completion);
     if (status == WcStatus::Success)
       c.byte_len = is_atomic(e) ? 8 : static_cast<uint32_t>(e.wqe.length);
     tag_sq_cqe(qp, c, qp.sq.tail.load(std::memory_order_relaxed));  // e is the oldest WQE

@@ -53,28 +53,6 @@ void build_grh(uint8_t* out, uint32_t src_ip_be, uint32_t dst_ip_be, uint32_t ud
   ip[11] = static_cast<uint8_t>(csum);
 }
 
-// Copies [off, off + len) of a send WQE's data (inline or gathered) to dst.
-void gather_wqe(const SqEntry& e, uint64_t off, uint8_t* dst, uint32_t len) {
-  if (e.wqe.flags & kInline) {
-    std::memcpy(dst, e.wqe.inline_data + off, len);
-    return;
-  }
-  for_each_sge_piece(e.wqe.sge, e.host, e.wqe.num_sge, off, len, [&](uint8_t* p, uint64_t n) {
-    std::memcpy(dst, p, n);
-    dst += n;
-    return true;
-  });
-}
-
-// Writes src into a receive WQE's resolved SGEs at message offset off; false when a piece is gone.
-bool scatter_recv(const RecvWqe& w, uint8_t* const* host, uint64_t off, const uint8_t* src, uint64_t len) {
-  return for_each_sge_piece(w.sge, host, w.num_sge, off, len, [&](uint8_t* p, uint64_t n) {
-    if (!p) return false;
-    std::memcpy(p, src, n);
-    src += n;
-    return true;
-  });
-}
 }  // namespace
 
 bool Engine::unreliable_requester_run(Qp& qp) {
@@ -127,7 +105,7 @@ bool Engine::unreliable_requester_run(Qp& qp) {
         if (len && !(w.flags & kInline) && w.num_sge == 1)
           payload = e.host[0];
         else
-          gather_wqe(e, 0, scratch, len);
+          gather_send(e, 0, scratch, len);
         // A QP of a process on this host is reached at that process's port; others (and groups) at 4791.
         uint16_t port = wire::kRoceUdpPort;
         if (is_multicast(w.ud_dest_ip_be) && !mcast_if_set_) {
@@ -178,22 +156,14 @@ void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_b
     return;
   }
   RecvWqe& w = take_recv_wqe(qp);
-  const uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;  // an SRQ's buffers are in the SRQ's PD
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
-  core::Cqe c{};
-  c.wr_id = w.wr_id;
-  c.opcode = core::WcOpcode::Recv;
-  c.qp_num = qp.qpn;
-  c.status = WcStatus::Success;
-  uint64_t need = uint64_t{kGrhLen} + pkt.payload_len;
-  uint8_t* host[core::DeviceLimits::kMaxSge] = {};
-  c.status = resolve_recv_sges(w, pd, need, host);
+  // The message is the GRH area, then the payload.
+  uint8_t grh[kGrhLen];
+  build_grh(grh, src_ip_be, dst_ip_be, udp_len);
+  const WcStatus st = place_message(w, receive_pd(qp), {{grh, kGrhLen}, {pkt.payload, pkt.payload_len}});
+  core::Cqe c = wqe_cqe(qp.qpn, w.wr_id, st, core::WcOpcode::Recv);
   if (c.status == WcStatus::Success) {
-    uint8_t grh[kGrhLen];
-    build_grh(grh, src_ip_be, dst_ip_be, udp_len);
-    scatter_recv(w, host, 0, grh, kGrhLen);
-    scatter_recv(w, host, kGrhLen, pkt.payload, pkt.payload_len);
-    c.byte_len = static_cast<uint32_t>(need);
+    c.byte_len = kGrhLen + pkt.payload_len;
     c.src_qp = pkt.deth.src_qp;
     c.wc_flags = core::kWcGrh;
     c.sl = core::kRoceSlIpv4;
@@ -202,8 +172,7 @@ void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_b
       c.imm_or_inv = pkt.imm_data_be;
     }
   }
-  retire_recv_wqe(qp);
-  post_cqe(qp.cfg.recv_cq, c, pkt.bth.solicited);
+  finish_recv(qp, c, qp.cfg.recv_cq, pkt.bth.solicited);
   // A local error on the receive side (buffer too small or not writable) leaves the QP in error.
   if (c.status != WcStatus::Success) move_to_error(qp);
 }
@@ -228,15 +197,8 @@ void uc_abandon(Qp& qp) {
 void Engine::uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info) {
   if (v.kind == Verdict::Rnr) count(&qp, &core::Counters::ud_drop_no_recv);
   if (v.status == WcStatus::LocProtErr || v.status == WcStatus::LocLenErr) {
-    core::Cqe c{};
-    c.wr_id = active_recv_wqe(qp).wr_id;
-    c.status = v.status;
-    c.opcode = core::WcOpcode::Recv;
-    c.qp_num = qp.qpn;
-    retire_recv_wqe(qp);
+    fail_recv(qp, v.status, qp.cfg.recv_cq);
     uc_abandon(qp);
-    qp.resp.recv_active = false;
-    post_cqe(qp.cfg.recv_cq, c, false);
     move_to_error(qp);
     return;
   }
@@ -294,15 +256,6 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
   if (no_receive && info.last) count(&qp, &core::Counters::ud_drop_no_recv);
   qp.resp.last_opcode = pkt.bth.opcode;
   qp.resp.in_message = !info.last;
-}
-
-WcStatus Engine::resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const {
-  if (need > w.length) return WcStatus::LocLenErr;
-  for (uint32_t i = 0; i < w.num_sge; ++i)
-    if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &host[i]) !=
-        core::AccessResult::Ok)
-      return WcStatus::LocProtErr;
-  return WcStatus::Success;
 }
 
 // ---- Multicast (IBTA 10.5; RoCE v2: the group's IPv4 multicast address, destination QPN 0xFFFFFF) ----

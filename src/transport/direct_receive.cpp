@@ -34,40 +34,7 @@ bool Engine::direct_receive(Qp& qp) {
     take_recv_wqe(qp);
     core::Cqe c = connected_receive_cqe(qp, w->wr_id, send ? core::WcOpcode::Recv : core::WcOpcode::RecvRdmaWithImm,
                                         length, op != DirectInbox::kSend, imm_be);
-    if (send) {
-      // The initiator checked this WQE against the key table; it can only have changed since by an
-      // ibv_dereg_mr racing with the message, which fails it as the responder would.
-      uint8_t* host[core::DeviceLimits::kMaxSge] = {};
-      if (length > w->length) c.status = WcStatus::LocLenErr;
-      for (uint32_t i = 0; i < w->num_sge && c.status == WcStatus::Success; ++i)
-        if (mrs_.check_local(w->sge[i].lkey, qp.cfg.pd, w->sge[i].addr, w->sge[i].length, true, &host[i]) !=
-            core::AccessResult::Ok)
-          c.status = WcStatus::LocProtErr;
-      const bool in_entry = length <= DirectInboxEntry::kInlineBytes;
-      uint64_t pos = in->data_tail.load(std::memory_order_relaxed);
-      const uint8_t* src = slot.inline_data;
-      if (c.status == WcStatus::Success) {
-        for_each_sge_piece(w->sge, host, w->num_sge, 0, length, [&](uint8_t* p, uint64_t n) {
-          if (in_entry) {
-            std::memcpy(p, src, n);
-            src += n;
-            return true;
-          }
-          while (n) {
-            const uint64_t at = pos % DirectInbox::kDataBytes;
-            const uint64_t k = std::min<uint64_t>(n, DirectInbox::kDataBytes - at);
-            std::memcpy(p, in->data + at, k);
-            p += k;
-            pos += k;
-            n -= k;
-          }
-          return true;
-        });
-      } else if (!in_entry) {
-        pos += length;
-      }
-      if (!in_entry) in->data_tail.store(pos, std::memory_order_release);
-    }
+    if (send) c.status = direct_place_send(qp, slot, *w, length);
     retire_recv_wqe(qp);  // publishes the RQ's and the inbox's consumer indices together
     qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
     post_cqe(qp.cfg.recv_cq, c, solicited);
@@ -77,6 +44,20 @@ bool Engine::direct_receive(Qp& qp) {
       return true;
     }
   }
+}
+
+WcStatus Engine::direct_place_send(Qp& qp, const DirectInboxEntry& slot, const RecvWqe& w, uint32_t length) {
+  DirectInbox* in = qp.direct.inbox;
+  // A short message is in its entry; a longer one in the inbox's data ring, from its tail on.
+  if (length <= DirectInboxEntry::kInlineBytes) return place_message(w, qp.cfg.pd, {{slot.inline_data, length}});
+  const uint64_t pos = in->data_tail.load(std::memory_order_relaxed);
+  const uint64_t at = pos % DirectInbox::kDataBytes;
+  const uint64_t first = std::min<uint64_t>(length, DirectInbox::kDataBytes - at);
+  // The initiator checked this WQE against the key table; it can only have changed since by an
+  // ibv_dereg_mr racing with the message, which fails it as the responder would.
+  const WcStatus st = place_message(w, qp.cfg.pd, {{in->data + at, first}, {in->data, length - first}});
+  in->data_tail.store(pos + length, std::memory_order_release);  // consumed, placed or not
+  return st;
 }
 
 bool Engine::direct_receive_all() {

@@ -18,6 +18,8 @@
 
 #include "net/registry.h"
 #include "transport/direct_share.h"
+#include "transport/iwarp_path.h"
+#include "transport/raw_path.h"
 #include "transport/srq.h"
 #include "transport/work_request.h"
 #include "wire/cm_mad.h"
@@ -61,6 +63,10 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
       clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname),
       spin_ns_(opts_.spin_us * 1000ull) {
+  raw_ = std::make_unique<RawPath>(*this);
+  iwarp_ = std::make_unique<IwarpPath>(*this);
+  paths_[0] = raw_.get();
+  paths_[1] = iwarp_.get();
   if (!opts_.open_port)
     opts_.open_port = [](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
       return std::make_unique<net::UdpPort>(ip_be, port);
@@ -143,7 +149,7 @@ Engine::~Engine() {
   if (thread_.joinable()) thread_.join();
   std::lock_guard lock(lock_);
   for (Qp* qp : qp_list_) {
-    if (qp->iw.active) close(qp->iw.fd);
+    if (Path* p = qp->on_path()) p->release(*qp);  // an iWARP QP's socket is closed with it
     net::Registry::instance().release_qpn(qp->qpn);
     arena_.release(qp->rq.slots, qp->rq_bytes);
     delete qp;
@@ -293,11 +299,11 @@ bool Engine::progress_once() {
     }
   }
   if (!mcast_.empty()) mcast_receive(did);
-  if (raw_rx_qps_)
-    for (Qp* qp : qp_list_) raw_receive(*qp, did);
-  if (iw_qps_)  // iWARP QPs: their TCP streams, as the ports' datagrams above (iwarp_*.cpp)
-    for (Qp* qp : qp_list_)
-      if (qp->iw.active && iwarp_progress(*qp)) did = true;
+  // The paths' own streams and ports (raw frames, iWARP's TCP streams), as the ports' datagrams above.
+  for (Path* p : paths_)
+    if (p->receiving())
+      for (Qp* qp : qp_list_)
+        if (qp->on_path() == p && p->receive(*qp)) did = true;
   for (Qp* qp : qp_list_) {
     if (qp->state.load(std::memory_order_relaxed) == QpState::Err) {
       if (qp->sq.count() || qp->rq.count() || qp->resp.recv_active || (qp->srq && !qp->resp.last_wqe_reached)) {
@@ -565,6 +571,22 @@ void Engine::attach_direct(Qp& qp) {
     direct_->detach(qp);
 }
 
+int PathServices::watch(int fd, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  return epoll_ctl(e_.epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void PathServices::rewatch(int fd, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  epoll_ctl(e_.epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+}
+
+void PathServices::unwatch(int fd) { epoll_ctl(e_.epoll_fd_, EPOLL_CTL_DEL, fd, nullptr); }
+
 void Engine::post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited) {
   if (cq->push(cqe, solicited)) return;
   // Overrun (IBTA 11.4.2.1): the CQ is in error and so is every QP that completes into it.
@@ -579,7 +601,7 @@ void Engine::move_to_error(Qp& qp) {
   if (direct_) direct_->qp_changed(qp);
   qp.comp.timer_deadline_ns = 0;
   qp.resp.read_jobs.clear();
-  if (qp.iw.active) iwarp_stop(qp);
+  if (Path* p = qp.on_path()) p->error(qp);
 }
 
 void Engine::flush_queues(Qp& qp) {
@@ -591,10 +613,7 @@ void Engine::flush_queues(Qp& qp) {
       qp.sq.tail.store(i + 1, std::memory_order_release);
       continue;
     }
-    core::Cqe c{};
-    c.wr_id = e.wqe.wr_id;
-    c.status = WcStatus::WrFlushErr;
-    c.qp_num = qp.qpn;
+    core::Cqe c = wqe_cqe(qp.qpn, e.wqe.wr_id, WcStatus::WrFlushErr, core::WcOpcode{});
     tag_sq_cqe(qp, c, i);
     qp.sq.tail.store(i + 1, std::memory_order_release);
     post_cqe(qp.cfg.send_cq, c, false);
@@ -605,35 +624,25 @@ void Engine::flush_queues(Qp& qp) {
   if (qp.resp.srq_wqe_held) {
     // The SRQ WQE this QP had taken is its own now; the SRQ's other WQEs are not flushed.
     qp.resp.srq_wqe_held = false;
-    core::Cqe c{};
-    c.wr_id = qp.resp.srq_wqe.wr_id;
-    c.status = WcStatus::WrFlushErr;
-    c.opcode = core::WcOpcode::Recv;
-    c.qp_num = qp.qpn;
+    const core::Cqe c = wqe_cqe(qp.qpn, qp.resp.srq_wqe.wr_id, WcStatus::WrFlushErr, core::WcOpcode::Recv);
     post_cqe(receive_cq(qp), c, false);
   }
   for (uint64_t i = qp.rq.tail.load(); i != qp.rq.head.load(std::memory_order_acquire); ++i) {
-    core::Cqe c{};
-    c.wr_id = qp.rq.at(i).wr_id;
-    c.status = WcStatus::WrFlushErr;
-    c.opcode = core::WcOpcode::Recv;
-    c.qp_num = qp.qpn;
+    const core::Cqe c = wqe_cqe(qp.qpn, qp.rq.at(i).wr_id, WcStatus::WrFlushErr, core::WcOpcode::Recv);
     qp.rq.tail.store(i + 1, std::memory_order_release);
     post_cqe(qp.cfg.recv_cq, c, false);
   }
   if (direct_) direct_->publish_tails(qp);
   qp.resp.recv_active = false;
   report_last_wqe(qp);
+  if (Path* p = qp.on_path()) p->flush(qp);
 }
 
 uint64_t Engine::next_deadline_ns() {
   uint64_t d = 0;
   for (Qp* qp : qp_list_) {
-    // iWARP clears its holds and kicks when the stream ends (iwarp_stop, iwarp_conn_lost).
-    const Qp::IwarpState& iw = qp->iw;
-    for (uint64_t t : {qp->comp.timer_deadline_ns, qp->comp.rnr_resume_ns,
-                       iw.hold_tx ? iw.hold_until_ns : uint64_t{0}, iw.tx_hold_until_ns,
-                       iw.kicks ? iwarp_kick_due(iw) : uint64_t{0}})
+    const Path* p = qp->on_path();
+    for (uint64_t t : {qp->comp.timer_deadline_ns, qp->comp.rnr_resume_ns, p ? p->next_deadline(*qp) : uint64_t{0}})
       if (t && (!d || t < d)) d = t;
   }
   return d;
@@ -684,24 +693,7 @@ void Engine::forget_pointers_into(const core::MrRegion& region) {
   const uint64_t len = region.length;
   auto inside = [&](const uint8_t* p) { return p && reinterpret_cast<uintptr_t>(p) - lo < len; };
   for (Qp* qp : qp_list_) {
-    if (qp->iw.active) {
-      // FPDUs queued for the socket keep their bytes; a READ response still to be streamed out of
-      // the region cannot be: the READ is refused as if its STag had gone (RFC 5040 §4.8).
-      // Only when some queued FPDU points into the region: MR caches deregister often.
-      const bool queued = std::any_of(qp->iw.tx.begin(), qp->iw.tx.end(), [&](const Qp::IwarpTx& t) {
-        return std::any_of(t.iov.begin(), t.iov.end(), [&](const iovec& v) {
-          const uint64_t b = reinterpret_cast<uintptr_t>(v.iov_base);
-          return v.iov_len && b < lo + len && b + v.iov_len > lo;
-        });
-      });
-      if (queued) iwarp_own_tx(*qp);
-      const bool reading = std::any_of(qp->iw.read_jobs.begin(), qp->iw.read_jobs.end(), [&](const Qp::IwarpReadJob& j) {
-        const uint64_t src = reinterpret_cast<uintptr_t>(j.src);
-        return j.remaining && src < lo + len && src + j.remaining > lo;
-      });
-      if (reading)
-        iwarp_refuse(*qp, {wire::iwarp::TermLayer::Rdmap, 1, 0, &core::Counters::iw_bad_stag, AsyncEventType::QpAccessErr});
-    }
+    if (Path* p = qp->on_path()) p->forget_pointers_into(*qp, lo, len);
     if (qp->resp.write_remaining && inside(qp->resp.write_dst)) qp->resp.write_dst = nullptr;
     if (qp->resp.recv_active) {
       const RecvWqe& w = active_recv_wqe(*qp);
@@ -826,18 +818,11 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     return nullptr;
   }
   if (cfg.type == QpType::Raw) {
-    // Whole frames on the device's interface: an AF_PACKET socket, which needs CAP_NET_RAW (EPERM).
-    try {
-      qp->raw.port = std::make_unique<net::RawPort>(iface_.ifindex, iface_.loopback);
-    } catch (const std::system_error& e) {
+    if (int err = raw_->join(*qp)) {
       arena_.release(qp->rq.slots, qp->rq_bytes);
-      errno = e.code().value() ? e.code().value() : EPERM;
+      errno = err;
       return nullptr;
     }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = qp->raw.port->fd();
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, qp->raw.port->fd(), &ev);
   }
   qp->qpn = net::Registry::instance().allocate_qpn(iface_.ip_be, port_->port());
   if (qp->qpn == 0) {
@@ -871,11 +856,7 @@ void Engine::destroy_qp(Qp* qp) {
     qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
     ack_owed_.erase(std::remove(ack_owed_.begin(), ack_owed_.end(), qp), ack_owed_.end());
     mcast_forget_qp(qp);  // a destroyed QP leaves its multicast groups
-    iwarp_release(*qp);  // an iWARP QP's socket is closed with it
-    if (qp->raw.port) {
-      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, qp->raw.port->fd(), nullptr);
-      if (!qp->raw.flows.empty()) --raw_rx_qps_;
-    }
+    if (Path* p = qp->on_path()) p->release(*qp);  // an iWARP QP's socket is closed with it
     mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
     tm_drop_sq(*qp);
     net::Registry::instance().release_qpn(qp->qpn);
@@ -946,7 +927,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
     if (m.mask & kModState) {
       switch (m.state) {
         case QpState::Reset:
-          iwarp_release(*qp);  // the connection ends; the QP may be connected again
+          if (Path* p = qp->on_path()) p->reset(*qp);  // an iWARP connection ends; the QP may connect again
           tm_drop_sq(*qp);
           reset_transport_state(*qp);
           forget_wire_keys(*qp);
@@ -1005,9 +986,10 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
   {
     std::lock_guard lock(qp->sq.producer_lock);
     uint64_t head = qp->sq.head.load(std::memory_order_relaxed);
-    auto is_bad = [qp](const SendWqe& w) {
+    const Path* path = qp->on_path();
+    auto is_bad = [qp, path](const SendWqe& w) {
       return w.num_sge > qp->cfg.max_send_sge || ((w.flags & kInline) && w.length > qp->cfg.max_inline) ||
-             !op_allowed(*qp, w) || (qp->iw.active && !iwarp_carries(w));
+             !(path ? path->carries(*qp, w) : op_allowed(*qp, w));
     };
     if (whole_batch) {
       // Polling only frees slots, so room found now is still there below.

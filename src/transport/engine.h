@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <initializer_list>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,8 @@
 #include "transport/direct.h"
 #include "transport/icrc_gate.h"
 #include "transport/iwarp.h"
+#include "transport/path.h"
+#include "transport/placement.h"
 #include "transport/qp.h"
 #include "transport/raw.h"
 #include "transport/srq.h"
@@ -75,7 +78,7 @@ struct EngineOptions {
   bool progress_thread = true;
   bool link_monitor = true;
   bool direct = true;           // the intra-host direct path (SOFTRDMA_DIRECT)
-  bool take_roce_port = true;   // try to hold UDP 4791 for the address (DESIGN §4)
+  bool take_roce_port = true;   // try to hold UDP 4791 for the address (docs/architecture.md)
   // How long the progress thread keeps spinning after its last piece of work before it blocks.
   uint64_t spin_us = config::Settings{}.spin_us;  // SOFTRDMA_SPIN_US
   bool dump_counters = false;   // print the context's counters to stderr when it closes (SOFTRDMA_COUNTERS)
@@ -89,6 +92,9 @@ inline EngineOptions context_options(const config::Settings& s) {
   o.dump_counters = s.counters;
   return o;
 }
+
+class IwarpPath;  // transport/iwarp_path.h
+class RawPath;    // transport/raw_path.h
 
 class Engine {
  public:
@@ -135,7 +141,8 @@ class Engine {
   int set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, size_t len);
   // The CM refused a connection of this device for a protection mismatch (auth_cm_reject).
   void count_wire_reject();
-  // iWARP: moves an RC QP in INIT to RTS over a connected TCP socket (iwarp_qp.cpp). 0 or an errno.
+  // iWARP: moves an RC QP in INIT to RTS over a connected TCP socket (the iWARP path, iwarp_qp.cpp).
+  // 0 or an errno.
   int iwarp_attach(Qp* qp, const IwarpAttach& a);
 
   // Queue WQEs (already translated by the verbs layer). Return 0 or an errno; *bad = index of the
@@ -183,7 +190,8 @@ class Engine {
   // Returns 0 or an errno.
   int attach_mcast(Qp* qp, uint32_t group_ip_be);
   int detach_mcast(Qp* qp, uint32_t group_ip_be);
-  // RAW_PACKET flow steering (raw.cpp): the QP receives the frames some rule of its matches. 0 or an errno.
+  // RAW_PACKET flow steering (the raw path, raw.cpp): the QP receives the frames some rule of its
+  // matches. 0 or an errno.
   int attach_flow(Qp* qp, const net::FrameRule& rule, uint32_t* handle);
   int detach_flow(Qp* qp, uint32_t handle);
   // Receive work queues for RSS QPs (raw.cpp). create_wq returns nullptr (errno set) on failure;
@@ -233,6 +241,9 @@ class Engine {
   // The direct path's receive side (direct_receive.cpp): places what initiators left in the QP's inbox
   // into its receive WQEs and writes the CQEs; true when anything was placed.
   bool direct_receive(Qp& qp);
+  // A SEND of length bytes from the inbox entry slot (or the inbox's data ring) into w: the status of
+  // place_message; the ring's bytes are consumed either way.
+  WcStatus direct_place_send(Qp& qp, const DirectInboxEntry& slot, const RecvWqe& w, uint32_t length);
   bool direct_receive_all();
   // Takes the engine lock for an application thread: when free, or, once a QP has a direct peer, after
   // waiting for it (posts and polls then do the direct path's work themselves).
@@ -252,6 +263,26 @@ class Engine {
   void retire_recv_wqe(Qp& qp);      // that message is complete (or failed): an RQ WQE leaves the RQ
   // After a flush of a QP attached to an SRQ: IBV_EVENT_QP_LAST_WQE_REACHED, once per error.
   void report_last_wqe(Qp& qp);
+  // placement.cpp: receive placement, the one step of every path that places a message into a
+  // receive WQE (RoCE RC/UC, iWARP, UD, the direct inbox; raw frames resolve their WQE alike).
+  // A receive WQE's buffers for a message of need bytes: LOC_LEN_ERR when they are too short,
+  // LOC_PROT_ERR when an SGE fails its key check (pd, LOCAL_WRITE), else Success with each SGE's host
+  // pointer in host[].
+  WcStatus resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const;
+  // A whole message (UD, the direct path) into w: its SGEs resolved for the pieces' total length, the
+  // pieces copied one after another from offset 0. The status of resolve_recv_sges.
+  WcStatus place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const;
+  // A message placed in pieces (RC, UC, iWARP, tag matching): the active WQE's SGEs resolved into
+  // qp.resp.recv_host (LOC_PROT_ERR or Success).
+  WcStatus resolve_active_recv(Qp& qp);
+  // A message starts on the next receive WQE (the caller saw one): taken, at offset 0, SGEs resolved.
+  WcStatus open_recv_message(Qp& qp);
+  // len bytes of the message in progress at its offset: LOC_LEN_ERR past the WQE's length,
+  // LOC_PROT_ERR when its memory was deregistered, else Success and the offset moves on.
+  WcStatus place_recv(Qp& qp, const uint8_t* src, uint64_t len);
+  // The message in progress completes with c into cq: its WQE is retired. fail_recv: in error, status.
+  void finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited);
+  void fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq);
   // datagram.cpp: UD send and receive, the UC requester and responder (no ACKs, no retransmission).
   bool unreliable_requester_run(Qp& qp);
   void datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_be, uint32_t dst_ip_be,
@@ -259,18 +290,6 @@ class Engine {
   void uc_receive(Qp& qp, const wire::Packet& pkt);
   void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                       uint16_t dest_port);
-  // raw.cpp: RAW_PACKET sends (each WQE is one frame) and the frames its port receives.
-  bool raw_requester_run(Qp& qp);
-  void raw_receive(Qp& qp, bool& did);
-  void raw_deliver(Qp& qp, const net::FrameView& f);
-  // Places a frame into the next WQE of rq and completes it into cq as qp_num; false: none posted.
-  bool raw_place(WorkQueue<RecvWqe>& rq, uint32_t pd, core::CompletionQueue* cq, uint32_t qp_num,
-                 const net::FrameView& f, Qp* counted, WcStatus* status);
-  void flush_wq(Wq& wq);
-  std::vector<Wq*> wqs_;
-  uint32_t next_wqn_ = 1;
-  uint32_t raw_rx_qps_ = 0;  // raw QPs with flows (progress passes look at their ports)
-  std::vector<uint8_t> raw_buf_;
   // requester.cpp
   bool requester_run(Qp& qp, uint64_t now_ns);
   bool prepare_wqe(Qp& qp, SqEntry& e);
@@ -321,7 +340,22 @@ class Engine {
   // PD for that request (IBTA 10.2.10); InvalidRequest when the domain has no such SRQ here.
   Verdict xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info);
   void uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info);
+  // The RC responder's stages (responder.cpp), in the order responder_receive runs them.
   void responder_receive(Qp& qp, const wire::Packet& pkt);
+  void nak_psn_gap(Qp& qp);
+  void responder_duplicate(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  void replay_response(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  void regenerate_read(Qp& qp, const wire::Packet& pkt, const ReplayEntry& r, int32_t off);
+  // Opcode sequence, the XRC target's SRQ, length, then the receive WQE (classified by its TMH on a
+  // tag-matching SRQ).
+  Verdict check_request(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  Verdict execute_read(Qp& qp, const wire::Packet& pkt);
+  Verdict execute_atomic(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  Verdict execute_atomic_write(Qp& qp, const wire::Packet& pkt);
+  // A SEND or WRITE packet executed: the next PSN is expected, and the ACK it asked for is owed.
+  void responder_acknowledge(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
+  // An ACK of everything up to psn is owed: sent by flush_owed_acks, coalesced with later ones.
+  void owe_ack(Qp& qp, uint32_t psn);
   void responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn);
   bool responder_run_reads(Qp& qp);
   void send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig);
@@ -340,53 +374,12 @@ class Engine {
   // slots are not given back yet do not count.
   static uint64_t tm_app_sq_used(Qp& qp, uint64_t head);
 
-  // iwarp_qp.cpp, iwarp_responder.cpp: the iWARP data path of attached RC QPs (docs/iwarp.md).
-  // One pass over a QP's socket: receive and parse, then write what is owed; true when anything moved.
-  bool iwarp_progress(Qp& qp);
-  // When the next zero-length WRITE after a held RTR is due (kIwarpRtrKickNs; valid while s.kicks).
-  static uint64_t iwarp_kick_due(const Qp::IwarpState& s) { return s.attached_ns + kIwarpRtrKickNs[s.kicks_sent]; }
-  bool iwarp_receive(Qp& qp);
-  // One ULPDU as the FPDU receiver found it; false when it failed the QP (a Terminate is queued).
-  bool iwarp_deliver(Qp& qp, const uint8_t* ulpdu, size_t len);
-  void iwarp_deliver_send(Qp& qp, const wire::iwarp::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
-                          const uint8_t* payload, size_t plen, size_t ulpdu_len);
-  void iwarp_deliver_read_request(Qp& qp, const wire::iwarp::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
-                                  const uint8_t* payload, size_t plen, size_t ulpdu_len);
-  void iwarp_deliver_read_response(Qp& qp, const wire::iwarp::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
-                                   const uint8_t* payload, size_t plen, size_t ulpdu_len);
-  void iwarp_deliver_terminate(Qp& qp, const uint8_t* payload, size_t plen);
-  // Requester and READ responses: frames what is due into qp.iw.tx, then writes it; true when it did.
-  bool iwarp_transmit(Qp& qp);
-  bool iwarp_requester_fill(Qp& qp);
-  bool iwarp_read_response_fill(Qp& qp);
-  // Frames one ULPDU (the header bytes, then payload[0..n)) onto the QP's transmit queue; completes:
-  // the SQ entry at sq_index is done once the FPDU's last byte is in the socket.
-  void iwarp_queue(Qp& qp, const uint8_t* hdr, size_t hdr_len, const iovec* payload, int n,
-                   bool completes = false, uint64_t sq_index = 0);
-  // The operations an iWARP QP carries (as siw: SEND, SEND with invalidate, RDMA WRITE, RDMA READ
-  // into one SGE, Local Invalidate; and the local Bind MW); post_send refuses the rest with EINVAL.
-  static bool iwarp_carries(const SendWqe& w);
-  // EOF or reset on the socket (no Terminate): the QP to error, nothing more is sent.
-  void iwarp_conn_lost(Qp& qp, bool reset);
-  // Refused input (RFC 5040 §4.8): one Terminate naming layer/etype/ecode with the offending
-  // headers, the counter, the receive WQE in progress completed with recv_status (Success: flushed),
-  // the async event, and the QP to error; the socket is shut down once the Terminate is written.
-  struct IwarpFault {
-    wire::iwarp::TermLayer layer;
-    uint8_t etype, ecode;
-    uint64_t core::Counters::*counter;
-    AsyncEventType event;
-    WcStatus recv_status = WcStatus::Success;
-  };
-  // ddp: the offending DDP header (ddp_len bytes, 0: none), rdmap: a READ request's header.
-  void iwarp_refuse(Qp& qp, const IwarpFault& f, const uint8_t* ddp = nullptr, size_t ddp_len = 0,
-                    size_t ulpdu_len = 0, const uint8_t* rdmap = nullptr, size_t rdmap_len = 0);
-  // The unsent bytes of every queued FPDU copied into the FPDU itself: nothing it points to (SQ
-  // slots, registered memory) is needed any more.
-  static void iwarp_own_tx(Qp& qp);
-  void iwarp_stop(Qp& qp);     // QP to error: what is queued (and a Terminate) goes out, then shutdown
-  void iwarp_release(Qp& qp);  // destroy or reset: the socket is closed, the state forgotten
-  uint32_t iw_qps_ = 0;        // attached iWARP QPs (progress passes look at their sockets)
+  // The paths with objects of their own (path.h), in the order a progress pass looks at their
+  // streams and ports; QPs on none take the RoCE and direct paths below.
+  friend class PathServices;
+  std::unique_ptr<RawPath> raw_;
+  std::unique_ptr<IwarpPath> iwarp_;
+  Path* paths_[2] = {};
 
   net::Interface iface_;
   core::Arena arena_;
@@ -453,10 +446,6 @@ class Engine {
   std::vector<McastGroup> mcast_;
   bool mcast_if_set_ = false;  // port_ sends multicast out of the device's interface
   void mcast_receive(bool& did);
-  // A receive WQE's buffers for a datagram or frame of need bytes (UD, raw packet): LOC_LEN_ERR when
-  // they are too short, LOC_PROT_ERR when an SGE fails its key check (pd, LOCAL_WRITE), else Success
-  // with each SGE's host pointer in host[].
-  WcStatus resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const;
   // A receive ring of max(max_wr, 1) WQEs in the context's arena (QP RQ, SRQ, WQ), with its size in
   // *bytes for the release; false (errno ENOMEM) when the arena is full.
   bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes);
@@ -465,5 +454,42 @@ class Engine {
 };
 
 uint64_t now_ns();
+
+// The services of path.h, each the engine's own step (the engine lock is held).
+inline uint64_t PathServices::now() const { return e_.now(); }
+inline const net::Interface& PathServices::iface() const { return e_.iface_; }
+inline void PathServices::count(Qp* qp, uint64_t core::Counters::*field, uint64_t n) { e_.count(qp, field, n); }
+inline void PathServices::post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited) {
+  e_.post_cqe(cq, cqe, solicited);
+}
+inline void PathServices::raise(const AsyncEvent& ev) { e_.async_events_.push(ev); }
+inline void PathServices::move_to_error(Qp& qp) { e_.move_to_error(qp); }
+inline void PathServices::doorbell() { e_.doorbell(); }
+inline core::MrTable& PathServices::keys() { return e_.mrs_; }
+inline void PathServices::serves_passive() {
+  if (!e_.serves_passive_.load(std::memory_order_relaxed)) e_.serves_passive_.store(true, std::memory_order_relaxed);
+}
+inline std::mutex& PathServices::engine_lock() { return e_.lock_; }
+inline bool PathServices::prepare_wqe(Qp& qp, SqEntry& e) { return e_.prepare_wqe(qp, e); }
+inline bool PathServices::execute_local_wqe(Qp& qp, SqEntry& e) { return e_.execute_local_wqe(qp, e); }
+inline void PathServices::fail_in_order(Qp& qp, SqEntry& e) { e_.fail_in_order(qp, e); }
+inline void PathServices::complete_in_order(Qp& qp) { e_.complete_in_order(qp); }
+inline void PathServices::requester_error(Qp& qp, WcStatus status) { e_.requester_error(qp, status); }
+inline RecvWqe* PathServices::next_recv_wqe(Qp& qp) { return e_.next_recv_wqe(qp); }
+inline RecvWqe& PathServices::take_recv_wqe(Qp& qp) { return e_.take_recv_wqe(qp); }
+inline RecvWqe& PathServices::active_recv_wqe(Qp& qp) { return e_.active_recv_wqe(qp); }
+inline void PathServices::retire_recv_wqe(Qp& qp) { e_.retire_recv_wqe(qp); }
+inline WcStatus PathServices::resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const {
+  return e_.resolve_recv_sges(w, pd, need, host);
+}
+inline WcStatus PathServices::open_recv_message(Qp& qp) { return e_.open_recv_message(qp); }
+inline WcStatus PathServices::place_recv(Qp& qp, const uint8_t* src, uint64_t len) { return e_.place_recv(qp, src, len); }
+inline void PathServices::finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited) {
+  e_.finish_recv(qp, c, cq, solicited);
+}
+inline bool PathServices::alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes) {
+  return e_.alloc_recv_ring(q, max_wr, bytes);
+}
+inline void PathServices::release_recv_ring(void* slots, size_t bytes) { e_.arena_.release(slots, bytes); }
 
 }  // namespace softrdma::transport

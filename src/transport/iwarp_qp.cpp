@@ -1,4 +1,4 @@
-// The iWARP data path of RC QPs over TCP (docs/iwarp.md): Engine::iwarp_attach, the requester (SQ
+// The iWARP path of RC QPs over TCP (docs/iwarp.md, iwarp_path.h): the attach, the requester (SQ
 // WQEs -> SEND, RDMA WRITE and READ request FPDUs), READ responses streamed out, the socket writes
 // (writev of FPDUs pointing into registered memory; partial writes resumed), the completion of
 // SEND/WRITE once their last byte is in the socket, and the end of a connection (Terminate, shutdown).
@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/iwarp_path.h"
 #include "transport/work_request.h"
 
 namespace softrdma::transport {
@@ -34,11 +35,24 @@ size_t max_payload(const iw::FpduSender& f, size_t hdr_len) {
   return std::min(f.max_ulpdu(kFpduRoom), iw::kMaxUlpduLen) - hdr_len;
 }
 
-void set_events(int epfd, int fd, uint32_t events) {
-  epoll_event ev{};
-  ev.events = events;
-  ev.data.fd = fd;
-  epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &ev);
+// The unsent bytes of the queued FPDUs, in stream order, as at most kMaxIov pieces (their sum in *total).
+int unsent_iov(const IwarpState& s, iovec* iov, size_t* total) {
+  int n = 0;
+  for (const IwarpTx& t : s.tx) {
+    size_t skip = t.sent;
+    for (const iovec& v : t.iov) {
+      if (n == kMaxIov) break;
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
+      }
+      iov[n++] = {static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip};
+      *total += v.iov_len - skip;
+      skip = 0;
+    }
+    if (n == kMaxIov) break;
+  }
+  return n;
 }
 
 iw::Opcode send_opcode(const SendWqe& w) {
@@ -48,7 +62,13 @@ iw::Opcode send_opcode(const SendWqe& w) {
 }
 }  // namespace
 
-bool Engine::iwarp_carries(const SendWqe& w) {
+IwarpState* iwarp_state(Qp& qp) { return dynamic_cast<IwarpState*>(qp.path_state.get()); }
+
+bool IwarpPath::carries(const Qp&, const SendWqe& w) const {
+  return work_request(w.op, QpType::Rc).allowed && iwarp_carries(w);
+}
+
+bool IwarpPath::iwarp_carries(const SendWqe& w) {
   switch (w.op) {
     case WrOp::Send:
     case WrOp::SendInv:
@@ -65,36 +85,32 @@ bool Engine::iwarp_carries(const SendWqe& w) {
 
 int Engine::iwarp_attach(Qp* qp, const IwarpAttach& a) {
   if (a.fd < 0) return EINVAL;
-  std::unique_lock lock(lock_);
+  int rc;
+  {
+    std::lock_guard lock(lock_);
+    rc = iwarp_->attach(qp, a);
+  }
+  if (rc) {
+    ::close(a.fd);
+    return rc;
+  }
+  doorbell();
+  return 0;
+}
+
+int IwarpPath::attach(Qp* qp, const IwarpAttach& a) {
   if (qp->cfg.type != QpType::Rc || qp->cfg.xrc != XrcRole::None || qp->state.load() != QpState::Init ||
-      qp->iw.active) {
-    lock.unlock();
-    ::close(a.fd);
+      qp->on_path())
     return EINVAL;
-  }
   const int fl = fcntl(a.fd, F_GETFL);
-  if (fl < 0 || fcntl(a.fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-    const int err = errno;
-    lock.unlock();
-    ::close(a.fd);
-    return err;
-  }
+  if (fl < 0 || fcntl(a.fd, F_SETFL, fl | O_NONBLOCK) < 0) return errno;
   // Small FPDUs (READ requests, Terminate, a latency test's SEND) leave at once. Fails harmlessly on
   // a socketpair (the transport tests).
   int one = 1;
   setsockopt(a.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP;
-  ev.data.fd = a.fd;
-  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.fd, &ev) != 0) {
-    const int err = errno;
-    lock.unlock();
-    ::close(a.fd);
-    return err;
-  }
-  Qp::IwarpState& s = qp->iw;
-  s = {};
-  s.active = true;
+  if (watch(a.fd, EPOLLIN | EPOLLRDHUP) != 0) return errno;
+  qp->path_state = std::make_unique<IwarpState>();
+  IwarpState& s = state(*qp);
   s.fd = a.fd;
   s.crc = a.crc;
   s.markers_rx = a.markers_rx;
@@ -142,17 +158,16 @@ int Engine::iwarp_attach(Qp* qp, const IwarpAttach& a) {
     if (a.await_grace) s.hold_until_ns = now() + kIwarpAwaitGraceNs;
   }
   qp->state.store(QpState::Rts, std::memory_order_release);
-  ++iw_qps_;
+  qp->path.store(this, std::memory_order_relaxed);
+  ++qps_;
   iwarp_transmit(*qp);
-  lock.unlock();
-  doorbell();
   return 0;
 }
 
-void Engine::iwarp_queue(Qp& qp, const uint8_t* hdr, size_t hdr_len, const iovec* payload, int n, bool completes,
+void IwarpPath::iwarp_queue(Qp& qp, const uint8_t* hdr, size_t hdr_len, const iovec* payload, int n, bool completes,
                          uint64_t sq_index) {
-  Qp::IwarpState& s = qp.iw;
-  Qp::IwarpTx& t = s.tx.emplace_back();
+  IwarpState& s = state(qp);
+  IwarpTx& t = s.tx.emplace_back();
   std::memcpy(t.hdr, hdr, hdr_len);
   iovec ulpdu[core::DeviceLimits::kMaxSge + 1];
   ulpdu[0] = {t.hdr, hdr_len};
@@ -172,8 +187,31 @@ void Engine::iwarp_queue(Qp& qp, const uint8_t* hdr, size_t hdr_len, const iovec
   count(&qp, &core::Counters::iw_tx_fpdus);
 }
 
-bool Engine::iwarp_requester_fill(Qp& qp) {
-  Qp::IwarpState& s = qp.iw;
+void IwarpPath::iwarp_read_request(Qp& qp, const SendWqe& w) {
+  IwarpState& s = state(qp);
+  uint8_t hdr[iw::kMaxHeaderLen];
+  // RDMA READ request (RFC 5040 §4.4): untagged on QN 1; the sink is the local SGE, named by its lkey.
+  iw::DdpHeader h;
+  h.last = true;
+  h.opcode = iw::Opcode::ReadRequest;
+  h.qn = iw::kQnReadRequest;
+  h.msn = s.tx_msn[iw::kQnReadRequest]++;
+  size_t n = iw::encode_header(h, hdr);
+  iw::ReadRequest r;
+  r.sink_stag = w.sge[0].lkey;
+  r.sink_to = w.sge[0].addr;
+  r.size = static_cast<uint32_t>(w.length);
+  r.src_stag = w.rkey;
+  r.src_to = w.remote_addr;
+  n += iw::encode_read_request(r, hdr + n);
+  iwarp_queue(qp, hdr, n, nullptr, 0);
+  s.reads.push_back({qp.req.send_index, false, 0});
+  ++qp.req.reads_outstanding;
+  ++qp.req.send_index;
+}
+
+bool IwarpPath::iwarp_requester_fill(Qp& qp) {
+  IwarpState& s = state(qp);
   const uint64_t head = std::min(qp.sq.head.load(std::memory_order_acquire), qp.req.sq_stop_at);
   if (qp.req.send_index >= head) return false;
   SqEntry& e = qp.sq.at(qp.req.send_index);
@@ -204,28 +242,11 @@ bool Engine::iwarp_requester_fill(Qp& qp) {
     return true;
   }
   const SendWqe& w = e.wqe;
-  uint8_t hdr[iw::kMaxHeaderLen];
   if (wr.read) {
-    // RDMA READ request (RFC 5040 §4.4): untagged on QN 1; the sink is the local SGE, named by its lkey.
-    iw::DdpHeader h;
-    h.last = true;
-    h.opcode = iw::Opcode::ReadRequest;
-    h.qn = iw::kQnReadRequest;
-    h.msn = s.tx_msn[iw::kQnReadRequest]++;
-    size_t n = iw::encode_header(h, hdr);
-    iw::ReadRequest r;
-    r.sink_stag = w.sge[0].lkey;
-    r.sink_to = w.sge[0].addr;
-    r.size = static_cast<uint32_t>(w.length);
-    r.src_stag = w.rkey;
-    r.src_to = w.remote_addr;
-    n += iw::encode_read_request(r, hdr + n);
-    iwarp_queue(qp, hdr, n, nullptr, 0);
-    s.reads.push_back({qp.req.send_index, false, 0});
-    ++qp.req.reads_outstanding;
-    ++qp.req.send_index;
+    iwarp_read_request(qp, w);
     return true;
   }
+  uint8_t hdr[iw::kMaxHeaderLen];
   iw::DdpHeader h;
   const bool write = w.op == WrOp::Write;
   const uint64_t off = s.send_offset;
@@ -268,10 +289,10 @@ bool Engine::iwarp_requester_fill(Qp& qp) {
   return true;
 }
 
-bool Engine::iwarp_read_response_fill(Qp& qp) {
-  Qp::IwarpState& s = qp.iw;
+bool IwarpPath::iwarp_read_response_fill(Qp& qp) {
+  IwarpState& s = state(qp);
   if (s.read_jobs.empty()) return false;
-  Qp::IwarpReadJob& j = s.read_jobs.front();
+  IwarpReadJob& j = s.read_jobs.front();
   // RDMA READ response (RFC 5040 §4.5): tagged to the requester's sink STag and TO.
   iw::DdpHeader h;
   h.tagged = true;
@@ -294,9 +315,9 @@ bool Engine::iwarp_read_response_fill(Qp& qp) {
   return true;
 }
 
-bool Engine::iwarp_transmit(Qp& qp) {
-  Qp::IwarpState& s = qp.iw;
-  if (!s.active || s.shut) return false;
+bool IwarpPath::iwarp_transmit(Qp& qp) {
+  IwarpState& s = state(qp);
+  if (s.shut) return false;
   bool did = false;
   size_t budget = kPassBytes;
   bool blocked = false;
@@ -316,22 +337,8 @@ bool Engine::iwarp_transmit(Qp& qp) {
       s.tx_hold_until_ns = 0;
     }
     iovec iov[kMaxIov];
-    int n = 0;
     size_t total = 0;
-    for (const Qp::IwarpTx& t : s.tx) {
-      size_t skip = t.sent;
-      for (const iovec& v : t.iov) {
-        if (n == kMaxIov) break;
-        if (skip >= v.iov_len) {
-          skip -= v.iov_len;
-          continue;
-        }
-        iov[n++] = {static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip};
-        total += v.iov_len - skip;
-        skip = 0;
-      }
-      if (n == kMaxIov) break;
-    }
+    const int n = unsent_iov(s, iov, &total);
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n);
@@ -348,7 +355,7 @@ bool Engine::iwarp_transmit(Qp& qp) {
     did = true;
     size_t left = static_cast<size_t>(w);
     while (left && !s.tx.empty()) {
-      Qp::IwarpTx& t = s.tx.front();
+      IwarpTx& t = s.tx.front();
       const size_t take = std::min(left, t.len - t.sent);
       t.sent += take;
       left -= take;
@@ -373,21 +380,21 @@ bool Engine::iwarp_transmit(Qp& qp) {
   if (blocked != s.want_out) {
     s.want_out = blocked;
     const uint32_t out = blocked ? uint32_t{EPOLLOUT} : 0u;
-    set_events(epoll_fd_, s.fd, s.closing ? out : uint32_t{EPOLLIN | EPOLLRDHUP} | out);
+    rewatch(s.fd, s.closing ? out : uint32_t{EPOLLIN | EPOLLRDHUP} | out);
   }
   if (s.closing && s.tx.empty()) {
     // Everything owed (the Terminate last) is in the socket: the connection ends (RFC 5040 §6.1).
     shutdown(s.fd, SHUT_RDWR);
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.fd, nullptr);
+    unwatch(s.fd);
     s.shut = true;
     did = true;
   }
   return did;
 }
 
-bool Engine::iwarp_progress(Qp& qp) {
-  Qp::IwarpState& s = qp.iw;
-  if (!s.active || s.shut) return false;
+bool IwarpPath::receive(Qp& qp) {
+  IwarpState& s = state(qp);
+  if (s.shut) return false;
   bool did = false;
   if (s.hold_tx && s.hold_until_ns && now() >= s.hold_until_ns) {
     s.hold_tx = false;  // the grace is over: the requester runs in this pass
@@ -413,8 +420,8 @@ bool Engine::iwarp_progress(Qp& qp) {
   return did;
 }
 
-void Engine::iwarp_own_tx(Qp& qp) {
-  for (Qp::IwarpTx& t : qp.iw.tx) {
+void IwarpPath::iwarp_own_tx(Qp& qp) {
+  for (IwarpTx& t : state(qp).tx) {
     if (!t.owned.empty() || t.sent == t.len) continue;
     std::vector<uint8_t> bytes;
     bytes.reserve(t.len - t.sent);
@@ -435,39 +442,67 @@ void Engine::iwarp_own_tx(Qp& qp) {
   }
 }
 
-void Engine::iwarp_stop(Qp& qp) {
-  Qp::IwarpState& s = qp.iw;
-  if (!s.active || s.closing) return;
+void IwarpPath::iwarp_stop(Qp& qp) {
+  IwarpState& s = state(qp);
+  if (s.closing) return;
   // What is framed still goes out (the stream stays framed for the Terminate behind it), but from
   // copies: the SQ entries are flushed and their slots reused, the memory may be deregistered.
   iwarp_own_tx(qp);
-  for (Qp::IwarpTx& t : s.tx) t.completes = false;
+  for (IwarpTx& t : s.tx) t.completes = false;
   s.closing = true;
   s.hold_tx = false;
   s.kicks = false;  // a QP in error kicks no peer: no deadline of its own is left but the RTR hold
   s.reads.clear();
   s.read_jobs.clear();
-  if (!s.shut) set_events(epoll_fd_, s.fd, s.want_out ? uint32_t{EPOLLOUT} : 0u);
+  if (!s.shut) rewatch(s.fd, s.want_out ? uint32_t{EPOLLOUT} : 0u);
 }
 
-void Engine::iwarp_conn_lost(Qp& qp, bool reset) {
-  Qp::IwarpState& s = qp.iw;
+void IwarpPath::iwarp_conn_lost(Qp& qp, bool reset) {
+  IwarpState& s = state(qp);
   count(&qp, &core::Counters::iw_conn_lost);
   // An orderly close (the peer's rdma_disconnect) is no error of the QP's; a reset is.
-  if (reset) async_events_.push(AsyncEvent{AsyncEventType::QpFatal, &qp, nullptr});
+  if (reset) raise(AsyncEvent{AsyncEventType::QpFatal, &qp, nullptr});
   if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
   iwarp_stop(qp);
   s.tx.clear();  // nobody reads them
   s.tx_hold_until_ns = 0;  // nor is anything held for anyone
 }
 
-void Engine::iwarp_release(Qp& qp) {
-  Qp::IwarpState& s = qp.iw;
-  if (!s.active) return;
-  if (!s.shut) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.fd, nullptr);
+void IwarpPath::release(Qp& qp) {
+  IwarpState& s = state(qp);
+  if (!s.shut) unwatch(s.fd);
   ::close(s.fd);
-  s = {};
-  --iw_qps_;
+  qp.path.store(nullptr, std::memory_order_relaxed);
+  qp.path_state.reset();
+  --qps_;
+}
+
+uint64_t IwarpPath::next_deadline(const Qp& qp) const {
+  // The holds and kicks are cleared when the stream ends (iwarp_stop, iwarp_conn_lost).
+  const IwarpState& iw = state(qp);
+  uint64_t d = 0;
+  for (uint64_t t : {iw.hold_tx ? iw.hold_until_ns : uint64_t{0}, iw.tx_hold_until_ns,
+                     iw.kicks ? iwarp_kick_due(iw) : uint64_t{0}})
+    if (t && (!d || t < d)) d = t;
+  return d;
+}
+
+void IwarpPath::forget_pointers_into(Qp& qp, uint64_t lo, uint64_t len) {
+  IwarpState& s = state(qp);
+  // Only when some queued FPDU points into the region: MR caches deregister often.
+  const bool queued = std::any_of(s.tx.begin(), s.tx.end(), [&](const IwarpTx& t) {
+    return std::any_of(t.iov.begin(), t.iov.end(), [&](const iovec& v) {
+      const uint64_t b = reinterpret_cast<uintptr_t>(v.iov_base);
+      return v.iov_len && b < lo + len && b + v.iov_len > lo;
+    });
+  });
+  if (queued) iwarp_own_tx(qp);
+  const bool reading = std::any_of(s.read_jobs.begin(), s.read_jobs.end(), [&](const IwarpReadJob& j) {
+    const uint64_t src = reinterpret_cast<uintptr_t>(j.src);
+    return j.remaining && src < lo + len && src + j.remaining > lo;
+  });
+  if (reading)
+    iwarp_refuse(qp, {wire::iwarp::TermLayer::Rdmap, 1, 0, &core::Counters::iw_bad_stag, AsyncEventType::QpAccessErr});
 }
 
 }  // namespace softrdma::transport

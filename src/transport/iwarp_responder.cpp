@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/iwarp_path.h"
 #include "transport/srq.h"
 
 namespace softrdma::transport {
@@ -90,11 +91,11 @@ WcStatus terminate_status(const iw::Terminate& t) {
 }
 }  // namespace
 
-void Engine::iwarp_refuse(Qp& qp, const IwarpFault& f, const uint8_t* ddp, size_t ddp_len, size_t ulpdu_len,
+void IwarpPath::iwarp_refuse(Qp& qp, const IwarpFault& f, const uint8_t* ddp, size_t ddp_len, size_t ulpdu_len,
                           const uint8_t* rdmap, size_t rdmap_len) {
-  Qp::IwarpState& s = qp.iw;
+  IwarpState& s = state(qp);
   count(&qp, f.counter);
-  if (s.active && !s.closing && !s.shut) {
+  if (!s.closing && !s.shut) {
     // One Terminate (RFC 5040 §4.8), untagged on QN 2, naming the error and copying what it refused.
     iw::Terminate t;
     t.layer = f.layer;
@@ -132,13 +133,13 @@ void Engine::iwarp_refuse(Qp& qp, const IwarpFault& f, const uint8_t* ddp, size_
     post_cqe(receive_cq(qp), c, false);
   }
   qp.resp.in_message = false;
-  async_events_.push(AsyncEvent{f.event, &qp, nullptr});
+  raise(AsyncEvent{f.event, &qp, nullptr});
   if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
   iwarp_stop(qp);
 }
 
-bool Engine::iwarp_receive(Qp& qp) {
-  Qp::IwarpState& s = qp.iw;
+bool IwarpPath::iwarp_receive(Qp& qp) {
+  IwarpState& s = state(qp);
   bool did = false;
   for (int round = 0; round < kReadsPerPass; ++round) {
     const size_t room = s.rx.size() - s.rx_len;
@@ -183,8 +184,8 @@ bool Engine::iwarp_receive(Qp& qp) {
   return did;
 }
 
-bool Engine::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
-  Qp::IwarpState& s = qp.iw;
+bool IwarpPath::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
+  IwarpState& s = state(qp);
   iw::DdpHeader h;
   iw::ParseError err{};
   const size_t hl = iw::parse_header(u, len, h, err);
@@ -228,7 +229,7 @@ bool Engine::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
   }
   switch (h.opcode) {
     case iw::Opcode::Write: {
-      if (!serves_passive_.load(std::memory_order_relaxed)) serves_passive_.store(true, std::memory_order_relaxed);
+      serves_passive();
       if (plen == 0) return true;  // touches no memory: no STag check (RFC 5040 §7.1; the RTR WRITE)
       core::AccessResult r = core::AccessResult::NoPermission;
       uint8_t* host = nullptr;
@@ -238,7 +239,7 @@ bool Engine::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
         return false;
       }
       if (qp.access_flags & core::kRemoteWrite)
-        r = mrs_.check_remote(h.stag, qp.cfg.pd, h.to, plen, core::kRemoteWrite, &host, qp.qpn);
+        r = keys().check_remote(h.stag, qp.cfg.pd, h.to, plen, core::kRemoteWrite, &host, qp.qpn);
       if (r != core::AccessResult::Ok) {
         iwarp_refuse(qp, {L::Ddp, kDdpTagged, ddp_tagged_code(r), stag_counter(r), AsyncEventType::QpAccessErr}, u,
                      ddp_len, len);
@@ -263,9 +264,9 @@ bool Engine::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
   return !s.closing;
 }
 
-void Engine::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
+void IwarpPath::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
                                 const uint8_t* payload, size_t plen, size_t ulpdu_len) {
-  Qp::IwarpState& s = qp.iw;
+  IwarpState& s = state(qp);
   auto refuse = [&](const IwarpFault& f) { iwarp_refuse(qp, f, hdr, hdr_len, ulpdu_len); };
   // MO: where this segment's payload lies in the message (RFC 5041 §5.2); a message starts at 0.
   if (h.mo != (qp.resp.in_message ? qp.resp.recv_offset : 0)) {
@@ -278,43 +279,27 @@ void Engine::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t* h
       refuse({L::Ddp, kDdpUntagged, kDdpNoBuffer, &C::iw_no_recv, AsyncEventType::QpReqErr});
       return;
     }
-    take_recv_wqe(qp);
-    qp.resp.recv_active = true;
-    qp.resp.recv_offset = 0;
     qp.resp.in_message = true;
-    RecvWqe& w = active_recv_wqe(qp);
-    const uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;
-    for (uint32_t i = 0; i < w.num_sge; ++i)
-      if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.resp.recv_host[i]) !=
-          core::AccessResult::Ok) {
-        refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
-        return;
-      }
+    if (open_recv_message(qp) != WcStatus::Success) {
+      refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
+      return;
+    }
   }
-  RecvWqe& w = active_recv_wqe(qp);
-  if (qp.resp.recv_offset + plen > w.length) {
-    refuse({L::Ddp, kDdpUntagged, kDdpTooLong, &C::iw_msg_too_long, AsyncEventType::QpReqErr, WcStatus::LocLenErr});
+  // Too long for the WQE, or its MR deregistered while the message arrived.
+  if (const WcStatus st = place_recv(qp, payload, plen); st != WcStatus::Success) {
+    if (st == WcStatus::LocLenErr)
+      refuse({L::Ddp, kDdpUntagged, kDdpTooLong, &C::iw_msg_too_long, AsyncEventType::QpReqErr, WcStatus::LocLenErr});
+    else
+      refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
     return;
   }
-  const uint8_t* src = payload;
-  const bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, plen,
-                                         [&](uint8_t* p, uint64_t n) {
-                                           if (!p) return false;
-                                           std::memcpy(p, src, n);
-                                           src += n;
-                                           return true;
-                                         });
-  if (!placed) {  // the receive buffer's MR was deregistered while the message arrived
-    refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
-    return;
-  }
-  qp.resp.recv_offset += plen;
   if (!h.last) return;
-  core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset, false, 0);
+  core::Cqe c = connected_receive_cqe(qp, active_recv_wqe(qp).wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
+                                      false, 0);
   if (h.opcode == iw::Opcode::SendInvalidate || h.opcode == iw::Opcode::SendSolicitedInvalidate) {
     // The STag in the header is invalidated as the message completes, by the rules of RoCE's SEND
     // with invalidate (a type 2 window bound through this QP).
-    if (!mrs_.invalidate(h.rsvd_ulp, qp.cfg.pd, qp.qpn, true)) {
+    if (!keys().invalidate(h.rsvd_ulp, qp.cfg.pd, qp.qpn, true)) {
       refuse({L::Rdmap, kRdmapProtection, kRdmapCannotInvalidate, &C::iw_cannot_invalidate, AsyncEventType::QpReqErr,
               WcStatus::RemInvReqErr});
       return;
@@ -322,17 +307,15 @@ void Engine::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t* h
     c.wc_flags = core::kWcWithInv;
     c.imm_or_inv = h.rsvd_ulp;
   }
-  retire_recv_wqe(qp);
-  qp.resp.recv_active = false;
   qp.resp.in_message = false;
   ++s.rx_msn[iw::kQnSend];
   const bool solicited = h.opcode == iw::Opcode::SendSolicited || h.opcode == iw::Opcode::SendSolicitedInvalidate;
-  post_cqe(receive_cq(qp), c, solicited);
+  finish_recv(qp, c, receive_cq(qp), solicited);
 }
 
-void Engine::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
+void IwarpPath::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
                                         const uint8_t* payload, size_t plen, size_t ulpdu_len) {
-  Qp::IwarpState& s = qp.iw;
+  IwarpState& s = state(qp);
   if (h.mo != 0) {
     iwarp_refuse(qp, {L::Ddp, kDdpUntagged, kDdpInvalidMo, &C::iw_bad_mo, AsyncEventType::QpReqErr}, hdr, hdr_len,
                  ulpdu_len);
@@ -349,14 +332,14 @@ void Engine::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const ui
   ++s.rx_msn[iw::kQnReadRequest];
   // Outstanding until its last response is in the socket (RFC 5040 §6.3): owed or still queued.
   const size_t unsent = static_cast<size_t>(
-      std::count_if(s.tx.begin(), s.tx.end(), [](const Qp::IwarpTx& t) { return t.ends_read; }));
+      std::count_if(s.tx.begin(), s.tx.end(), [](const IwarpTx& t) { return t.ends_read; }));
   if (s.read_jobs.size() + unsent >= s.ird) {
     iwarp_refuse(qp, {L::Rdmap, kRdmapOperation, kRdmapCatastrophicStream, &C::iw_ird_exceeded,
                       AsyncEventType::QpReqErr},
                  hdr, hdr_len, ulpdu_len, rdmap, iw::kReadRequestLen);
     return;
   }
-  if (!serves_passive_.load(std::memory_order_relaxed)) serves_passive_.store(true, std::memory_order_relaxed);
+  serves_passive();
   uint8_t* src = nullptr;
   if (r.size) {
     // A zero-length READ (the RTR's) reads nothing: no STag check.
@@ -367,7 +350,7 @@ void Engine::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const ui
     }
     core::AccessResult a = core::AccessResult::NoPermission;
     if (qp.access_flags & core::kRemoteRead)
-      a = mrs_.check_remote(r.src_stag, qp.cfg.pd, r.src_to, r.size, core::kRemoteRead, &src, qp.qpn);
+      a = keys().check_remote(r.src_stag, qp.cfg.pd, r.src_to, r.size, core::kRemoteRead, &src, qp.qpn);
     if (a != core::AccessResult::Ok) {
       iwarp_refuse(qp, {L::Rdmap, kRdmapProtection, rdmap_protection_code(a), stag_counter(a),
                         AsyncEventType::QpAccessErr},
@@ -378,15 +361,15 @@ void Engine::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const ui
   s.read_jobs.push_back({r.sink_stag, r.sink_to, src, r.size});
 }
 
-void Engine::iwarp_deliver_read_response(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
+void IwarpPath::iwarp_deliver_read_response(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
                                          const uint8_t* payload, size_t plen, size_t ulpdu_len) {
-  Qp::IwarpState& s = qp.iw;
+  IwarpState& s = state(qp);
   auto refuse = [&](const IwarpFault& f) { iwarp_refuse(qp, f, hdr, hdr_len, ulpdu_len); };
   if (s.reads.empty()) {
     refuse({L::Rdmap, kRdmapOperation, kRdmapOpcode, &C::iw_bad_response, AsyncEventType::QpReqErr});
     return;
   }
-  Qp::IwarpRead& rd = s.reads.front();
+  IwarpRead& rd = s.reads.front();
   if (rd.rtr) {
     // The answer to our RTR READ: zero-length, and it completes nothing.
     if (plen || !h.last) {
@@ -429,12 +412,12 @@ void Engine::iwarp_deliver_read_response(Qp& qp, const iw::DdpHeader& h, const u
   complete_in_order(qp);
 }
 
-void Engine::iwarp_deliver_terminate(Qp& qp, const uint8_t* payload, size_t plen) {
-  Qp::IwarpState& s = qp.iw;
+void IwarpPath::iwarp_deliver_terminate(Qp& qp, const uint8_t* payload, size_t plen) {
+  IwarpState& s = state(qp);
   count(&qp, &C::iw_terminate_rcvd);
   iw::Terminate t;
   if (!iw::parse_terminate(payload, plen, t)) t = {L::Rdmap, kRdmapCatastrophic, kRdmapUnspecified};
-  async_events_.push(AsyncEvent{AsyncEventType::QpFatal, &qp, nullptr});
+  raise(AsyncEvent{AsyncEventType::QpFatal, &qp, nullptr});
   // The oldest WQE in progress takes the peer's verdict; the rest are flushed. SEND and WRITE
   // already complete are not called back (iWARP completes them when written).
   const uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);

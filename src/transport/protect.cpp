@@ -18,7 +18,7 @@ int Engine::set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, s
   if (mode != wire::Protection::Off && (!secret || (len != 16 && len != 32))) return EINVAL;
   std::lock_guard lock(lock_);
   if (qp->cfg.type != QpType::Rc && qp->cfg.type != QpType::Uc) return EINVAL;
-  if (qp->cfg.xrc != XrcRole::None || qp->iw.active) return EINVAL;
+  if (qp->cfg.xrc != XrcRole::None || qp->on_path()) return EINVAL;  // iWARP
   const QpState st = qp->state.load(std::memory_order_relaxed);
   if (st != QpState::Reset && st != QpState::Init) return EINVAL;
   forget_wire_keys(*qp);

@@ -1,7 +1,8 @@
 // A queue pair as the transport sees it: attributes, the send queue of WQEs with their PSN ranges, the
 // receive queue, and the transport state of each role in its own sub-struct -- requester, completer,
 // responder (expected PSN, MSN, the message being received, the READ/ATOMIC replay cache) and the
-// intra-host direct path. All of it is owned by one Engine and touched only under its lock, except
+// intra-host direct path -- and the path the QP has joined, with that path's own state of it (path.h).
+// All of it is owned by one Engine and touched only under its lock, except
 // the SQ/RQ producer sides, which applications fill under the queues' own locks.
 #pragma once
 #include <sys/uio.h>
@@ -21,9 +22,7 @@
 #include "core/qp_state.h"
 #include "core/spin_lock.h"
 #include "core/stats.h"
-#include "net/raw_port.h"
-#include "transport/iwarp.h"
-#include "wire/iwarp.h"
+#include "transport/path.h"
 #include "wire/protect.h"
 
 namespace softrdma::transport {
@@ -411,67 +410,12 @@ struct Qp {
     wire::ReplayWindow replay;
   } prot;
 
-  // RAW_PACKET (raw.cpp): the frame port, and the flows that steer frames to this QP.
-  struct RawState {
-    std::unique_ptr<net::RawPort> port;
-    std::vector<std::pair<uint32_t, net::FrameRule>> flows;  // (handle, rule)
-    uint32_t next_flow = 1;
-  } raw;
-
-  // iWARP (iwarp_qp.cpp, iwarp_responder.cpp): the QP's TCP connection, its MPA framing in each
-  // direction, the FPDUs being written, the receive buffer, the MSN of each untagged queue (RFC 5040
-  // §5.1: QN 0 SEND, 1 READ request, 2 Terminate) and the READs outstanding either way. active only
-  // between Engine::iwarp_attach and the end of the connection; a default-constructed one is RESET.
-  struct IwarpTx {
-    // One FPDU: its DDP/RDMAP header (and READ request or Terminate body), the MPA pieces around it
-    // (scratch), and iov, which points into these, the SQ entry's inline data, or registered memory.
-    uint8_t hdr[wire::iwarp::kMaxHeaderLen + wire::iwarp::kMaxTerminateLen] = {};
-    std::vector<uint8_t> scratch;
-    std::vector<iovec> iov;
-    std::vector<uint8_t> owned;     // the unsent bytes, copied out (see Engine::iwarp_own_tx)
-    size_t len = 0, sent = 0;
-    bool completes = false;         // the last FPDU of a SEND or WRITE: its WQE is done when sent
-    bool ends_read = false;         // the last READ response to a peer's request: IRD counts it until sent
-    uint64_t sq_index = 0;
-  };
-  struct IwarpRead {                // a READ request we sent, awaiting its response (in order)
-    uint64_t sq_index = 0;
-    bool rtr = false;               // the zero-length READ of the RTR: completes nothing
-    uint64_t placed = 0;
-  };
-  struct IwarpReadJob {             // a READ request the peer sent: its response being streamed
-    uint32_t sink_stag = 0;
-    uint64_t sink_to = 0;
-    const uint8_t* src = nullptr;
-    uint64_t remaining = 0;
-  };
-  struct IwarpState {
-    bool active = false;
-    int fd = -1;
-    bool crc = false, markers_rx = false, markers_tx = false;
-    uint32_t ird = 1, ord = 1;
-    bool hold_tx = false;           // RTR Await: nothing is sent before the first FPDU arrives
-    uint64_t hold_until_ns = 0;     // ... or before this (IwarpAttach::await_grace), if set
-    IwarpRtr rtr_expected = IwarpRtr::None;  // AwaitWrite/Read/Send: what the first FPDU must be
-    uint64_t tx_hold_until_ns = 0;  // nothing is written to the socket before this (IwarpAttach::rtr_hold)
-    uint64_t attached_ns = 0;
-    uint8_t kicks_sent = 0;         // zero-length WRITEs after a held RTR (kIwarpRtrKickNs)
-    bool kicks = false;             // ... still to come while the peer has sent nothing
-    bool closing = false;           // in error: the Terminate (if any) goes out, then shutdown
-    bool shut = false;              // the socket is shut down and out of the epoll set
-    bool want_out = false;          // EPOLLOUT registered (the socket's send buffer was full)
-    std::optional<wire::iwarp::FpduSender> tx_framer;
-    std::optional<wire::iwarp::FpduReceiver> rx_framer;
-    std::deque<IwarpTx> tx;         // FPDUs framed, in stream order (the front may be partly sent)
-    uint64_t send_offset = 0;       // bytes of sq[req.send_index] already framed
-    uint32_t tx_msn[3] = {1, 1, 1}; // next MSN per untagged queue
-    uint32_t rx_msn[3] = {1, 1, 1}; // expected MSN per untagged queue
-    std::deque<IwarpRead> reads;    // READs we have outstanding (<= ord)
-    std::deque<IwarpReadJob> read_jobs;  // READ responses we owe (<= ird)
-    std::vector<uint8_t> rx;        // bytes received, not yet parsed (an FPDU split across reads)
-    size_t rx_len = 0;
-    std::vector<uint8_t> demarked;  // a ULPDU with the peer's markers taken out
-  } iw;
+  // The path this QP has joined (path.h): raw packets from its creation, iWARP from its attach; null
+  // for the RoCE and direct paths, which are still the engine's own. Set and cleared under the engine
+  // lock; post_send reads it to check what the path carries.
+  std::atomic<Path*> path{nullptr};
+  Path* on_path() const { return path.load(std::memory_order_relaxed); }
+  std::unique_ptr<PathState> path_state;  // that path's state of this QP, owned here
 };
 
 // Where a QP's receive completions go: its receive CQ, or a tag-matching SRQ's CQ (tag_matching.cpp).

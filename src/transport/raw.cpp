@@ -1,5 +1,5 @@
-// RAW_PACKET QPs: each send WQE is one whole Ethernet frame, handed to the QP's AF_PACKET port as it
-// is; each received frame that one of the QP's flows matches fills one receive WQE (byte_len = the
+// RAW_PACKET QPs on the raw-packet path (raw_path.h): each send WQE is one whole Ethernet frame,
+// handed to the QP's AF_PACKET port as it is; each received frame that one of the QP's flows matches fills one receive WQE (byte_len = the
 // frame's length). An RSS QP has no queues of its own: the Toeplitz hash of the frame's addresses and
 // ports picks a WQ of its indirection table, whose RQ and CQ take the frame.
 #include <sys/epoll.h>
@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/raw_path.h"
 #include "transport/srq.h"
 #include "transport/work_request.h"
 #include "wire/ethernet.h"
@@ -134,32 +135,84 @@ uint32_t rss_hash(const std::vector<uint8_t>& key, uint64_t fields, const net::F
   return toeplitz(key.data(), key.size(), input, n);
 }
 
+bool raw_has_flows(const Qp& qp) {
+  const auto* s = dynamic_cast<const RawState*>(qp.path_state.get());
+  return s && !s->flows.empty();
+}
+
 int Engine::attach_flow(Qp* qp, const net::FrameRule& rule, uint32_t* handle) {
   std::lock_guard lock(lock_);
-  if (!qp->raw.port) return EOPNOTSUPP;
-  std::vector<net::FrameRule> rules;
-  for (const auto& [h, r] : qp->raw.flows) rules.push_back(r);
-  rules.push_back(rule);
-  if (int rc = qp->raw.port->set_rules(rules)) return rc;
-  if (qp->raw.flows.empty()) ++raw_rx_qps_;
-  *handle = qp->raw.next_flow++;
-  qp->raw.flows.emplace_back(*handle, rule);
-  return 0;
+  return raw_->attach_flow(*qp, rule, handle);
 }
 
 int Engine::detach_flow(Qp* qp, uint32_t handle) {
   std::lock_guard lock(lock_);
-  auto it = std::find_if(qp->raw.flows.begin(), qp->raw.flows.end(), [&](const auto& f) { return f.first == handle; });
-  if (it == qp->raw.flows.end()) return EINVAL;
-  qp->raw.flows.erase(it);
-  std::vector<net::FrameRule> rules;
-  for (const auto& [h, r] : qp->raw.flows) rules.push_back(r);
-  if (qp->raw.flows.empty()) --raw_rx_qps_;
-  // Frames already queued under the old rules are refused by the software match.
-  return qp->raw.port->set_rules(rules);
+  return raw_->detach_flow(*qp, handle);
 }
 
 Wq* Engine::create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, uint32_t max_sge) {
+  return raw_->create_wq(pd, cq, max_wr, max_sge);
+}
+
+int Engine::modify_wq(Wq* wq, WqState state) {
+  std::lock_guard lock(lock_);
+  return raw_->modify_wq(*wq, state);
+}
+
+void Engine::destroy_wq(Wq* wq) { raw_->destroy_wq(wq); }
+
+int Engine::post_wq_recv(Wq* wq, const RecvWqe* wqes, int n, int* bad) { return raw_->post_wq_recv(*wq, wqes, n, bad); }
+
+int RawPath::join(Qp& qp) {
+  auto st = std::make_unique<RawState>();
+  try {
+    st->port = std::make_unique<net::RawPort>(iface().ifindex, iface().loopback);
+  } catch (const std::system_error& e) {
+    return e.code().value() ? e.code().value() : EPERM;
+  }
+  watch(st->port->fd(), EPOLLIN);
+  qp.path_state = std::move(st);
+  qp.path.store(this, std::memory_order_relaxed);
+  return 0;
+}
+
+void RawPath::release(Qp& qp) {
+  RawState& s = state(qp);
+  unwatch(s.port->fd());
+  if (!s.flows.empty()) --rx_qps_;
+  qp.path.store(nullptr, std::memory_order_relaxed);
+  qp.path_state.reset();
+}
+
+bool RawPath::carries(const Qp&, const SendWqe& w) const { return work_request(w.op, QpType::Raw).allowed; }
+
+int RawPath::attach_flow(Qp& qp, const net::FrameRule& rule, uint32_t* handle) {
+  if (qp.on_path() != this) return EOPNOTSUPP;
+  RawState& raw = state(qp);
+  std::vector<net::FrameRule> rules;
+  for (const auto& [h, r] : raw.flows) rules.push_back(r);
+  rules.push_back(rule);
+  if (int rc = raw.port->set_rules(rules)) return rc;
+  if (raw.flows.empty()) ++rx_qps_;
+  *handle = raw.next_flow++;
+  raw.flows.emplace_back(*handle, rule);
+  return 0;
+}
+
+int RawPath::detach_flow(Qp& qp, uint32_t handle) {
+  if (qp.on_path() != this) return EINVAL;
+  RawState& raw = state(qp);
+  auto it = std::find_if(raw.flows.begin(), raw.flows.end(), [&](const auto& f) { return f.first == handle; });
+  if (it == raw.flows.end()) return EINVAL;
+  raw.flows.erase(it);
+  std::vector<net::FrameRule> rules;
+  for (const auto& [h, r] : raw.flows) rules.push_back(r);
+  if (raw.flows.empty()) --rx_qps_;
+  // Frames already queued under the old rules are refused by the software match.
+  return raw.port->set_rules(rules);
+}
+
+Wq* RawPath::create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, uint32_t max_sge) {
   using L = core::DeviceLimits;
   if (!cq || max_wr > L::kMaxQpWr || max_sge > L::kMaxSge) {
     errno = EINVAL;
@@ -170,13 +223,13 @@ Wq* Engine::create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, u
   wq->cq = cq;
   wq->max_sge = std::max<uint32_t>(max_sge, 1);
   if (!alloc_recv_ring(wq->rq, max_wr, &wq->rq_bytes)) return nullptr;
-  std::lock_guard lock(lock_);
+  std::lock_guard lock(engine_lock());
   wq->wqn = next_wqn_++ & 0xFFFFFF;
   wqs_.push_back(wq.get());
   return wq.release();
 }
 
-void Engine::flush_wq(Wq& wq) {
+void RawPath::flush_wq(Wq& wq) {
   for (uint64_t i = wq.rq.tail.load(); i != wq.rq.head.load(std::memory_order_acquire); ++i) {
     core::Cqe c{};
     c.wr_id = wq.rq.at(i).wr_id;
@@ -188,51 +241,50 @@ void Engine::flush_wq(Wq& wq) {
   }
 }
 
-int Engine::modify_wq(Wq* wq, WqState state) {
-  std::lock_guard lock(lock_);
+int RawPath::modify_wq(Wq& wq, WqState state) {
   switch (state) {
     case WqState::Reset:
       // Back to empty: what was posted is dropped without completions (as a QP's reset does).
-      if (wq->state.load() != WqState::Reset) {
-        wq->rq.head.store(0);
-        wq->rq.tail.store(0);
+      if (wq.state.load() != WqState::Reset) {
+        wq.rq.head.store(0);
+        wq.rq.tail.store(0);
       }
       break;
-    case WqState::Err: flush_wq(*wq); break;
+    case WqState::Err: flush_wq(wq); break;
     case WqState::Rdy: break;
   }
-  wq->state.store(state, std::memory_order_release);
+  wq.state.store(state, std::memory_order_release);
   return 0;
 }
 
-void Engine::destroy_wq(Wq* wq) {
+void RawPath::destroy_wq(Wq* wq) {
   {
-    std::lock_guard lock(lock_);
+    std::lock_guard lock(engine_lock());
     wqs_.erase(std::remove(wqs_.begin(), wqs_.end(), wq), wqs_.end());
-    arena_.release(wq->rq.slots, wq->rq_bytes);
+    release_recv_ring(wq->rq.slots, wq->rq_bytes);
   }
   delete wq;
 }
 
-int Engine::post_wq_recv(Wq* wq, const RecvWqe* wqes, int n, int* bad) {
+int RawPath::post_wq_recv(Wq& wq, const RecvWqe* wqes, int n, int* bad) {
   // WQEs may be posted in RESET already (they wait for RDY); in ERR they are flushed.
-  const WqState st = wq->state.load(std::memory_order_acquire);
+  const WqState st = wq.state.load(std::memory_order_acquire);
   int rc = 0;
   {
-    std::lock_guard lock(wq->rq.producer_lock);
+    std::lock_guard lock(wq.rq.producer_lock);
     uint64_t head;
-    rc = push_recv_wqes(wq->rq, wqes, n, wq->max_sge, bad, &head);
+    rc = push_recv_wqes(wq.rq, wqes, n, wq.max_sge, bad, &head);
   }
   if (st == WqState::Err) {
     // A WQ in error completes what is posted to it with a flush error.
-    std::lock_guard lock(lock_);
-    flush_wq(*wq);
+    std::lock_guard lock(engine_lock());
+    flush_wq(wq);
   }
   return rc;
 }
 
-bool Engine::raw_requester_run(Qp& qp) {
-  if (!qp.raw.port) return false;
+bool RawPath::transmit(Qp& qp, uint64_t) {
+  RawState& raw = state(qp);
   bool did = false;
   int budget = kRawBurst;
   const uint64_t head = std::min(qp.sq.head.load(std::memory_order_acquire), qp.req.sq_stop_at);
@@ -243,7 +295,7 @@ bool Engine::raw_requester_run(Qp& qp) {
       e.started = true;
       e.npkts = 1;
       // A frame holds at least its Ethernet header and at most the link MTU of payload, plus a tag.
-      if (e.wqe.length < kEthHeader || e.wqe.length > uint64_t{iface_.mtu} + kEthHeader + kVlanTag) {
+      if (e.wqe.length < kEthHeader || e.wqe.length > uint64_t{iface().mtu} + kEthHeader + kVlanTag) {
         e.status = WcStatus::LocLenErr;
       } else if (!prepare_wqe(qp, e)) {
         // prepare_wqe set the status (LOC_PROT_ERR for a bad lkey or range).
@@ -279,7 +331,7 @@ bool Engine::raw_requester_run(Qp& qp) {
       if (!frame) {
         e.status = WcStatus::LocProtErr;  // its memory was deregistered meanwhile
       } else {
-        const int rc = qp.raw.port->send(frame, len);
+        const int rc = raw.port->send(frame, len);
         if (rc == EAGAIN || rc == ENOBUFS) return did;  // the socket is full: this WQE again next pass
         if (rc) {
           count(&qp, &core::Counters::raw_send_errors);
@@ -299,8 +351,8 @@ bool Engine::raw_requester_run(Qp& qp) {
   return did;
 }
 
-bool Engine::raw_place(WorkQueue<RecvWqe>& rq, uint32_t pd, core::CompletionQueue* cq, uint32_t qp_num,
-                       const net::FrameView& f, Qp* counted, WcStatus* status) {
+bool RawPath::raw_place(WorkQueue<RecvWqe>& rq, uint32_t pd, core::CompletionQueue* cq, uint32_t qp_num,
+                        const net::FrameView& f, Qp* counted, WcStatus* status) {
   const uint64_t tail = rq.tail.load(std::memory_order_relaxed);
   if (tail == rq.head.load(std::memory_order_acquire)) {
     count(counted, &core::Counters::raw_drop_no_recv);
@@ -337,7 +389,7 @@ bool Engine::raw_place(WorkQueue<RecvWqe>& rq, uint32_t pd, core::CompletionQueu
   return true;
 }
 
-void Engine::raw_deliver(Qp& qp, const net::FrameView& f) {
+void RawPath::raw_deliver(Qp& qp, const net::FrameView& f) {
   WcStatus st = WcStatus::Success;
   if (!qp.cfg.rss_table.empty()) {
     // RSS: the QP's own state does not matter, the chosen WQ's does.
@@ -363,16 +415,19 @@ void Engine::raw_deliver(Qp& qp, const net::FrameView& f) {
     move_to_error(qp);
 }
 
-void Engine::raw_receive(Qp& qp, bool& did) {
-  if (!qp.raw.port || qp.raw.flows.empty()) return;
+bool RawPath::receive(Qp& qp) {
+  RawState& raw = state(qp);
+  if (raw.flows.empty()) return false;
+  bool did = false;
   for (int i = 0; i < kRawBurst; ++i) {
     uint64_t filtered = 0;
-    const net::FrameView* f = qp.raw.port->receive(&filtered);
+    const net::FrameView* f = raw.port->receive(&filtered);
     if (filtered) count(&qp, &core::Counters::raw_drop_filtered, filtered);
-    if (!f) return;
+    if (!f) return did;
     did = true;
     raw_deliver(qp, *f);
   }
+  return did;
 }
 
 }  // namespace softrdma::transport

@@ -24,20 +24,6 @@ uint32_t packets_for(uint64_t len, uint32_t mtu) {
 
 }  // namespace
 
-// Copies len bytes at message offset off out of the WQE's gather list into dst.
-static void gather(const SqEntry& e, uint64_t off, uint8_t* dst, uint32_t len) {
-  if (e.wqe.flags & kInline) {
-    std::memcpy(dst, e.wqe.inline_data + off, len);
-    return;
-  }
-  // A WQE whose memory was deregistered is stopped before it is sent, so every piece is mapped.
-  for_each_sge_piece(e.wqe.sge, e.host, e.wqe.num_sge, off, len, [&](uint8_t* p, uint64_t n) {
-    std::memcpy(dst, p, n);
-    dst += n;
-    return true;
-  });
-}
-
 // Bind MW and Local Invalidate act on this side's key table when the requester reaches them, so a
 // request posted after them on this QP already sees their effect; they use no PSN and complete in
 // order with the requests around them (IBTA 10.6.7.2, 10.7.2.x). A failed one completes in error in
@@ -128,7 +114,7 @@ void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
         if (!(w.flags & kInline) && w.num_sge == 1) {
           payload = e.host[0] + off;
         } else {
-          gather(e, off, scratch, len);
+          gather_send(e, off, scratch, len);
           payload = scratch;
         }
       }
@@ -145,9 +131,9 @@ void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
 }
 
 bool Engine::requester_run(Qp& qp, uint64_t now) {
-  if (qp.cfg.type == QpType::Raw) return raw_requester_run(qp);
+  // A QP on a path of its own (path.h: raw packets, iWARP's TCP stream) is sent by that path.
+  if (Path* p = qp.on_path()) return p->transmit(qp, now);
   if (qp.cfg.type != QpType::Rc) return unreliable_requester_run(qp);
-  if (qp.iw.active) return iwarp_transmit(qp);  // over the QP's TCP stream (iwarp_qp.cpp)
   // now 0 (a post from the caller's thread): the clock is read only where a timer needs it.
   if (qp.comp.rnr_resume_ns) {
     if (!now) now = this->now();

@@ -84,16 +84,7 @@ void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus re
              : nak_code == wire::kNakRemoteOp   ? &core::Counters::naks_sent_rem_op
                                                 : &core::Counters::naks_sent_inv_req);
   responder_send_ack(qp, wire::aeth_nak(nak_code), psn);
-  if (qp.resp.recv_active) {
-    core::Cqe c{};
-    c.wr_id = active_recv_wqe(qp).wr_id;
-    c.status = recv_status;
-    c.opcode = core::WcOpcode::Recv;
-    c.qp_num = qp.qpn;
-    retire_recv_wqe(qp);
-    qp.resp.recv_active = false;
-    post_cqe(receive_cq(qp), c, false);
-  }
+  if (qp.resp.recv_active) fail_recv(qp, recv_status, receive_cq(qp));
   // Errors that consumed no receive WQE are reported through the async event stream (IBTA 11.6.3).
   AsyncEventType ev = nak_code == wire::kNakRemoteAccess ? AsyncEventType::QpAccessErr
                       : nak_code == wire::kNakInvalidRequest ? AsyncEventType::QpReqErr
@@ -161,19 +152,8 @@ Engine::Verdict Engine::check_receive(Qp& qp, const wire::OpcodeInfo& info) {
   }
   if (info.kind != wire::OpKind::Send || !info.first) return {};
   // A WQE still held from a message given up (UC, SRQ) serves this one.
-  if (!qp.resp.recv_active) {
-    if (!next_recv_wqe(qp)) return {Verdict::Rnr};
-    take_recv_wqe(qp);
-    qp.resp.recv_active = true;
-  }
-  qp.resp.recv_offset = 0;
-  RecvWqe& w = active_recv_wqe(qp);
-  // An SRQ's buffers belong to the SRQ's protection domain (IBTA 10.2.9).
-  uint32_t pd = qp.srq ? qp.srq->pd : qp.cfg.pd;
-  for (uint32_t i = 0; i < w.num_sge; ++i)
-    if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &qp.resp.recv_host[i]) !=
-        core::AccessResult::Ok)
-      return {Verdict::RemoteOp, WcStatus::LocProtErr};
+  if (!qp.resp.recv_active && !next_recv_wqe(qp)) return {Verdict::Rnr};
+  if (open_recv_message(qp) != WcStatus::Success) return {Verdict::RemoteOp, WcStatus::LocProtErr};
   return {};
 }
 
@@ -195,6 +175,19 @@ namespace {
 // Whether a replayed READ or ATOMIC WRITE may queue its response again. Bounded: a requester that
 // keeps re-issuing cannot grow the queue without limit.
 bool replay_room(const Qp& qp) { return qp.resp.read_jobs.size() < 4 * qp.max_dest_rd_atomic + 16; }
+
+// Remembers an executed READ, ATOMIC or ATOMIC WRITE, so that a duplicate of it is answered again
+// instead of executed again (responder_duplicate).
+void remember_replay(Qp& qp, const ReplayEntry& e) {
+  qp.resp.replay[qp.resp.replay_next++ % qp.resp.replay.size()] = e;
+}
+
+// The request at the expected PSN is executed: the next one follows its npkts PSNs.
+void advance_epsn(Qp& qp, const wire::Packet& pkt, uint32_t npkts, bool in_message) {
+  qp.resp.epsn = wire::psn_add(qp.resp.epsn, npkts);
+  qp.resp.last_opcode = pkt.bth.opcode;
+  qp.resp.in_message = in_message;
+}
 }  // namespace
 
 Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
@@ -210,22 +203,11 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
   }
   // A message that matched a tagged buffer places what follows its TMH.
   const uint32_t skip = info.first && tm_kind == TmKind::Expected ? tm::kTmhBytes : 0;
-  const uint32_t len = pkt.payload_len - skip;
-  RecvWqe& w = active_recv_wqe(qp);
-  if (qp.resp.recv_offset + len > w.length) return {Verdict::InvalidRequest, WcStatus::LocLenErr};
-  const uint8_t* src = pkt.payload + skip;
-  bool placed = for_each_sge_piece(w.sge, qp.resp.recv_host, w.num_sge, qp.resp.recv_offset, len,
-                                   [&](uint8_t* p, uint64_t n) {
-                                     if (!p) return false;
-                                     std::memcpy(p, src, n);
-                                     src += n;
-                                     return true;
-                                   });
-  // The receive buffer's MR was deregistered while this message arrived.
-  if (!placed) return {Verdict::RemoteOp, WcStatus::LocProtErr};
-  qp.resp.recv_offset += len;
+  // Too long for the WQE: an invalid request; its memory deregistered meanwhile: a local error.
+  if (WcStatus st = place_recv(qp, pkt.payload + skip, pkt.payload_len - skip); st != WcStatus::Success)
+    return {st == WcStatus::LocLenErr ? Verdict::InvalidRequest : Verdict::RemoteOp, st};
   if (!info.last) return {};
-  core::Cqe c = connected_receive_cqe(qp, w.wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
+  core::Cqe c = connected_receive_cqe(qp, active_recv_wqe(qp).wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
                                       (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
   if (tm_kind != TmKind::None) {
     // Tag-matching SRQ: the completion says what the TMH made of the message.
@@ -246,10 +228,8 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
     c.wc_flags = core::kWcWithInv;
     c.imm_or_inv = pkt.ieth_rkey;
   }
-  retire_recv_wqe(qp);
-  qp.resp.recv_active = false;
   qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-  post_cqe(receive_cq(qp), c, pkt.bth.solicited);
+  finish_recv(qp, c, receive_cq(qp), pkt.bth.solicited);
   return {};
 }
 
@@ -276,9 +256,7 @@ Engine::Verdict Engine::execute_write(Qp& qp, const wire::OpcodeInfo& info, cons
   if ((info.headers & wire::kHdrImm) && complete_receive) {
     core::Cqe c = connected_receive_cqe(qp, take_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
                                         qp.resp.write_total, true, pkt.imm_data_be);
-    retire_recv_wqe(qp);
-    qp.resp.recv_active = false;
-    post_cqe(receive_cq(qp), c, pkt.bth.solicited);
+    finish_recv(qp, c, receive_cq(qp), pkt.bth.solicited);
   }
   return {};
 }
@@ -311,6 +289,9 @@ void Engine::rc_refuse(Qp& qp, const Verdict& v, uint32_t psn) {
   }
 }
 
+// The responder's stages, in order, as rxe has them: the PSN (a gap is NAKed, a duplicate answered
+// again), the checks of a new request (opcode sequence, XRC SRQ, length, receive WQE), its execution
+// (with its R_Key check), and its acknowledgement. A refusal at any stage is answered by rc_refuse.
 void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   if (qp.resp.pending_fatal_nak) {
     // Failed already: the NAK waits behind owed responses, and the QP is as good as in error.
@@ -322,175 +303,191 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   if (info.kind != wire::OpKind::Send && !serves_passive_.load(std::memory_order_relaxed))
     serves_passive_.store(true, std::memory_order_relaxed);
-  uint32_t psn = pkt.bth.psn;
-  int32_t d = wire::psn_diff(psn, qp.resp.epsn);
+  const int32_t d = wire::psn_diff(pkt.bth.psn, qp.resp.epsn);
   if (d > 0) {
-    // A gap: earlier packets were lost. One NAK per gap (IBTA 9.7.5.1.2).
-    count(&qp, &core::Counters::out_of_sequence);
-    if (!qp.resp.nak_sent) {
-      qp.resp.nak_sent = true;
-      count(&qp, &core::Counters::naks_sent_seq);
-      responder_send_ack(qp, wire::aeth_nak(wire::kNakPsnSeqErr), qp.resp.epsn);
-    }
+    nak_psn_gap(qp);
     return;
   }
   if (d < 0) {
-    count(&qp, &core::Counters::duplicates);
-    if (info.kind == wire::OpKind::ReadRequest || info.kind == wire::OpKind::CompareSwap ||
-        info.kind == wire::OpKind::FetchAdd || info.kind == wire::OpKind::AtomicWrite) {
-      const bool atomic_write = info.kind == wire::OpKind::AtomicWrite;
-      const bool atomic = info.kind != wire::OpKind::ReadRequest && !atomic_write;
-      for (ReplayEntry& r : qp.resp.replay) {
-        int32_t off = wire::psn_diff(psn, r.psn);
-        if (!r.valid || r.atomic != atomic || r.atomic_write != atomic_write || off < 0 ||
-            off >= static_cast<int32_t>(r.npkts))
-          continue;
-        if (atomic_write) {
-          // Executed already: answered again, not written again (another WRITE may have followed it).
-          if (off == 0 && replay_room(qp))
-            qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::Read, 0, true});
-        } else if (atomic) {
-          if (off != 0) break;
-          send_atomic_ack(qp, psn, r.atomic_orig);  // a replay: nothing waits for it, it waits for nothing
-        } else {
-          // Regenerate from the (possibly shortened) re-issued request, re-checking its key.
-          uint8_t* host = nullptr;
-          uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
-          if (static_cast<uint32_t>(off) + n > r.npkts ||
-              (pkt.reth.dma_len && mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len,
-                                                     core::kRemoteRead, &host, qp.qpn) != core::AccessResult::Ok))
-            break;
-          // A request re-issued from its start supersedes the one being streamed out.
-          qp.resp.read_jobs.erase(std::remove_if(qp.resp.read_jobs.begin(), qp.resp.read_jobs.end(),
-                                            [&](const ReadResponseJob& j) {
-                                              return j.kind == ReadResponseJob::Kind::Read &&
-                                                     wire::psn_diff(j.psn, psn) >= 0 &&
-                                                     wire::psn_diff(j.last_psn, wire::psn_add(psn, n - 1)) <= 0;
-                                            }),
-                             qp.resp.read_jobs.end());
-          if (replay_room(qp))
-            qp.resp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len,
-                                    ReadResponseJob::Kind::Read, 0, true});
-        }
-        break;
-      }
-      return;
-    }
-    // A duplicate SEND/WRITE: its ACK was lost. Acknowledge everything received so far again.
-    if (!qp.resp.ack_owed) ack_owed_.push_back(&qp);
-    qp.resp.ack_owed = true;
-    qp.resp.ack_psn = wire::psn_add(qp.resp.epsn, wire::kPsnMask);  // epsn - 1
+    responder_duplicate(qp, info, pkt);
     return;
   }
-
   qp.resp.nak_sent = false;
-  Verdict v;
-  if (!opcode_in_sequence(qp, info)) v = {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
-  if (v.ok() && qp.cfg.xrc == XrcRole::Recv) v = xrc_target_srq(qp, pkt.xrc_srqn, info);
-  if (v.ok()) v = check_length(qp, info, pkt);
+  Verdict v = check_request(qp, info, pkt);
   if (v.ok()) {
-    const bool tagged = qp.srq && qp.srq->tm && info.kind == wire::OpKind::Send && info.first;
-    v = tagged ? tm_classify(qp, info, pkt) : check_receive(qp, info);
+    switch (info.kind) {
+      case wire::OpKind::Send:
+        v = execute_send(qp, info, pkt);
+        break;
+      case wire::OpKind::Write:
+        v = execute_write(qp, info, pkt, true);
+        break;
+      case wire::OpKind::ReadRequest:
+        v = execute_read(qp, pkt);
+        break;
+      case wire::OpKind::CompareSwap:
+      case wire::OpKind::FetchAdd:
+        v = execute_atomic(qp, info, pkt);
+        break;
+      case wire::OpKind::AtomicWrite:
+        v = execute_atomic_write(qp, pkt);
+        break;
+      default:
+        count(&qp, &core::Counters::drop_bad_opcode);
+        return;
+    }
   }
   if (!v.ok()) {
-    rc_refuse(qp, v, psn);
+    rc_refuse(qp, v, pkt.bth.psn);
     return;
   }
+  // READ and ATOMIC requests are answered by their responses (queued when they executed).
+  if (info.kind == wire::OpKind::Send || info.kind == wire::OpKind::Write) responder_acknowledge(qp, info, pkt);
+}
 
+// A PSN beyond the expected one: earlier packets were lost. One NAK per gap (IBTA 9.7.5.1.2).
+void Engine::nak_psn_gap(Qp& qp) {
+  count(&qp, &core::Counters::out_of_sequence);
+  if (qp.resp.nak_sent) return;
+  qp.resp.nak_sent = true;
+  count(&qp, &core::Counters::naks_sent_seq);
+  responder_send_ack(qp, wire::aeth_nak(wire::kNakPsnSeqErr), qp.resp.epsn);
+}
+
+void Engine::owe_ack(Qp& qp, uint32_t psn) {
+  if (!qp.resp.ack_owed) ack_owed_.push_back(&qp);
+  qp.resp.ack_owed = true;
+  qp.resp.ack_psn = psn;
+}
+
+// A PSN before the expected one: a request executed already whose response was lost. READ and the
+// ATOMICs are answered again from the replay cache, never executed again.
+void Engine::responder_duplicate(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  count(&qp, &core::Counters::duplicates);
   switch (info.kind) {
-    case wire::OpKind::Send:
-    case wire::OpKind::Write:
-      v = info.kind == wire::OpKind::Send ? execute_send(qp, info, pkt) : execute_write(qp, info, pkt, true);
-      if (!v.ok()) {
-        rc_refuse(qp, v, psn);
-        return;
-      }
-      break;
-    case wire::OpKind::ReadRequest: {
-      size_t outstanding = 0;
-      for (const ReadResponseJob& j : qp.resp.read_jobs) outstanding += !j.regenerated;
-      if (outstanding >= qp.max_dest_rd_atomic) {
-        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
-        return;
-      }
-      uint8_t* host = nullptr;
-      if (Verdict r = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host);
-          !r.ok()) {
-        rc_refuse(qp, r, psn);
-        return;
-      }
-      uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
-      ReplayEntry& r = qp.resp.replay[qp.resp.replay_next++ % qp.resp.replay.size()];
-      r = {true, false, psn, n, 0};
-      qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-      qp.resp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len});
-      qp.resp.epsn = wire::psn_add(qp.resp.epsn, n);
-      qp.resp.last_opcode = pkt.bth.opcode;
-      qp.resp.in_message = false;
-      return;
-    }
+    case wire::OpKind::ReadRequest:
     case wire::OpKind::CompareSwap:
-    case wire::OpKind::FetchAdd: {
-      if (pkt.atomic.va % 8 != 0) {
-        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
-        return;
-      }
-      uint8_t* host = nullptr;
-      if (Verdict r = check_rkey(qp, pkt.atomic.rkey, pkt.atomic.va, 8, core::kRemoteAtomic, &host); !r.ok()) {
-        rc_refuse(qp, r, psn);
-        return;
-      }
-      auto* word = reinterpret_cast<uint64_t*>(host);
-      uint64_t orig;
-      if (info.kind == wire::OpKind::CompareSwap) {
-        orig = pkt.atomic.compare;
-        __atomic_compare_exchange_n(word, &orig, pkt.atomic.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-      } else {
-        orig = __atomic_fetch_add(word, pkt.atomic.swap_add, __ATOMIC_SEQ_CST);
-      }
-      ReplayEntry& r = qp.resp.replay[qp.resp.replay_next++ % qp.resp.replay.size()];
-      r = {true, true, psn, 1, orig};
-      qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-      if (!original_job_pending(qp))
-        send_atomic_ack(qp, psn, orig);
-      else
-        qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::AtomicAck, orig});
-      qp.resp.epsn = wire::psn_add(qp.resp.epsn, 1);
-      qp.resp.last_opcode = pkt.bth.opcode;
-      qp.resp.in_message = false;
+    case wire::OpKind::FetchAdd:
+    case wire::OpKind::AtomicWrite:
+      replay_response(qp, info, pkt);
       return;
-    }
-    case wire::OpKind::AtomicWrite: {
-      // 8 bytes at an 8-byte aligned address, as the RETH says (IBTA 1.5); anything else is invalid.
-      if (pkt.payload_len != 8 || pkt.reth.dma_len != 8 || pkt.reth.va % 8 != 0) {
-        responder_fatal(qp, wire::kNakInvalidRequest, psn, WcStatus::RemInvReqErr);
-        return;
-      }
-      uint8_t* host = nullptr;
-      if (Verdict r = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, 8, core::kRemoteWrite, &host); !r.ok()) {
-        rc_refuse(qp, r, psn);
-        return;
-      }
-      uint64_t value;
-      std::memcpy(&value, pkt.payload, 8);  // the bytes as they were in the requester's buffer
-      __atomic_store_n(reinterpret_cast<uint64_t*>(host), value, __ATOMIC_SEQ_CST);
-      ReplayEntry& r = qp.resp.replay[qp.resp.replay_next++ % qp.resp.replay.size()];
-      r = {true, false, psn, 1, 0, true};
-      qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-      // Its response is a zero-length READ RESPONSE ONLY, in PSN order behind those still owed.
-      qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::Read});
-      qp.resp.epsn = wire::psn_add(qp.resp.epsn, 1);
-      qp.resp.last_opcode = pkt.bth.opcode;
-      qp.resp.in_message = false;
-      return;
-    }
     default:
-      count(&qp, &core::Counters::drop_bad_opcode);
+      // A duplicate SEND/WRITE: its ACK was lost. Acknowledge everything received so far again.
+      owe_ack(qp, wire::psn_add(qp.resp.epsn, wire::kPsnMask));  // epsn - 1
       return;
   }
-  qp.resp.epsn = wire::psn_add(qp.resp.epsn, 1);
-  qp.resp.last_opcode = pkt.bth.opcode;
-  qp.resp.in_message = !info.last;
+}
+
+void Engine::replay_response(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  const uint32_t psn = pkt.bth.psn;
+  const bool atomic_write = info.kind == wire::OpKind::AtomicWrite;
+  const bool atomic = info.kind != wire::OpKind::ReadRequest && !atomic_write;
+  for (const ReplayEntry& r : qp.resp.replay) {
+    const int32_t off = wire::psn_diff(psn, r.psn);
+    if (!r.valid || r.atomic != atomic || r.atomic_write != atomic_write || off < 0 ||
+        off >= static_cast<int32_t>(r.npkts))
+      continue;
+    if (atomic_write) {
+      // Executed already: answered again, not written again (another WRITE may have followed it).
+      if (off == 0 && replay_room(qp))
+        qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::Read, 0, true});
+    } else if (atomic) {
+      if (off == 0) send_atomic_ack(qp, psn, r.atomic_orig);  // a replay: nothing waits for it, it waits for nothing
+    } else {
+      regenerate_read(qp, pkt, r, off);
+    }
+    return;
+  }
+}
+
+// Regenerated from the (possibly shortened) re-issued request, its key checked again.
+void Engine::regenerate_read(Qp& qp, const wire::Packet& pkt, const ReplayEntry& r, int32_t off) {
+  const uint32_t psn = pkt.bth.psn;
+  const uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
+  uint8_t* host = nullptr;
+  if (static_cast<uint32_t>(off) + n > r.npkts ||
+      (pkt.reth.dma_len && mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len,
+                                             core::kRemoteRead, &host, qp.qpn) != core::AccessResult::Ok))
+    return;
+  // A request re-issued from its start supersedes the one being streamed out.
+  const uint32_t last_psn = wire::psn_add(psn, n - 1);
+  std::erase_if(qp.resp.read_jobs, [&](const ReadResponseJob& j) {
+    return j.kind == ReadResponseJob::Kind::Read && wire::psn_diff(j.psn, psn) >= 0 &&
+           wire::psn_diff(j.last_psn, last_psn) <= 0;
+  });
+  if (replay_room(qp))
+    qp.resp.read_jobs.push_back({psn, psn, last_psn, host, pkt.reth.dma_len, ReadResponseJob::Kind::Read, 0, true});
+}
+
+Engine::Verdict Engine::check_request(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  if (!opcode_in_sequence(qp, info)) return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  if (qp.cfg.xrc == XrcRole::Recv)
+    if (Verdict v = xrc_target_srq(qp, pkt.xrc_srqn, info); !v.ok()) return v;
+  if (Verdict v = check_length(qp, info, pkt); !v.ok()) return v;
+  const bool tagged = qp.srq && qp.srq->tm && info.kind == wire::OpKind::Send && info.first;
+  return tagged ? tm_classify(qp, info, pkt) : check_receive(qp, info);
+}
+
+Engine::Verdict Engine::execute_read(Qp& qp, const wire::Packet& pkt) {
+  size_t outstanding = 0;
+  for (const ReadResponseJob& j : qp.resp.read_jobs) outstanding += !j.regenerated;
+  if (outstanding >= qp.max_dest_rd_atomic) return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  uint8_t* host = nullptr;
+  if (Verdict v = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host); !v.ok())
+    return v;
+  const uint32_t psn = pkt.bth.psn;
+  const uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
+  remember_replay(qp, {true, false, psn, n, 0});
+  qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+  qp.resp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len});
+  advance_epsn(qp, pkt, n, false);
+  return {};
+}
+
+Engine::Verdict Engine::execute_atomic(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  if (pkt.atomic.va % 8 != 0) return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  uint8_t* host = nullptr;
+  if (Verdict v = check_rkey(qp, pkt.atomic.rkey, pkt.atomic.va, 8, core::kRemoteAtomic, &host); !v.ok()) return v;
+  auto* word = reinterpret_cast<uint64_t*>(host);
+  uint64_t orig;
+  if (info.kind == wire::OpKind::CompareSwap) {
+    orig = pkt.atomic.compare;
+    __atomic_compare_exchange_n(word, &orig, pkt.atomic.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  } else {
+    orig = __atomic_fetch_add(word, pkt.atomic.swap_add, __ATOMIC_SEQ_CST);
+  }
+  const uint32_t psn = pkt.bth.psn;
+  remember_replay(qp, {true, true, psn, 1, orig});
+  qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+  if (!original_job_pending(qp))
+    send_atomic_ack(qp, psn, orig);
+  else
+    qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::AtomicAck, orig});
+  advance_epsn(qp, pkt, 1, false);
+  return {};
+}
+
+Engine::Verdict Engine::execute_atomic_write(Qp& qp, const wire::Packet& pkt) {
+  // 8 bytes at an 8-byte aligned address, as the RETH says (IBTA 1.5); anything else is invalid.
+  if (pkt.payload_len != 8 || pkt.reth.dma_len != 8 || pkt.reth.va % 8 != 0)
+    return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
+  uint8_t* host = nullptr;
+  if (Verdict v = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, 8, core::kRemoteWrite, &host); !v.ok()) return v;
+  uint64_t value;
+  std::memcpy(&value, pkt.payload, 8);  // the bytes as they were in the requester's buffer
+  __atomic_store_n(reinterpret_cast<uint64_t*>(host), value, __ATOMIC_SEQ_CST);
+  const uint32_t psn = pkt.bth.psn;
+  remember_replay(qp, {true, false, psn, 1, 0, true});
+  qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
+  // Its response is a zero-length READ RESPONSE ONLY, in PSN order behind those still owed.
+  qp.resp.read_jobs.push_back({psn, psn, psn, nullptr, 0, ReadResponseJob::Kind::Read});
+  advance_epsn(qp, pkt, 1, false);
+  return {};
+}
+
+void Engine::responder_acknowledge(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+  const uint32_t psn = pkt.bth.psn;
+  advance_epsn(qp, pkt, 1, !info.last);
   if (qp.resp.tm_ack_now) {
     // A matched rendezvous: its request is acknowledged before the READ and the FIN it starts go out,
     // so the sender sees its SEND complete first, as a ConnectX's sender does.
@@ -501,11 +498,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
       return;
     }
   }
-  if (pkt.bth.ack_req) {
-    if (!qp.resp.ack_owed) ack_owed_.push_back(&qp);
-    qp.resp.ack_owed = true;
-    qp.resp.ack_psn = psn;
-  }
+  if (pkt.bth.ack_req) owe_ack(qp, psn);
 }
 
 }  // namespace softrdma::transport

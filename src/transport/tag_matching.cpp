@@ -171,10 +171,7 @@ Engine::Verdict Engine::tm_classify(Qp& qp, const wire::OpcodeInfo& info, const 
   qp.resp.tm_tag = tag;
   qp.resp.tm_priv = priv;
   count(&qp, &core::Counters::tm_expected);
-  for (uint32_t i = 0; i < w.num_sge; ++i)
-    if (mrs_.check_local(w.sge[i].lkey, qp.srq->pd, w.sge[i].addr, w.sge[i].length, true, &qp.resp.recv_host[i]) !=
-        core::AccessResult::Ok)
-      return {Verdict::RemoteOp, WcStatus::LocProtErr};
+  if (resolve_active_recv(qp) != WcStatus::Success) return {Verdict::RemoteOp, WcStatus::LocProtErr};
   return {};
 }
 

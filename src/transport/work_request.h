@@ -47,55 +47,56 @@ struct WorkRequest {
 namespace work_request_table {
 using namespace wire;
 struct Row {
-  bool rc, uc, ud;  // services that carry it
-  bool consumes_receive, read, atomic, local, inline_data;
-  uint32_t remote_access;
-  core::WcOpcode completion;
-  RequestOpcodes rc_opcodes, uc_opcodes, ud_opcodes;
+  bool rc = false, uc = false, ud = false;  // services that carry it
+  bool consumes_receive = false, read = false, atomic = false, local = false, inline_data = false;
+  uint32_t remote_access = 0;
+  core::WcOpcode completion = core::WcOpcode::Send;
+  RequestOpcodes rc_opcodes{}, uc_opcodes{}, ud_opcodes{};
 };
 using W = core::WcOpcode;
-inline constexpr RequestOpcodes kNone{};
 inline constexpr RequestOpcodes single(uint8_t op) { return {op, op, op, op}; }
+inline constexpr RequestOpcodes only(uint8_t op) { return {.only = op}; }
 // Indexed by WrOp. UC carries SEND and RDMA WRITE only, with the RC codes in its class; UD carries
 // SEND ONLY (with or without immediate) only.
 inline constexpr Row kRows[] = {
     // Send
-    {true, true, true, true, false, false, false, true, 0, W::Send,
-     {kRcSendFirst, kRcSendMiddle, kRcSendLast, kRcSendOnly},
-     {kUcSendFirst, kUcSendMiddle, kUcSendLast, kUcSendOnly},
-     {kNoRequestOpcode, kNoRequestOpcode, kNoRequestOpcode, kUdSendOnly}},
+    {.rc = true, .uc = true, .ud = true, .consumes_receive = true, .inline_data = true, .completion = W::Send,
+     .rc_opcodes = {kRcSendFirst, kRcSendMiddle, kRcSendLast, kRcSendOnly},
+     .uc_opcodes = {kUcSendFirst, kUcSendMiddle, kUcSendLast, kUcSendOnly},
+     .ud_opcodes = only(kUdSendOnly)},
     // SendImm
-    {true, true, true, true, false, false, false, true, 0, W::Send,
-     {kRcSendFirst, kRcSendMiddle, kRcSendLastImm, kRcSendOnlyImm},
-     {kUcSendFirst, kUcSendMiddle, kUcSendLastImm, kUcSendOnlyImm},
-     {kNoRequestOpcode, kNoRequestOpcode, kNoRequestOpcode, kUdSendOnlyImm}},
+    {.rc = true, .uc = true, .ud = true, .consumes_receive = true, .inline_data = true, .completion = W::Send,
+     .rc_opcodes = {kRcSendFirst, kRcSendMiddle, kRcSendLastImm, kRcSendOnlyImm},
+     .uc_opcodes = {kUcSendFirst, kUcSendMiddle, kUcSendLastImm, kUcSendOnlyImm},
+     .ud_opcodes = only(kUdSendOnlyImm)},
     // SendInv: RC only (no UC or UD opcode carries an IETH)
-    {true, false, false, true, false, false, false, true, 0, W::Send,
-     {kRcSendFirst, kRcSendMiddle, kRcSendLastInv, kRcSendOnlyInv}, kNone, kNone},
+    {.rc = true, .consumes_receive = true, .inline_data = true, .completion = W::Send,
+     .rc_opcodes = {kRcSendFirst, kRcSendMiddle, kRcSendLastInv, kRcSendOnlyInv}},
     // Write
-    {true, true, false, false, false, false, false, true, core::kRemoteWrite, W::RdmaWrite,
-     {kRcWriteFirst, kRcWriteMiddle, kRcWriteLast, kRcWriteOnly},
-     {kUcWriteFirst, kUcWriteMiddle, kUcWriteLast, kUcWriteOnly}, kNone},
+    {.rc = true, .uc = true, .inline_data = true, .remote_access = core::kRemoteWrite, .completion = W::RdmaWrite,
+     .rc_opcodes = {kRcWriteFirst, kRcWriteMiddle, kRcWriteLast, kRcWriteOnly},
+     .uc_opcodes = {kUcWriteFirst, kUcWriteMiddle, kUcWriteLast, kUcWriteOnly}},
     // WriteImm: the immediate data completes a receive WQE
-    {true, true, false, true, false, false, false, true, core::kRemoteWrite, W::RdmaWrite,
-     {kRcWriteFirst, kRcWriteMiddle, kRcWriteLastImm, kRcWriteOnlyImm},
-     {kUcWriteFirst, kUcWriteMiddle, kUcWriteLastImm, kUcWriteOnlyImm}, kNone},
+    {.rc = true, .uc = true, .consumes_receive = true, .inline_data = true, .remote_access = core::kRemoteWrite,
+     .completion = W::RdmaWrite,
+     .rc_opcodes = {kRcWriteFirst, kRcWriteMiddle, kRcWriteLastImm, kRcWriteOnlyImm},
+     .uc_opcodes = {kUcWriteFirst, kUcWriteMiddle, kUcWriteLastImm, kUcWriteOnlyImm}},
     // Read: RC only
-    {true, false, false, false, true, false, false, false, core::kRemoteRead, W::RdmaRead,
-     single(kRcReadRequest), kNone, kNone},
+    {.rc = true, .read = true, .remote_access = core::kRemoteRead, .completion = W::RdmaRead,
+     .rc_opcodes = single(kRcReadRequest)},
     // CompareSwap: RC only
-    {true, false, false, false, false, true, false, false, core::kRemoteAtomic, W::CompSwap,
-     single(kRcCompareSwap), kNone, kNone},
+    {.rc = true, .atomic = true, .remote_access = core::kRemoteAtomic, .completion = W::CompSwap,
+     .rc_opcodes = single(kRcCompareSwap)},
     // FetchAdd: RC only
-    {true, false, false, false, false, true, false, false, core::kRemoteAtomic, W::FetchAdd,
-     single(kRcFetchAdd), kNone, kNone},
+    {.rc = true, .atomic = true, .remote_access = core::kRemoteAtomic, .completion = W::FetchAdd,
+     .rc_opcodes = single(kRcFetchAdd)},
     // BindMw: on the connected services (IBTA 10.6.7.2.x); UD QPs bind no type 2 windows
-    {true, true, false, false, false, false, true, false, 0, W::BindMw, kNone, kNone, kNone},
+    {.rc = true, .uc = true, .local = true, .completion = W::BindMw},
     // LocalInv
-    {true, true, false, false, false, false, true, false, 0, W::LocalInv, kNone, kNone, kNone},
+    {.rc = true, .uc = true, .local = true, .completion = W::LocalInv},
     // AtomicWrite: RC only, one RC ATOMIC WRITE packet
-    {true, false, false, false, false, false, false, false, core::kRemoteWrite, W::AtomicWrite,
-     single(kRcAtomicWrite), kNone, kNone},
+    {.rc = true, .remote_access = core::kRemoteWrite, .completion = W::AtomicWrite,
+     .rc_opcodes = single(kRcAtomicWrite)},
 };
 static_assert(std::size(kRows) == static_cast<size_t>(WrOp::AtomicWrite) + 1, "one row per WrOp, in order");
 }  // namespace work_request_table

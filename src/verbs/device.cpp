@@ -1,4 +1,4 @@
-// Devices, contexts and their queries: one softrdma device per IPv4 address of the host (DESIGN §4).
+// Devices, contexts and their queries: one softrdma device per IPv4 address of the host (docs/architecture.md, "Devices and addressing").
 #include <arpa/inet.h>
 #include <endian.h>
 #include <fcntl.h>

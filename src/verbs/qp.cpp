@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/limits.h"
+#include "transport/raw_path.h"
 #include "transport/work_request.h"
 #include "verbs/ah.h"
 #include "verbs/parent_domain.h"
@@ -475,7 +476,7 @@ SOFTRDMA_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp
 
 SOFTRDMA_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   SoftQp* q = to_qp(qp);
-  if (q->tqp && !q->tqp->raw.flows.empty()) return EBUSY;  // its flows first (ibv_destroy_flow)
+  if (q->tqp && transport::raw_has_flows(*q->tqp)) return EBUSY;  // its flows first (ibv_destroy_flow)
   if (q->xrcd) {
     // An XRC target's handle (ibv_open_qp(3)): the QP goes with its last handle.
     SoftQp* owner = nullptr;

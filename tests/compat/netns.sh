@@ -35,7 +35,7 @@ netns_pair ib_atomic_bw
 netns_pair ib_write_lat
 
 # Two processes in namespace A: the first to open the device holds UDP 4791 for its address, so
-# packets from B for the second one's QP arrive at the first and are handed over (DESIGN §4).
+# packets from B for the second one's QP arrive at the first and are handed over (docs/architecture.md, "Devices and addressing").
 squat_port=$(compat_free_port)
 "${inA[@]}" timeout -k 5 120 "$SOFTRDMA" run ib_write_bw -d "$devA" -p "$squat_port" \
   >"$COMPAT_LOG_DIR/squatter.log" 2>&1 &

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fabric.h"
+#include "transport/iwarp_path.h"
 #include "wire/iwarp.h"
 
 namespace softrdma::transport::test {

@@ -267,12 +267,13 @@ TEST_P(IwarpInput, ReadBeyondIrdWhileTheLastResponseIsUnsent) {
   // IRD 1: the first READ's response is framed, but the peer reads nothing, so the socket takes only
   // part of it; a READ request then is beyond IRD, though nothing is left to frame for the first.
   int small = 4096;
-  ASSERT_EQ(setsockopt(e_.qp->iw.fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  ASSERT_EQ(setsockopt(transport::iwarp_state(*e_.qp)->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
   iw::ReadRequest r{0x1111, 0x2000, 3 * 4096, mem_->mr.rkey, mem_->addr(0)};
   raw_->send_ulpdu(read_request(1, r));
   step();
-  ASSERT_TRUE(e_.qp->iw.read_jobs.empty());
-  ASSERT_FALSE(e_.qp->iw.tx.empty()) << "the response must still be queued for this test to mean anything";
+  ASSERT_TRUE(transport::iwarp_state(*e_.qp)->read_jobs.empty());
+  ASSERT_FALSE(transport::iwarp_state(*e_.qp)->tx.empty())
+      << "the response must still be queued for this test to mean anything";
   raw_->send_ulpdu(read_request(2, r));
   for (int i = 0; i < 200 && !raw_->eof; ++i) {
     step(1);

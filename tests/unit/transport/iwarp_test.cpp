@@ -363,7 +363,7 @@ TEST(Iwarp, TerminateDuringTheRtrHoldLeavesNoDeadline) {
   raw.fd = -1;  // b2 owns it
   for (int i = 0; i < 50 && a2.qp->state.load() != QpState::Err; ++i) p.a.engine().step();
   ASSERT_EQ(a2.qp->state.load(), QpState::Err);
-  EXPECT_EQ(a2.qp->iw.tx_hold_until_ns, 0u);
+  EXPECT_EQ(transport::iwarp_state(*a2.qp)->tx_hold_until_ns, 0u);
   p.f.net.advance_to(p.f.now() + kIwarpRtrHoldNs + 1);
   for (int i = 0; i < 20; ++i) p.a.engine().step();
   const uint64_t d = p.a.engine().next_deadline();

@@ -1,0 +1,125 @@
+// A path: one wire a QP's messages travel over, as one object per engine with the same small set of
+// per-QP entry points (docs/architecture.md). Today the raw-packet path (raw.cpp, raw_path.h) and the
+// iWARP path (iwarp_qp.cpp, iwarp_responder.cpp, iwarp_path.h) are paths; the RoCE RC, UD/UC and
+// direct paths are still the engine's own code, for the QPs whose Qp::path is null.
+//
+// Joining and state. A QP joins a path when it is created (raw: create_qp) or attached (iWARP:
+// iwarp_attach): the path sets Qp::path to itself and Qp::path_state to a state object of its own,
+// derived from PathState; only the path looks inside it (the path's header offers a typed accessor).
+// The QP leaves at reset() or release(), when the path drops that state and clears Qp::path. Nothing
+// path-specific is kept in Qp or in Engine.
+//
+// Calls. The engine calls a path only with its lock held, and only through Path: the requester's
+// pass (transmit), the receive pass over the path's own streams or ports (receiving, receive), the
+// timers (next_deadline), the QP to error (error), a memory region going away (forget_pointers_into),
+// flush, reset and release, and post_send's check (carries). A path reaches the engine only through
+// PathServices: the clock, counters, CQEs and async events, the key table, the receive WQEs, the
+// requester's shared steps, epoll registration -- never the engine's other members.
+//
+// Adding a path: derive a class from Path and PathServices (as IwarpPath and RawPath do), keep its
+// per-QP state in a PathState subclass set on the Qp when it joins, add one instance to the engine
+// (Engine's constructor, paths_ in receive order), and have the engine's entry point for it (create_qp,
+// an attach call) make QPs join it. Everything else reaches it through the calls above.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "core/cq.h"
+#include "core/mr.h"
+#include "core/stats.h"
+
+namespace softrdma::net {
+struct Interface;
+}
+
+namespace softrdma::transport {
+
+class Engine;
+struct Qp;
+struct SendWqe;
+struct SqEntry;
+struct RecvWqe;
+struct AsyncEvent;
+template <typename Slot>
+struct WorkQueue;
+
+// A path's state of one QP (Qp::path_state), owned by the QP while it is on the path.
+struct PathState {
+  virtual ~PathState() = default;
+};
+
+class Path {
+ public:
+  virtual ~Path() = default;
+  // post_send's check: whether this path carries the work request (EINVAL for the rest).
+  virtual bool carries(const Qp& qp, const SendWqe& w) const = 0;
+  // The requester: the QP's WQEs to the wire; true when it did anything. now_ns is 0 on a post from
+  // the caller's thread (read the clock where a timer needs it).
+  virtual bool transmit(Qp& qp, uint64_t now_ns) = 0;
+  // Whether any QP of this path has a stream or port of its own to look at in this progress pass.
+  virtual bool receiving() const = 0;
+  // One look at the QP's own stream or port (and what it owes there); true when anything moved.
+  virtual bool receive(Qp& qp) = 0;
+  // The QP's earliest timer on this path (0: none).
+  virtual uint64_t next_deadline(const Qp& qp) const = 0;
+  // The QP has just moved to ERROR (Engine::move_to_error).
+  virtual void error(Qp& qp) = 0;
+  // The engine's flush of a QP in error has completed its queues.
+  virtual void flush(Qp& qp) = 0;
+  // The registered memory [lo, lo + len) is going away: what the path holds in flight drops its
+  // pointers into it (Engine::forget_pointers_into).
+  virtual void forget_pointers_into(Qp& qp, uint64_t lo, uint64_t len) = 0;
+  // The QP goes to RESET: what of it the path keeps across a reset, it keeps.
+  virtual void reset(Qp& qp) = 0;
+  // The QP is destroyed (or its engine is): it leaves the path, which releases its state.
+  virtual void release(Qp& qp) = 0;
+};
+
+// The engine's services to its paths, under the engine lock (defined in engine.h).
+class PathServices {
+ protected:
+  explicit PathServices(Engine& e) : e_(e) {}
+  ~PathServices() = default;
+  uint64_t now() const;
+  const net::Interface& iface() const;
+  // Adds n to a counter of the device and, when qp is set, of that QP.
+  void count(Qp* qp, uint64_t core::Counters::*field, uint64_t n = 1);
+  void post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited);
+  void raise(const AsyncEvent& ev);
+  void move_to_error(Qp& qp);
+  void doorbell();
+  core::MrTable& keys();
+  // Peers have sent this context one-sided requests (Engine::serves_passive_).
+  void serves_passive();
+  // The engine lock, for a path's own entry points called from the verbs layer.
+  std::mutex& engine_lock();
+  // The progress thread's epoll set: ADD, MOD and DEL of a path's fd (epoll_ctl's result).
+  int watch(int fd, uint32_t events);
+  void rewatch(int fd, uint32_t events);
+  void unwatch(int fd);
+  // The requester's shared steps (requester.cpp, completer.cpp).
+  bool prepare_wqe(Qp& qp, SqEntry& e);
+  bool execute_local_wqe(Qp& qp, SqEntry& e);
+  void fail_in_order(Qp& qp, SqEntry& e);
+  void complete_in_order(Qp& qp);
+  void requester_error(Qp& qp, core::WcStatus status);
+  // Receive WQEs (srq.cpp) and their buffers.
+  RecvWqe* next_recv_wqe(Qp& qp);
+  RecvWqe& take_recv_wqe(Qp& qp);
+  RecvWqe& active_recv_wqe(Qp& qp);
+  void retire_recv_wqe(Qp& qp);
+  core::WcStatus resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const;
+  // Receive placement of a message in pieces (placement.cpp): open on the next WQE, place at the
+  // message's offset, complete.
+  core::WcStatus open_recv_message(Qp& qp);
+  core::WcStatus place_recv(Qp& qp, const uint8_t* src, uint64_t len);
+  void finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited);
+  bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes);
+  void release_recv_ring(void* slots, size_t bytes);
+
+ private:
+  Engine& e_;
+};
+
+}  // namespace softrdma::transport
