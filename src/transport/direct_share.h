@@ -1,5 +1,5 @@
-// Registered memory made shareable with other processes of this host (DESIGN §5), for the intra-host
-// direct path (docs/direct-path.md). One table per process: a "share" is a page-aligned range of this
+// Registered memory made shareable with other processes of this host, for the intra-host direct path
+// (docs/direct-path.md). One table per process: a "share" is a page-aligned range of this
 // address space backed by a file that a peer can map, with the file offset where the range starts.
 //
 // - Private anonymous memory (heap, mmap, THP) is moved in place, at the same address, onto a new

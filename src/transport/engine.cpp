@@ -200,7 +200,7 @@ void Engine::progress_loop() {
     check_link(t, false);
     if (app_polling_.load(std::memory_order_acquire) && !serves_passive_.load(std::memory_order_relaxed)) {
       // Run to completion: an application thread spins in poll_cq and does the engine's work itself
-      // (DESIGN §8). Stay off its core until it stops or a timer is due. Not in a context that serves
+      // (docs/architecture.md). Stay off its core until it stops or a timer is due. Not in a context that serves
       // one-sided requests: its application may wait on memory for the next WRITE as soon as a poll
       // returns, and only this thread can place it.
       quiet_sleep();
@@ -404,7 +404,8 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
   }
   auto it = qps_.find(pkt.bth.dest_qp);
   if (it == qps_.end() && local_port == wire::kRoceUdpPort && roce_port_) {
-    // From another host, for a QP of another process here: hand it over (DESIGN §4).
+    // From another host, for a QP of another process here: hand it over (docs/architecture.md,
+    // "Devices and addressing").
     auto ep = net::Registry::instance().lookup(pkt.bth.dest_qp);
     if (ep && ep->ip_be == iface_.ip_be && ep->port != port_->port() && len <= kMaxDatagram - kForwardTrailerLen) {
       // The original source address travels in a trailer after the ICRC.
@@ -477,8 +478,8 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
   if (qp.dest_port == wire::kRoceUdpPort && peer_ip == qp.dest_ip_be && peer_port >= net::UdpPort::kContextPortBegin &&
       peer_port < net::UdpPort::kContextPortEnd) {
     // The peer is a softrdma context on another host (RoCE stacks send from 0xC000 up): from now on it
-    // is reached at its own port, not through the 4791 holder of its host (DESIGN §4), and our packets
-    // to it may travel segmented.
+    // is reached at its own port, not through the 4791 holder of its host (docs/architecture.md), and
+    // our packets to it may travel segmented.
     qp.dest_port = peer_port;
     count(&qp, &core::Counters::peer_port_learned);
   }

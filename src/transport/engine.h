@@ -1,6 +1,7 @@
 // The progress engine of one device context: the software HCA. It owns the packet ports, the key
-// table, the QPs of the context, and a background progress thread (DESIGN §3). Requester, responder
-// and completer (requester.cpp, responder.cpp, completer.cpp) run under its lock, one at a time, so
+// table, the QPs of the context, the path objects of the wires that are not RoCE (path.h) and a
+// background progress thread (docs/architecture.md, "The engine"). Requester, responder and completer
+// (requester.cpp, responder.cpp, completer.cpp) and the paths run under its lock, one at a time, so
 // transport state needs no finer locking; applications only fill queue rings and poll CQ rings.
 #pragma once
 #include <atomic>
@@ -483,7 +484,9 @@ inline WcStatus PathServices::resolve_recv_sges(const RecvWqe& w, uint32_t pd, u
   return e_.resolve_recv_sges(w, pd, need, host);
 }
 inline WcStatus PathServices::open_recv_message(Qp& qp) { return e_.open_recv_message(qp); }
-inline WcStatus PathServices::place_recv(Qp& qp, const uint8_t* src, uint64_t len) { return e_.place_recv(qp, src, len); }
+inline WcStatus PathServices::place_recv(Qp& qp, const uint8_t* src, uint64_t len) {
+  return e_.place_recv(qp, src, len);
+}
 inline void PathServices::finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited) {
   e_.finish_recv(qp, c, cq, solicited);
 }
