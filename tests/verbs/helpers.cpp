@@ -442,7 +442,7 @@ void RcPair::SetUp() {
 }
 
 void RcPair::TearDown() {
-  if (std::getenv("VT_DEVICE") || !dev.ok()) return;  // another provider has no stats page
+  if (!check_path || std::getenv("VT_DEVICE") || !dev.ok()) return;  // another provider: no stats page
   // On the direct path an operation either goes direct or is handed to packets (a fallback: an
   // error the peer's responder must report, a receive the direct path does not know of).
   const uint64_t direct = my_counter(&core::Counters::direct_ops) + my_counter(&core::Counters::direct_fallbacks) -

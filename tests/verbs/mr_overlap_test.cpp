@@ -19,7 +19,10 @@ constexpr int kLocalWriteOnly = IBV_ACCESS_LOCAL_WRITE;
 // Packets only: on the intra-host direct path a whole READ or SEND completes inside ibv_post_send.
 class MrOverlap : public RcPair {
  protected:
-  MrOverlap() { path = Path::Packets; }
+  MrOverlap() {
+    path = Path::Packets;
+    check_path = true;
+  }
 };
 
 // Waits until the first page of p holds the pattern: the transfer has started, and is not done.

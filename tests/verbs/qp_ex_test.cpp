@@ -130,7 +130,7 @@ TEST_P(QpExRoce, ReadAndAtomics) {
 }
 
 // Unsignaled WRs through the extended API make no completion either.
-TEST_P(QpEx, UnsignaledAndAbort) {
+TEST_P(QpExRoce, UnsignaledAndAbort) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 4096);
   VT_BUF(dst, b, 4096);
@@ -206,7 +206,7 @@ TEST_P(QpExRoce, InlineDataList) {
 
 // One bad WR fails ibv_wr_complete with EINVAL and none of the batch is posted: not the good WRs before
 // it, not those after. The QP stays usable.
-TEST_P(QpEx, BadWrPostsNothingOfTheBatch) {
+TEST_P(QpExRoce, BadWrPostsNothingOfTheBatch) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 4096);
   VT_BUF(dst, b, 4096);
@@ -291,7 +291,7 @@ TEST_P(QpExRoce, BatchOverSendQueueDepthPostsNothing) {
 
 // ibv_wr_start .. ibv_wr_complete is a per-QP critical section: two threads building batches on one QP
 // at once lose no WR and mix none up.
-TEST_P(QpEx, ConcurrentBatchesOnOneQp) {
+TEST_P(QpExRoce, ConcurrentBatchesOnOneQp) {
   ASSERT_TRUE(connect());
   constexpr int kThreads = 2, kBatches = 25, kPerBatch = 2;
   constexpr int kWrs = kThreads * kBatches * kPerBatch;  // within max_send_wr and the CQ
