@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "core/limits.h"
 #include "verbs/parent_domain.h"
+#include "verbs/private_abi.h"
 #include "verbs/soft_objects.h"
 
 using namespace softrdma;
@@ -344,14 +345,14 @@ ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
 
 }  // namespace softrdma::verbs
 
-SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
-  auto* sd = reinterpret_cast<SoftDevice*>(dev);
+namespace {
+
+ibv_context* open_context(SoftDevice* sd, transport::EngineOptions opts) {
   std::shared_ptr<ContextShared> shared;
   try {
     shared = std::make_shared<ContextShared>();
     shared->device = sd;
-    // The context's settings are read now: a process may open contexts with different ones.
-    shared->engine = std::make_unique<transport::Engine>(sd->iface, transport::context_options(config::parse()));
+    shared->engine = std::make_unique<transport::Engine>(sd->iface, std::move(opts));
   } catch (const std::system_error& e) {
     errno = e.code().value() ? e.code().value() : ENODEV;
     return nullptr;
@@ -365,6 +366,31 @@ SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   ibv_context* ctx = make_context(std::move(shared), fd);
   if (!ctx) close(fd);
   return ctx;
+}
+
+}  // namespace
+
+SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
+  // The context's settings are read now: a process may open contexts with different ones.
+  return open_context(reinterpret_cast<SoftDevice*>(dev), transport::context_options(config::parse()));
+}
+
+// Any device of ours, RoCE or iWARP, whatever SOFTRDMA_TRANSPORT selects (private_abi.h).
+SOFTRDMA_EXPORT ibv_context* softrdma_open_device(const char* name, uint32_t flags) {
+  if (!name || (flags & ~uint32_t{SOFTRDMA_OPEN_PACKETS})) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  for (int k = 0; k < 3; ++k)
+    for (SoftDevice* sd : devices_of(static_cast<Selection>(k)))
+      if (!strcmp(sd->dev.name, name)) {
+        // The settings of the table, but the path the caller names: direct unless it asks for packets.
+        transport::EngineOptions opts = transport::context_options(config::parse());
+        opts.direct = !(flags & SOFTRDMA_OPEN_PACKETS);
+        return open_context(sd, std::move(opts));
+      }
+  errno = ENODEV;
+  return nullptr;
 }
 
 SOFTRDMA_EXPORT int ibv_close_device(ibv_context* ctx) {

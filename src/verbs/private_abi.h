@@ -69,6 +69,18 @@ int softrdma_qp_set_wire_key(struct ibv_qp *qp, uint32_t mode, const void *secre
  * counted in the device's auth_cm_reject. */
 void softrdma_count_wire_reject(struct ibv_context *ctx);
 
+/* softrdma_open_device's options. */
+enum softrdma_open_flags {
+  SOFTRDMA_OPEN_PACKETS = 1 << 0, /* no intra-host direct path: every peer by packets, as SOFTRDMA_DIRECT=0 */
+};
+
+/* Opens the device of this name among all of softrdma's devices, RoCE and iWARP, whatever
+ * SOFTRDMA_TRANSPORT selects, so that a test picks its device and path without the environment: the
+ * direct path unless flags ask for packets (whatever SOFTRDMA_DIRECT says), the other settings from
+ * the configuration table as ibv_open_device reads them.
+ * NULL with errno set (EINVAL: flags; ENODEV: no such device) on failure. */
+struct ibv_context *softrdma_open_device(const char *name, uint32_t flags);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,7 +9,7 @@
 namespace softrdma::verbs_test {
 namespace {
 
-class AtomicWrite : public RcPair {
+class AtomicWriteBase : public RcPair {
  protected:
   void SetUp() override {
     RcPair::SetUp();
@@ -32,9 +32,10 @@ class AtomicWrite : public RcPair {
     EXPECT_TRUE(wait_qp_state(a.qp, IBV_QPS_ERR));
   }
 };
+using AtomicWrite = OverPaths<AtomicWriteBase>;
 
 // The device says so as the kernel does: IB_UVERBS_DEVICE_ATOMIC_WRITE (bit 40) in device_cap_flags_ex.
-TEST_F(AtomicWrite, DeviceReportsTheCapability) {
+TEST_P(AtomicWrite, DeviceReportsTheCapability) {
   ibv_device_attr_ex ex{};
   ASSERT_EQ(ibv_query_device_ex(dev.ctx, nullptr, &ex), 0);
   EXPECT_NE(ex.device_cap_flags_ex & (uint64_t{1} << 40), 0u);
@@ -42,7 +43,7 @@ TEST_F(AtomicWrite, DeviceReportsTheCapability) {
 
 // An RC operation only: a UC or UD QP asking for it in send_ops_flags is refused at creation, and the
 // classic post on a UC QP is refused at post time.
-TEST_F(AtomicWrite, RcOnly) {
+TEST_P(AtomicWrite, RcOnly) {
   ibv_pd* pd = ibv_alloc_pd(dev.ctx);
   ASSERT_NE(pd, nullptr);
   ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
@@ -100,7 +101,7 @@ TEST_F(AtomicWrite, RcOnly) {
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
-TEST_F(AtomicWrite, ExtendedApiWritesEightBytesAndCompletes) {
+TEST_P(AtomicWrite, ExtendedApiWritesEightBytesAndCompletes) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096);
   std::memset(remote->data, 0xEE, 64);
@@ -142,7 +143,7 @@ TEST_F(AtomicWrite, ExtendedApiWritesEightBytesAndCompletes) {
 }
 
 // The classic API: IBV_WR_ATOMIC_WRITE takes its 8 bytes from the gather list, wr.rdma names the target.
-TEST_F(AtomicWrite, PostSendTakesTheGatherList) {
+TEST_P(AtomicWrite, PostSendTakesTheGatherList) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096);
   VT_BUF(local, a, 4096);
@@ -156,7 +157,7 @@ TEST_F(AtomicWrite, PostSendTakesTheGatherList) {
   EXPECT_EQ(remote->u64(128), 0x1122334455667788ull);
 }
 
-TEST_F(AtomicWrite, MisalignedAddressIsAnInvalidRequest) {
+TEST_P(AtomicWrite, MisalignedAddressIsAnInvalidRequest) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096);
   std::memset(remote->data, 0, 64);
@@ -167,7 +168,7 @@ TEST_F(AtomicWrite, MisalignedAddressIsAnInvalidRequest) {
   EXPECT_EQ(remote->u64(8), 0u);
 }
 
-TEST_F(AtomicWrite, WrongKeyIsARemoteAccessError) {
+TEST_P(AtomicWrite, WrongKeyIsARemoteAccessError) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096);
   uint64_t value = 7;
@@ -175,7 +176,7 @@ TEST_F(AtomicWrite, WrongKeyIsARemoteAccessError) {
   expect_failure(3, IBV_WC_REM_ACCESS_ERR);
 }
 
-TEST_F(AtomicWrite, PastTheEndOfTheRegionIsARemoteAccessError) {
+TEST_P(AtomicWrite, PastTheEndOfTheRegionIsARemoteAccessError) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096);
   uint64_t value = 7;
@@ -184,7 +185,7 @@ TEST_F(AtomicWrite, PastTheEndOfTheRegionIsARemoteAccessError) {
 }
 
 // The right checked is REMOTE_WRITE, on the region and on the responder QP.
-TEST_F(AtomicWrite, RegionWithoutRemoteWriteIsARemoteAccessError) {
+TEST_P(AtomicWrite, RegionWithoutRemoteWriteIsARemoteAccessError) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
   remote->u64(0) = 1;
@@ -194,7 +195,7 @@ TEST_F(AtomicWrite, RegionWithoutRemoteWriteIsARemoteAccessError) {
   EXPECT_EQ(remote->u64(0), 1u);
 }
 
-TEST_F(AtomicWrite, QpWithoutRemoteWriteIsARemoteAccessError) {
+TEST_P(AtomicWrite, QpWithoutRemoteWriteIsARemoteAccessError) {
   conn.access = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096);
@@ -205,7 +206,7 @@ TEST_F(AtomicWrite, QpWithoutRemoteWriteIsARemoteAccessError) {
   EXPECT_EQ(remote->u64(0), 1u);
 }
 
-TEST_F(AtomicWrite, GatherListOfOtherThanEightBytesIsALocalLengthError) {
+TEST_P(AtomicWrite, GatherListOfOtherThanEightBytesIsALocalLengthError) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 4096);
   VT_BUF(local, a, 4096);
@@ -214,6 +215,9 @@ TEST_F(AtomicWrite, GatherListOfOtherThanEightBytesIsALocalLengthError) {
   ASSERT_EQ(post_send(a.qp, w), 0);
   expect_failure(7, IBV_WC_LOC_LEN_ERR);
 }
+
+// Off iWARP: it has no ATOMIC WRITE (docs/iwarp.md).
+VT_INSTANTIATE_PATHS(AtomicWrite, VT_ROCE_PATHS);
 
 }  // namespace
 }  // namespace softrdma::verbs_test

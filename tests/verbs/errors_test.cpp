@@ -10,7 +10,7 @@
 namespace softrdma::verbs_test {
 namespace {
 
-class Errors : public RcPair {
+class ErrorsBase : public RcPair {
  protected:
   // The QP is in ERR: a newly posted send and receive each complete with WR_FLUSH_ERR.
   void expect_err_and_flush(Side& s) {
@@ -43,9 +43,15 @@ class Errors : public RcPair {
     expect_err_and_flush(a);
   }
 };
+using Errors = OverPaths<ErrorsBase>;
+// Off iWARP: atomics and immediate data do not exist there, a SEND without a receive ends the
+// connection (no RNR NAK), and there is no RDMA-level acknowledgement: a SEND or WRITE completes with
+// success once its bytes are in the socket, and the responder's error reaches the requester later
+// as a Terminate (docs/iwarp.md, "Completion"), so the requester statuses below are RoCE's.
+using ErrorsRoce = Errors;
 
 // Receive buffer too small for a SEND: receiver LOC_LEN_ERR, sender REM_INV_REQ_ERR.
-TEST_F(Errors, LocLenErrOnShortReceive) {
+TEST_P(ErrorsRoce, LocLenErrOnShortReceive) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 200);
   VT_BUF(dst, b, 200);
@@ -61,7 +67,7 @@ TEST_F(Errors, LocLenErrOnShortReceive) {
   expect_err_and_flush(b);
 }
 
-TEST_F(Errors, LocProtErrWrongLkey) {
+TEST_P(Errors, LocProtErrWrongLkey) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 64);
   VT_BUF(dst, b, 64);
@@ -72,7 +78,7 @@ TEST_F(Errors, LocProtErrWrongLkey) {
   ASSERT_NO_FATAL_FAILURE(expect_requester_error(s, IBV_WC_LOC_PROT_ERR));
 }
 
-TEST_F(Errors, LocProtErrSgeOutsideMr) {
+TEST_P(Errors, LocProtErrSgeOutsideMr) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 4096);
   VT_BUF(dst, b, 8192);
@@ -84,7 +90,7 @@ TEST_F(Errors, LocProtErrSgeOutsideMr) {
   for (int i = 0; i < 8192; ++i) ASSERT_EQ(dst->data[i], 0x11) << i;
 }
 
-TEST_F(Errors, LocProtErrReadIntoMrWithoutLocalWrite) {
+TEST_P(Errors, LocProtErrReadIntoMrWithoutLocalWrite) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 256);
   VT_BUF(local, a, 256, IBV_ACCESS_REMOTE_READ);  // no LOCAL_WRITE
@@ -128,7 +134,7 @@ class LocalQpOp : public Errors {
   }
 };
 
-TEST_F(LocalQpOp, TooManySges) {
+TEST_P(LocalQpOp, TooManySges) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 4096);
   VT_BUF(dst, b, 4096);
@@ -139,14 +145,14 @@ TEST_F(LocalQpOp, TooManySges) {
   ASSERT_NO_FATAL_FAILURE(expect_refused(w));
 }
 
-TEST_F(LocalQpOp, OpcodeNotValidForRc) {
+TEST_P(LocalQpOp, OpcodeNotValidForRc) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 64);
   SendWr w(6, IBV_WR_TSO, {src->sge(0, 64)});  // TSO exists only on UD/raw packet QPs
   ASSERT_NO_FATAL_FAILURE(expect_refused(w));
 }
 
-TEST_F(LocalQpOp, InlineLargerThanMaxInline) {
+TEST_P(LocalQpOp, InlineLargerThanMaxInline) {
   ASSERT_TRUE(connect());
   std::vector<uint8_t> big(a.cap.max_inline_data + 1);
   SendWr w(7, IBV_WR_SEND, {ibv_sge{reinterpret_cast<uint64_t>(big.data()), uint32_t(big.size()), 0}},
@@ -162,8 +168,11 @@ class RemoteAccess : public Errors {
     for (size_t i = 0; i < target.len; ++i) ASSERT_EQ(target.data[i], 0x33) << "target changed at " << i;
   }
 };
+// Off iWARP: immediate data and atomics do not exist there, and a WRITE completes with success once
+// its bytes are in the socket (the remote access error comes later, as a Terminate).
+using RemoteAccessRoce = RemoteAccess;
 
-TEST_F(RemoteAccess, WrongRkey) {
+TEST_P(RemoteAccessRoce, WrongRkey) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 256);
   VT_BUF(dst, b, 256);
@@ -173,7 +182,7 @@ TEST_F(RemoteAccess, WrongRkey) {
   ASSERT_NO_FATAL_FAILURE(run(w, *dst));
 }
 
-TEST_F(RemoteAccess, WriteBeyondMrEnd) {
+TEST_P(RemoteAccessRoce, WriteBeyondMrEnd) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 256);
   VT_BUF(dst, b, 4096);
@@ -183,7 +192,7 @@ TEST_F(RemoteAccess, WriteBeyondMrEnd) {
   ASSERT_NO_FATAL_FAILURE(run(w, *dst));
 }
 
-TEST_F(RemoteAccess, ReadBeforeMrStart) {
+TEST_P(RemoteAccess, ReadBeforeMrStart) {
   ASSERT_TRUE(connect());
   VT_BUF(local, a, 256);
   VT_BUF(remote, b, 4096);
@@ -195,7 +204,7 @@ TEST_F(RemoteAccess, ReadBeforeMrStart) {
   for (int i = 0; i < 256; ++i) ASSERT_EQ(local->data[i], 0x44) << i;
 }
 
-TEST_F(RemoteAccess, WriteToMrWithoutRemoteWrite) {
+TEST_P(RemoteAccessRoce, WriteToMrWithoutRemoteWrite) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 256);
   VT_BUF(dst, b, 256, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
@@ -205,7 +214,7 @@ TEST_F(RemoteAccess, WriteToMrWithoutRemoteWrite) {
   ASSERT_NO_FATAL_FAILURE(run(w, *dst));
 }
 
-TEST_F(RemoteAccess, WriteWithImmToMrWithoutRemoteWrite) {
+TEST_P(RemoteAccessRoce, WriteWithImmToMrWithoutRemoteWrite) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 256);
   VT_BUF(dst, b, 256, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
@@ -216,7 +225,7 @@ TEST_F(RemoteAccess, WriteWithImmToMrWithoutRemoteWrite) {
   ASSERT_NO_FATAL_FAILURE(run(w, *dst));
 }
 
-TEST_F(RemoteAccess, ReadFromMrWithoutRemoteRead) {
+TEST_P(RemoteAccess, ReadFromMrWithoutRemoteRead) {
   ASSERT_TRUE(connect());
   VT_BUF(local, a, 256);
   VT_BUF(remote, b, 256, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -228,7 +237,7 @@ TEST_F(RemoteAccess, ReadFromMrWithoutRemoteRead) {
   for (int i = 0; i < 256; ++i) ASSERT_EQ(local->data[i], 0x44) << i;
 }
 
-TEST_F(RemoteAccess, AtomicOnMrWithoutRemoteAtomic) {
+TEST_P(RemoteAccessRoce, AtomicOnMrWithoutRemoteAtomic) {
   ASSERT_TRUE(connect());
   if (!atomics_supported()) GTEST_SKIP() << "device reports IBV_ATOMIC_NONE";
   VT_BUF(local, a, 64);
@@ -240,7 +249,7 @@ TEST_F(RemoteAccess, AtomicOnMrWithoutRemoteAtomic) {
 }
 
 // An rkey that is valid, but for an MR of another protection domain.
-TEST_F(RemoteAccess, RkeyOfAnotherPd) {
+TEST_P(RemoteAccessRoce, RkeyOfAnotherPd) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 256);
   // a's own PD is not b's: a WRITE arriving at b must not reach an MR of a's PD.
@@ -253,7 +262,7 @@ TEST_F(RemoteAccess, RkeyOfAnotherPd) {
 
 // Misaligned atomic: the responder answers NAK Invalid Request -- or the requester already
 // refuses the WR at post time with EINVAL (kernel rxe does that; ibv_post_send(3) allows it).
-TEST_F(Errors, RemInvReqErrMisalignedAtomic) {
+TEST_P(ErrorsRoce, RemInvReqErrMisalignedAtomic) {
   ASSERT_TRUE(connect());
   if (!atomics_supported()) GTEST_SKIP() << "device reports IBV_ATOMIC_NONE";
   VT_BUF(local, a, 64);
@@ -277,7 +286,7 @@ TEST_F(Errors, RemInvReqErrMisalignedAtomic) {
 
 // The responder cannot use its own receive WQE (bad lkey): it reports a local protection
 // error, the requester gets a Remote Operational Error NAK.
-TEST_F(Errors, RemOpErrOnBadReceiveLkey) {
+TEST_P(ErrorsRoce, RemOpErrOnBadReceiveLkey) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 64);
   VT_BUF(dst, b, 64);
@@ -305,9 +314,11 @@ class Retry : public Errors {
     conn.retry_cnt = 1;
   }
 };
+// Packets only: over iWARP TCP retransmits (no transport timer or retry count), and on the direct
+// path a peer that is gone or not ready is never reached directly: these go by packets there too.
 
 // The peer QP is destroyed after the connection was set up: nothing ever answers.
-TEST_F(Retry, RetryExcErrPeerDestroyed) {
+TEST_P(Retry, RetryExcErrPeerDestroyed) {
   ASSERT_TRUE(connect());
   b.destroy_qp();
   VT_BUF(src, a, 64);
@@ -325,7 +336,7 @@ TEST_F(Retry, RetryExcErrPeerDestroyed) {
 
 // An RDMA WRITE towards a QP number that was never connected (the peer stays in INIT,
 // which silently drops packets).
-TEST_F(Retry, RetryExcErrPeerNotReady) {
+TEST_P(Retry, RetryExcErrPeerNotReady) {
   ASSERT_TRUE(a.create(dev, qcfg));
   ASSERT_TRUE(b.create(dev, qcfg));
   ASSERT_EQ(bring_up(a.qp, a.psn, b.qpn(), b.psn, dev.gid, conn, dev.attr), 0);
@@ -343,7 +354,8 @@ TEST_F(Retry, RetryExcErrPeerNotReady) {
   expect_err_and_flush(a);
 }
 
-class Rnr : public Errors, public ::testing::WithParamInterface<int> {};
+// The direct path only (its own parameter is rnr_retry).
+class Rnr : public ErrorsBase, public ::testing::WithParamInterface<int> {};
 
 // SEND with no receive posted and a finite rnr_retry.
 TEST_P(Rnr, RnrRetryExcErr) {
@@ -365,7 +377,7 @@ TEST_P(Rnr, RnrRetryExcErr) {
 INSTANTIATE_TEST_SUITE_P(RnrRetry, Rnr, ::testing::Values(0, 1));
 
 // With rnr_retry 7 (infinite) a SEND waits until the receive shows up.
-TEST_F(Errors, RnrInfiniteRetryWaitsForReceive) {
+TEST_P(ErrorsRoce, RnrInfiniteRetryWaitsForReceive) {
   conn.min_rnr_timer = 1;
   conn.rnr_retry = 7;
   ASSERT_TRUE(connect());
@@ -385,7 +397,7 @@ TEST_F(Errors, RnrInfiniteRetryWaitsForReceive) {
 }
 
 // Moving a QP to ERR flushes every outstanding receive, in order, and later sends.
-TEST_F(Errors, WrFlushErrOnModifyToErr) {
+TEST_P(Errors, WrFlushErrOnModifyToErr) {
   ASSERT_TRUE(connect());
   VT_BUF(buf, a, 4096);
   for (int i = 0; i < 5; ++i) ASSERT_EQ(post_recv(a.qp, 300 + i, {buf->sge(i * 64, 64)}), 0);
@@ -410,7 +422,7 @@ TEST_F(Errors, WrFlushErrOnModifyToErr) {
 // Deregistering an MR while a large operation on it is in flight, then unmapping its pages at once:
 // the operation either finished first or ends with the protection error of its side, and nothing
 // touches the unmapped memory (a touch would kill the test process).
-class DeregInFlight : public RcPair {
+class DeregInFlightBase : public RcPair {
  protected:
   static constexpr size_t kLen = 24 << 20;
   struct Region {
@@ -455,22 +467,32 @@ class DeregInFlight : public RcPair {
     release(remote);
   }
 };
+using DeregInFlight = OverPaths<DeregInFlightBase>;
 
-TEST_F(DeregInFlight, TargetOfWriteDeregisteredAndUnmapped) {
+TEST_P(DeregInFlight, TargetOfWriteDeregisteredAndUnmapped) {
   run(IBV_WR_RDMA_WRITE, true, {IBV_WC_SUCCESS, IBV_WC_REM_ACCESS_ERR});
 }
 
-TEST_F(DeregInFlight, SourceOfWriteDeregisteredAndUnmapped) {
+TEST_P(DeregInFlight, SourceOfWriteDeregisteredAndUnmapped) {
   run(IBV_WR_RDMA_WRITE, false, {IBV_WC_SUCCESS, IBV_WC_LOC_PROT_ERR});
 }
 
-TEST_F(DeregInFlight, DestinationOfReadDeregisteredAndUnmapped) {
+TEST_P(DeregInFlight, DestinationOfReadDeregisteredAndUnmapped) {
   run(IBV_WR_RDMA_READ, false, {IBV_WC_SUCCESS, IBV_WC_LOC_PROT_ERR});
 }
 
-TEST_F(DeregInFlight, SourceOfReadDeregisteredAndUnmapped) {
+TEST_P(DeregInFlight, SourceOfReadDeregisteredAndUnmapped) {
   run(IBV_WR_RDMA_READ, true, {IBV_WC_SUCCESS, IBV_WC_REM_ACCESS_ERR, IBV_WC_RETRY_EXC_ERR});
 }
+
+VT_INSTANTIATE_PATHS(Errors, VT_ALL_PATHS);
+VT_INSTANTIATE_PATHS(ErrorsRoce, VT_ROCE_PATHS);
+// Off iWARP: a refused WR is followed by a WRITE whose target is checked at its completion.
+VT_INSTANTIATE_PATHS(LocalQpOp, VT_ROCE_PATHS);
+VT_INSTANTIATE_PATHS(RemoteAccess, VT_ALL_PATHS);
+VT_INSTANTIATE_PATHS(RemoteAccessRoce, VT_ROCE_PATHS);
+VT_INSTANTIATE_PATHS(Retry, Path::Packets);
+VT_INSTANTIATE_PATHS(DeregInFlight, VT_ALL_PATHS);
 
 }  // namespace
 }  // namespace softrdma::verbs_test

@@ -1,14 +1,20 @@
 #include "helpers.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+
+#include "two_process.h"       // my_counter: the stats page
+#include "verbs/private_abi.h"  // softrdma_open_device, softrdma_iwarp_attach
 
 namespace softrdma::verbs_test {
 
@@ -56,19 +62,45 @@ ibv_context* open_loopback_device() {
   return found;
 }
 
-Device::Device() {
-  ctx = open_loopback_device();
-  if (!ctx) return;
-  if (ibv_query_device(ctx, &attr) || ibv_query_port(ctx, kPort, &port) ||
-      ibv_query_gid(ctx, kPort, sgid_index(), &gid)) {
-    ibv_close_device(ctx);
-    ctx = nullptr;
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::Direct: return "direct";
+    case Path::Packets: return "packets";
+    case Path::Iwarp: return "iwarp";
   }
+  return "?";
 }
 
-Device::~Device() {
-  if (ctx) ibv_close_device(ctx);
+ibv_context* open_loopback_device(Path path) {
+  if (std::getenv("VT_DEVICE")) return path == Path::Direct ? open_loopback_device() : nullptr;
+  switch (path) {
+    case Path::Direct: return softrdma_open_device("softrdma_lo", 0);
+    case Path::Packets: return softrdma_open_device("softrdma_lo", SOFTRDMA_OPEN_PACKETS);
+    case Path::Iwarp: return softrdma_open_device("softrdma_iw_lo", SOFTRDMA_OPEN_PACKETS);
+  }
+  return nullptr;
 }
+
+Device::Device() { open(Path::Direct); }
+
+bool Device::open(Path path) {
+  close();
+  ctx = open_loopback_device(path);
+  if (!ctx) return false;
+  if (ibv_query_device(ctx, &attr) || ibv_query_port(ctx, kPort, &port) ||
+      ibv_query_gid(ctx, kPort, sgid_index(), &gid)) {
+    close();
+    return false;
+  }
+  return true;
+}
+
+void Device::close() {
+  if (ctx) ibv_close_device(ctx);
+  ctx = nullptr;
+}
+
+Device::~Device() { close(); }
 
 Buffer::Buffer(size_t len_) : len(len_) {
   // Always map at least one page so zero-length buffers still have a valid address.
@@ -402,10 +434,66 @@ ibv_comp_channel* RcPair::make_channel() {
 }
 
 void RcPair::SetUp() {
-  ASSERT_TRUE(dev.ok()) << "no device with GID[0] = ::ffff:127.0.0.1 on port 1";
+  ASSERT_TRUE(dev.open(path)) << "no loopback device for path " << path_name(path)
+                              << " (GID[0] = ::ffff:127.0.0.1 on port 1, or softrdma_iw_lo)";
+  direct_ops_ = my_counter(&core::Counters::direct_ops) + my_counter(&core::Counters::direct_fallbacks);
+  tx_packets_ = my_counter(&core::Counters::tx_packets);
+  iw_tx_fpdus_ = my_counter(&core::Counters::iw_tx_fpdus);
+}
+
+void RcPair::TearDown() {
+  if (!check_path || std::getenv("VT_DEVICE") || !dev.ok()) return;  // another provider: no stats page
+  // On the direct path an operation either goes direct or is handed to packets (a fallback: an
+  // error the peer's responder must report, a receive the direct path does not know of).
+  const uint64_t direct = my_counter(&core::Counters::direct_ops) + my_counter(&core::Counters::direct_fallbacks) -
+                          direct_ops_;
+  const uint64_t packets = my_counter(&core::Counters::tx_packets) - tx_packets_;
+  const uint64_t fpdus = my_counter(&core::Counters::iw_tx_fpdus) - iw_tx_fpdus_;
+  switch (path) {
+    case Path::Direct:
+      if (packets + fpdus > 0) {
+        EXPECT_GT(direct, 0u) << "path direct: " << packets << " packets and " << fpdus
+                              << " FPDUs sent, no direct operation or fallback";
+      }
+      break;
+    case Path::Packets:
+      EXPECT_EQ(direct, 0u) << "path packets: operations went by the direct path";
+      EXPECT_EQ(fpdus, 0u);
+      break;
+    case Path::Iwarp:
+      EXPECT_EQ(direct, 0u) << "path iwarp: operations went by the direct path";
+      EXPECT_EQ(packets, 0u) << "path iwarp: RoCE packets sent";
+      if (iw_attached_) {
+        EXPECT_GT(fpdus, 0u) << "path iwarp: no FPDU (the attach's RTR WRITE at least)";
+      }
+      break;
+  }
+}
+
+bool tcp_pair(int fds[2]) {
+  fds[0] = fds[1] = -1;
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (l < 0) return false;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  bool ok = bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 && listen(l, 1) == 0 &&
+            getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len) == 0;
+  if (ok) {
+    fds[0] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ok = fds[0] >= 0 && ::connect(fds[0], reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  }
+  if (ok) {
+    fds[1] = accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+    ok = fds[1] >= 0;
+  }
+  ::close(l);
+  return ok;
 }
 
 bool RcPair::connect() {
+  if (path == Path::Iwarp) return connect_iwarp();
   if (!a.create(dev, qcfg) || !b.create(dev, qcfg)) return false;
   int rc = bring_up(a.qp, a.psn, b.qpn(), b.psn, dev.gid, conn, dev.attr);
   if (rc) {
@@ -417,6 +505,47 @@ bool RcPair::connect() {
     ADD_FAILURE() << "bringing up QP b: " << strerror(rc);
     return false;
   }
+  return true;
+}
+
+// As librdmacm after its MPA exchange: a initiates (a zero-length WRITE first), b awaits it. No peer
+// QPN is given, so the QPs exchange FPDUs over the socket instead of taking the direct path.
+bool RcPair::connect_iwarp() {
+  QpConfig cfg = qcfg;
+  // The default ibv_wr_* set less what an iWARP QP refuses at creation (immediate data, atomics).
+  cfg.send_ops_flags &= ~uint64_t{IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                                  IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD};
+  if (!a.create(dev, cfg) || !b.create(dev, cfg)) return false;
+  for (Side* s : {&a, &b})
+    if (int rc = modify_to_init(s->qp, conn.access)) {
+      ADD_FAILURE() << "QP " << s->qpn() << " to INIT: " << strerror(rc);
+      return false;
+    }
+  int fds[2];
+  if (!tcp_pair(fds)) {
+    ADD_FAILURE() << "loopback TCP connection: " << strerror(errno);
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+    return false;
+  }
+  softrdma_iwarp_conn ca{}, cb{};
+  ca.fd = fds[0];
+  cb.fd = fds[1];
+  ca.rtr = SOFTRDMA_IW_RTR_SEND_WRITE;
+  cb.rtr = SOFTRDMA_IW_RTR_AWAIT_WRITE;
+  // ORD of one end is the IRD of the other, each clamped as modify_to_rts/rtr do.
+  ca.ord = cb.ord = std::min<uint32_t>(conn.max_rd_atomic, dev.attr.max_qp_init_rd_atom);
+  ca.ird = cb.ird = std::min<uint32_t>(conn.max_dest_rd_atomic, dev.attr.max_qp_rd_atom);
+  int rc = softrdma_iwarp_attach(b.qp, &cb);
+  if (rc == 0) rc = softrdma_iwarp_attach(a.qp, &ca);
+  // The QPs keep their own dups of the sockets.
+  ::close(fds[0]);
+  ::close(fds[1]);
+  if (rc) {
+    ADD_FAILURE() << "softrdma_iwarp_attach: " << strerror(rc);
+    return false;
+  }
+  iw_attached_ = true;
   return true;
 }
 

@@ -1,5 +1,6 @@
-// Shared fixture for the verbs test programs. Everything here uses only the public
-// <infiniband/verbs.h> API, so the tests would run unchanged on a RoCE NIC.
+// Shared fixture for the verbs test programs. Everything here uses the public <infiniband/verbs.h>
+// API, so the tests would run unchanged on a RoCE NIC, except the choice of softrdma's path (Path:
+// its device and direct path through the private ABI, verbs/private_abi.h), which $VT_DEVICE skips.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,14 +34,30 @@ std::string gid_str(const ibv_gid& g);
 // Opens the device whose port 1 GID 0 is ::ffff:127.0.0.1 (or $VT_DEVICE); nullptr if none.
 ibv_context* open_loopback_device();
 
+// The wire an RC test runs over, between two QPs of one context on the loopback:
+//  Direct   softrdma_lo, the intra-host direct path (the default; docs/direct-path.md)
+//  Packets  softrdma_lo opened without the direct path: RoCEv2 packets, as between hosts
+//  Iwarp    softrdma_iw_lo, the QPs attached over a loopback TCP connection (FPDUs; docs/iwarp.md)
+enum class Path { Direct, Packets, Iwarp };
+const char* path_name(Path p);
+inline void PrintTo(Path p, std::ostream* os) { *os << path_name(p); }  // gtest's parameter printer
+// Opens the loopback device for `path`; nullptr if none. With $VT_DEVICE (another provider) only
+// Direct applies: that device, as open_loopback_device.
+ibv_context* open_loopback_device(Path path);
+
 // Owns an opened device context (closed on destruction).
 struct Device {
   ibv_context* ctx = nullptr;
   ibv_device_attr attr{};
   ibv_port_attr port{};
   ibv_gid gid{};
-  Device();
+  Device();  // the loopback device, Path::Direct
+  struct Later {};
+  explicit Device(Later) {}  // opened by open()
   ~Device();
+  // Opens the loopback device for `path` (closing any context held); false if there is none.
+  bool open(Path path);
+  void close();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
   bool ok() const { return ctx != nullptr; }
@@ -171,10 +189,18 @@ void fill_pattern(void* p, size_t n, uint32_t seed, size_t base = 0);
 // Returns n when p[0..n) matches the pattern, otherwise the first mismatching offset.
 size_t check_pattern(const void* p, size_t n, uint32_t seed, size_t base = 0);
 
-// A connected RC pair a <-> b on the loopback device.
+// A connected loopback TCP pair: fds[0] connected to fds[1]; false (both -1 or closed) on error.
+bool tcp_pair(int fds[2]);
+
+// A connected RC pair a <-> b on the loopback device, over `path` (Path::Direct unless a subclass
+// sets it before SetUp: OverPaths below).
 class RcPair : public ::testing::Test {
  protected:
-  Device dev;
+  Path path = Path::Direct;
+  // TearDown checks that the traffic took `path` (OverPaths, or a fixture that names its path). Off
+  // for the plain default, which follows SOFTRDMA_DIRECT (tools/test.sh reruns those with it 0).
+  bool check_path = false;
+  Device dev{Device::Later{}};  // opened by SetUp, for `path`
   Side a, b;
   ConnConfig conn;
   QpConfig qcfg;
@@ -182,12 +208,46 @@ class RcPair : public ::testing::Test {
 
   ~RcPair() override;
   void SetUp() override;
+  // With check_path, checks that the traffic since SetUp took `path` (the device counters), so a
+  // parameter that silently changes nothing fails.
+  void TearDown() override;
   // A non-blocking completion channel owned by the fixture.
   ibv_comp_channel* make_channel();
   // Creates both QPs with qcfg and connects them with conn; false (with a gtest failure) on error.
+  // On Path::Iwarp: each QP to INIT, then attached to one end of a loopback TCP connection (the
+  // IB path attributes, PSNs and retry counts of conn do not exist there; its READ depths do).
   bool connect();
   bool atomics_supported() const { return dev.attr.atomic_cap != IBV_ATOMIC_NONE; }
+
+ private:
+  bool connect_iwarp();
+  uint64_t direct_ops_ = 0, tx_packets_ = 0, iw_tx_fpdus_ = 0;  // at SetUp
+  bool iw_attached_ = false;
 };
+
+// An RcPair-derived fixture run over the paths its instantiation lists (TEST_P with
+// VT_INSTANTIATE_PATHS), as UCX's UCT_INSTANTIATE_TEST_CASE runs one body over every transport.
+template <class Fixture = RcPair>
+class OverPaths : public Fixture, public ::testing::WithParamInterface<Path> {
+ protected:
+  OverPaths() {
+    this->path = this->GetParam();
+    this->check_path = true;
+  }
+};
+
+// Test names end in /direct, /packets or /iwarp.
+struct PathParamName {
+  std::string operator()(const ::testing::TestParamInfo<Path>& info) const { return path_name(info.param); }
+};
+
+// Instantiates the TEST_Ps of `suite` (an OverPaths fixture) over the paths listed, e.g.
+// VT_INSTANTIATE_PATHS(Opcodes, Path::Direct, Path::Packets, Path::Iwarp).
+#define VT_INSTANTIATE_PATHS(suite, ...) \
+  INSTANTIATE_TEST_SUITE_P(Paths, suite, ::testing::Values(__VA_ARGS__), ::softrdma::verbs_test::PathParamName())
+// Every path, and the RoCE ones (the operation or status does not exist on iWARP).
+#define VT_ALL_PATHS Path::Direct, Path::Packets, Path::Iwarp
+#define VT_ROCE_PATHS Path::Direct, Path::Packets
 
 // Registers `len` bytes on a side and fails the test (returning) when that does not work.
 #define VT_BUF(var, side, ...)        \

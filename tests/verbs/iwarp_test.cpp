@@ -62,29 +62,6 @@ ibv_context* open_named(const std::string& name) {
   return ctx;
 }
 
-// A connected loopback TCP pair: fds[0] connected to fds[1].
-bool tcp_pair(int fds[2]) {
-  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (l < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bool ok = bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(l, 1) == 0 &&
-            getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  fds[0] = fds[1] = -1;
-  if (ok) {
-    fds[0] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ok = fds[0] >= 0 && connect(fds[0], reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  }
-  if (ok) {
-    fds[1] = accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
-    ok = fds[1] >= 0;
-  }
-  close(l);
-  return ok;
-}
-
 // One end: PD, CQs and an RC QP in INIT on an iWARP context.
 struct End {
   ibv_context* ctx = nullptr;

@@ -17,12 +17,13 @@ constexpr size_t kBig = 16u << 20;  // long enough over packets to be caught mid
 constexpr int kLocalWriteOnly = IBV_ACCESS_LOCAL_WRITE;
 
 // Packets only: on the intra-host direct path a whole READ or SEND completes inside ibv_post_send.
-// The variable is read when the device opens, which RcPair's member does; this base comes first.
-struct PacketsOnly {
-  PacketsOnly() { setenv("SOFTRDMA_DIRECT", "0", 1); }
-  ~PacketsOnly() { unsetenv("SOFTRDMA_DIRECT"); }
+class MrOverlap : public RcPair {
+ protected:
+  MrOverlap() {
+    path = Path::Packets;
+    check_path = true;
+  }
 };
-class MrOverlap : private PacketsOnly, public RcPair {};
 
 // Waits until the first page of p holds the pattern: the transfer has started, and is not done.
 bool wait_first_page(const uint8_t* p, uint32_t seed) {

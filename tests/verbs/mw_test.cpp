@@ -25,7 +25,7 @@ struct MwDeleter {
 };
 using MwPtr = std::unique_ptr<ibv_mw, MwDeleter>;
 
-class Mw : public RcPair {
+class MwBase : public RcPair {
  protected:
   void SetUp() override {
     RcPair::SetUp();
@@ -105,14 +105,15 @@ class Mw : public RcPair {
   }
   static std::vector<uint8_t> snapshot(const Buffer& buf) { return {buf.data, buf.data + buf.len}; }
 };
+using Mw = OverPaths<MwBase>;
 
-TEST_F(Mw, DeviceReportsWindows) {
+TEST_P(Mw, DeviceReportsWindows) {
   EXPECT_TRUE(dev.attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW);
   EXPECT_TRUE(dev.attr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B));
   EXPECT_GT(dev.attr.max_mw, 0);
 }
 
-TEST_F(Mw, AllocAndDeallocBothTypes) {
+TEST_P(Mw, AllocAndDeallocBothTypes) {
   ASSERT_TRUE(connect());
   ibv_mw* m1 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_1);
   ibv_mw* m2 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2);
@@ -132,7 +133,7 @@ TEST_F(Mw, AllocAndDeallocBothTypes) {
 }
 
 // Type 1: WRITE, READ and ATOMIC through the window reach exactly the window's bytes.
-TEST_F(Mw, Type1WriteReadAtomicInsideWindow) {
+TEST_P(Mw, Type1WriteReadAtomicInsideWindow) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -173,7 +174,7 @@ TEST_F(Mw, Type1WriteReadAtomicInsideWindow) {
   EXPECT_EQ(check_pattern(dst->data, 16, 5), 16u);
 }
 
-TEST_F(Mw, Type1WriteCrossingWindowEndIsRejected) {
+TEST_P(Mw, Type1WriteCrossingWindowEndIsRejected) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -188,7 +189,7 @@ TEST_F(Mw, Type1WriteCrossingWindowEndIsRejected) {
   expect_rejected(write(*src, 16, dst->addr(kWinOff + kWinLen - 8), mw->rkey), *dst, before);
 }
 
-TEST_F(Mw, Type1WriteBeforeWindowIsRejected) {
+TEST_P(Mw, Type1WriteBeforeWindowIsRejected) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -201,7 +202,7 @@ TEST_F(Mw, Type1WriteBeforeWindowIsRejected) {
   expect_rejected(write(*src, 8, dst->addr(kWinOff - 8), mw->rkey), *dst, before);
 }
 
-TEST_F(Mw, Type1ReadOutsideWindowIsRejected) {
+TEST_P(Mw, Type1ReadOutsideWindowIsRejected) {
   ASSERT_TRUE(connect());
   VT_BUF(back, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -215,7 +216,7 @@ TEST_F(Mw, Type1ReadOutsideWindowIsRejected) {
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(back->data[i], 0x5A) << "offset " << i;
 }
 
-TEST_F(Mw, WindowWithoutRemoteWriteRejectsWrite) {
+TEST_P(Mw, WindowWithoutRemoteWriteRejectsWrite) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -233,7 +234,7 @@ TEST_F(Mw, WindowWithoutRemoteWriteRejectsWrite) {
   expect_rejected(write(*src, 64, dst->addr(kWinOff), mw->rkey), *dst, before);
 }
 
-TEST_F(Mw, WindowWithoutAtomicRejectsAtomic) {
+TEST_P(Mw, WindowWithoutAtomicRejectsAtomic) {
   ASSERT_TRUE(connect());
   if (!atomics_supported()) GTEST_SKIP() << "no atomics";
   VT_BUF(back, a, 64);
@@ -250,7 +251,7 @@ TEST_F(Mw, WindowWithoutAtomicRejectsAtomic) {
   expect_rejected(run(cs), *dst, before);
 }
 
-TEST_F(Mw, RebindChangesKeyAndOldKeyFails) {
+TEST_P(Mw, RebindChangesKeyAndOldKeyFails) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -273,7 +274,7 @@ TEST_F(Mw, RebindChangesKeyAndOldKeyFails) {
   expect_rejected(write(*src, 128, dst->addr(0), first), *dst, before);
 }
 
-TEST_F(Mw, Type1ZeroLengthBindUnbinds) {
+TEST_P(Mw, Type1ZeroLengthBindUnbinds) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -294,7 +295,7 @@ TEST_F(Mw, Type1ZeroLengthBindUnbinds) {
   dst->mr = nullptr;
 }
 
-TEST_F(Mw, DeregOfMrWithBoundWindowIsBusyAndDeallocInvalidates) {
+TEST_P(Mw, DeregOfMrWithBoundWindowIsBusyAndDeallocInvalidates) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -316,7 +317,7 @@ TEST_F(Mw, DeregOfMrWithBoundWindowIsBusyAndDeallocInvalidates) {
   dst->mr = nullptr;
 }
 
-TEST_F(Mw, BindToMrWithoutMwBindAccessFails) {
+TEST_P(Mw, BindToMrWithoutMwBindAccessFails) {
   ASSERT_TRUE(connect());
   VT_BUF(dst, b, kLen, kAllAccess);  // no IBV_ACCESS_MW_BIND
   MwPtr win = alloc(b.pd, IBV_MW_TYPE_1);
@@ -330,7 +331,7 @@ TEST_F(Mw, BindToMrWithoutMwBindAccessFails) {
 }
 
 // C10-74: a window granting remote write needs an MR with local write.
-TEST_F(Mw, WritableWindowOnReadOnlyMrFails) {
+TEST_P(Mw, WritableWindowOnReadOnlyMrFails) {
   ASSERT_TRUE(connect());
   VT_BUF(dst, b, kLen, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND);
   MwPtr win = alloc(b.pd, IBV_MW_TYPE_1);
@@ -339,7 +340,7 @@ TEST_F(Mw, WritableWindowOnReadOnlyMrFails) {
   EXPECT_EQ(bind1(mw, dst->mr, dst->addr(kWinOff), kWinLen, IBV_ACCESS_REMOTE_WRITE), IBV_WC_MW_BIND_ERR);
 }
 
-TEST_F(Mw, ReadOnlyWindowOnReadOnlyMrBinds) {
+TEST_P(Mw, ReadOnlyWindowOnReadOnlyMrBinds) {
   ASSERT_TRUE(connect());
   VT_BUF(dst, b, kLen, IBV_ACCESS_MW_BIND);  // the MR grants no remote access itself
   MwPtr win = alloc(b.pd, IBV_MW_TYPE_1);
@@ -352,7 +353,7 @@ TEST_F(Mw, ReadOnlyWindowOnReadOnlyMrBinds) {
   EXPECT_EQ(check_pattern(back->data, kWinLen, 18, kWinOff), kWinLen);
 }
 
-TEST_F(Mw, BindBeyondMrFails) {
+TEST_P(Mw, BindBeyondMrFails) {
   ASSERT_TRUE(connect());
   VT_BUF(dst, b, kLen, kMrAccess);
   MwPtr win = alloc(b.pd, IBV_MW_TYPE_1);
@@ -361,7 +362,7 @@ TEST_F(Mw, BindBeyondMrFails) {
   EXPECT_EQ(bind1(mw, dst->mr, dst->addr(kLen - 100), 200, IBV_ACCESS_REMOTE_READ), IBV_WC_MW_BIND_ERR);
 }
 
-TEST_F(Mw, Type1BindWithMrOfOtherPdIsRefused) {
+TEST_P(Mw, Type1BindWithMrOfOtherPdIsRefused) {
   ASSERT_TRUE(connect());
   VT_BUF(dst, a, kLen, kMrAccess);  // a's PD
   MwPtr win = alloc(b.pd, IBV_MW_TYPE_1);
@@ -377,7 +378,7 @@ TEST_F(Mw, Type1BindWithMrOfOtherPdIsRefused) {
 
 // A bind WR is ordered before the SEND that follows it on the same QP (ibv_bind_mw(3) NOTES): the
 // peer may use the key as soon as the SEND carrying it arrives.
-TEST_F(Mw, KeySentAfterBindIsUsable) {
+TEST_P(Mw, KeySentAfterBindIsUsable) {
   ASSERT_TRUE(connect());
   VT_BUF(dst, b, kLen, kMrAccess);
   VT_BUF(msg, b, 64);
@@ -408,7 +409,7 @@ TEST_F(Mw, KeySentAfterBindIsUsable) {
   EXPECT_EQ(drain_cq(b.scq), 0);  // the unsignaled bind made none
 }
 
-TEST_F(Mw, Type2BindByPostSendThenLocalInvalidate) {
+TEST_P(Mw, Type2BindByPostSendThenLocalInvalidate) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -441,7 +442,7 @@ TEST_F(Mw, Type2BindByPostSendThenLocalInvalidate) {
   dst->mr = nullptr;
 }
 
-TEST_F(Mw, Type2RebindAfterInvalidateWithNewKey) {
+TEST_P(Mw, Type2RebindAfterInvalidateWithNewKey) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -465,7 +466,7 @@ TEST_F(Mw, Type2RebindAfterInvalidateWithNewKey) {
 }
 
 // o10-37.2.30: a type 2 window must be invalidated before it is bound again.
-TEST_F(Mw, Type2BindWhileBoundFails) {
+TEST_P(Mw, Type2BindWhileBoundFails) {
   ASSERT_TRUE(connect());
   VT_BUF(dst, b, kLen, kMrAccess);
   MwPtr win = alloc(b.pd, IBV_MW_TYPE_2);
@@ -478,7 +479,7 @@ TEST_F(Mw, Type2BindWhileBoundFails) {
   EXPECT_TRUE(wait_qp_state(b.qp, IBV_QPS_ERR));
 }
 
-TEST_F(Mw, Type2ZeroBasedWindowTakesOffsets) {
+TEST_P(Mw, Type2ZeroBasedWindowTakesOffsets) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -497,7 +498,7 @@ TEST_F(Mw, Type2ZeroBasedWindowTakesOffsets) {
 }
 
 // C10-72: a type 2 window is bound through a QP of its own PD.
-TEST_F(Mw, Type2BindOnQpOfOtherPdFails) {
+TEST_P(Mw, Type2BindOnQpOfOtherPdFails) {
   ASSERT_TRUE(connect());
   ibv_pd* pd2 = ibv_alloc_pd(dev.ctx);
   ASSERT_NE(pd2, nullptr);
@@ -514,7 +515,7 @@ TEST_F(Mw, Type2BindOnQpOfOtherPdFails) {
   EXPECT_EQ(ibv_dealloc_pd(pd2), 0);
 }
 
-TEST_F(Mw, Type2ZeroLengthBindFails) {
+TEST_P(Mw, Type2ZeroLengthBindFails) {
   ASSERT_TRUE(connect());
   VT_BUF(dst, b, kLen, kMrAccess);
   MwPtr win = alloc(b.pd, IBV_MW_TYPE_2);
@@ -524,7 +525,7 @@ TEST_F(Mw, Type2ZeroLengthBindFails) {
             IBV_WC_MW_BIND_ERR);
 }
 
-TEST_F(Mw, LocalInvalidateOfType1WindowFails) {
+TEST_P(Mw, LocalInvalidateOfType1WindowFails) {
   ASSERT_TRUE(connect());
   VT_BUF(dst, b, kLen, kMrAccess);
   MwPtr win = alloc(b.pd, IBV_MW_TYPE_1);
@@ -547,7 +548,7 @@ TEST_F(Mw, LocalInvalidateOfType1WindowFails) {
 
 // A type 2 window is associated with the QP that bound it (type 2B: QP and PD); a type 1 window with
 // its PD only. b2 is a second QP in b's PD, connected to a2 in a's PD.
-TEST_F(Mw, Type2WindowIsUsableOnlyThroughItsQp) {
+TEST_P(Mw, Type2WindowIsUsableOnlyThroughItsQp) {
   ASSERT_TRUE(connect());
   struct ExtraQp {
     ibv_qp* qp = nullptr;
@@ -614,7 +615,7 @@ class MwEx : public Mw {
   }
 };
 
-TEST_F(MwEx, Type2BindAndInvalidateThroughWrApi) {
+TEST_P(MwEx, Type2BindAndInvalidateThroughWrApi) {
   ASSERT_TRUE(connect());
   ASSERT_NE(b.qpx, nullptr);
   VT_BUF(src, a, kLen);
@@ -652,7 +653,7 @@ TEST_F(MwEx, Type2BindAndInvalidateThroughWrApi) {
 
 // Remote invalidation: a SEND_WITH_INV naming the window's key invalidates it at the receiver,
 // whose receive completion carries IBV_WC_WITH_INV and the key.
-TEST_F(Mw, SendWithInvalidateInvalidatesType2Window) {
+TEST_P(Mw, SendWithInvalidateInvalidatesType2Window) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -686,7 +687,7 @@ TEST_F(Mw, SendWithInvalidateInvalidatesType2Window) {
 }
 
 // Only a type 2 window can be invalidated remotely: naming an MR's rkey is an invalid request.
-TEST_F(Mw, SendWithInvalidateOfMrKeyIsInvalidRequest) {
+TEST_P(Mw, SendWithInvalidateOfMrKeyIsInvalidRequest) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 256);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -706,7 +707,7 @@ TEST_F(Mw, SendWithInvalidateOfMrKeyIsInvalidRequest) {
 
 // ibv_mw_bind_info.mw_access_flags may carry IBV_ACCESS_LOCAL_WRITE (rdma-core's tests pass
 // REMOTE_WRITE | LOCAL_WRITE): it is accepted and grants nothing of its own. Both types.
-TEST_F(Mw, LocalWriteInWindowAccessIsAccepted) {
+TEST_P(Mw, LocalWriteInWindowAccessIsAccepted) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
@@ -726,7 +727,7 @@ TEST_F(Mw, LocalWriteInWindowAccessIsAccepted) {
 
 // A window bound with LOCAL_WRITE alone grants no remote access, even over an MR that grants remote
 // write itself (rdma-core's test_qp_ex_rc_bind_mw).
-TEST_F(Mw, WindowWithOnlyLocalWriteGrantsNoRemoteAccess) {
+TEST_P(Mw, WindowWithOnlyLocalWriteGrantsNoRemoteAccess) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND);
@@ -740,7 +741,7 @@ TEST_F(Mw, WindowWithOnlyLocalWriteGrantsNoRemoteAccess) {
 }
 
 // IBTA does not ask for a new key tag at each bind: after an invalidation the same key binds again.
-TEST_F(Mw, Type2RebindWithTheSameKeyAfterInvalidate) {
+TEST_P(Mw, Type2RebindWithTheSameKeyAfterInvalidate) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -768,7 +769,7 @@ TEST_F(Mw, Type2RebindWithTheSameKeyAfterInvalidate) {
 }
 
 // Deallocating a bound type 2 window invalidates it (ibv_dealloc_mw(3)); its MR is free again.
-TEST_F(Mw, Type2DeallocWhileBoundInvalidates) {
+TEST_P(Mw, Type2DeallocWhileBoundInvalidates) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -790,7 +791,7 @@ TEST_F(Mw, Type2DeallocWhileBoundInvalidates) {
 // softrdma refuses to re-register an MR while windows are bound to it (as it refuses to deregister
 // it): the windows would cover pages, rights or a PD the MR no longer has. The MR and the window are
 // then unchanged. (What hardware does here varies; on another device the test only reports it.)
-TEST_F(Mw, ReregOfMrWithBoundWindowIsRefused) {
+TEST_P(Mw, ReregOfMrWithBoundWindowIsRefused) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, kLen);
   VT_BUF(dst, b, kLen, kMrAccess);
@@ -912,6 +913,10 @@ TEST_F(MwTwoContexts, AccessOutsideTheWindowIsRefused) {
   EXPECT_EQ(run(a.qp, a.scq, w), IBV_WC_REM_ACCESS_ERR);
   EXPECT_EQ(check_pattern(dst->data, kLen, 93), kLen);
 }
+
+// Off iWARP: an iWARP device has no memory windows (docs/iwarp.md; max_mw 0).
+VT_INSTANTIATE_PATHS(Mw, VT_ROCE_PATHS);
+VT_INSTANTIATE_PATHS(MwEx, VT_ROCE_PATHS);
 
 }  // namespace
 }  // namespace softrdma::verbs_test

@@ -6,9 +6,14 @@
 namespace softrdma::verbs_test {
 namespace {
 
-using Opcodes = RcPair;
+using Opcodes = OverPaths<>;
+// Off iWARP: immediate data, atomics and READs into more than one SGE do not exist there
+// (docs/iwarp.md: an iWARP QP refuses them at post_send); and a WRITE completes there once its
+// bytes are in the socket, not once placed (docs/iwarp.md, "Completion"), so a check of the target
+// right after the WRITE's own completion does not hold.
+using OpcodesRoce = OverPaths<>;
 
-TEST_F(Opcodes, Send) {
+TEST_P(Opcodes, Send) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 3000);
   VT_BUF(dst, b, 4096);
@@ -24,7 +29,7 @@ TEST_F(Opcodes, Send) {
   EXPECT_EQ(check_pattern(dst->data, 3000, 1), 3000u);
 }
 
-TEST_F(Opcodes, SendWithImm) {
+TEST_P(OpcodesRoce, SendWithImm) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 100);
   VT_BUF(dst, b, 100);
@@ -41,7 +46,7 @@ TEST_F(Opcodes, SendWithImm) {
   EXPECT_EQ(check_pattern(dst->data, 100, 2), 100u);
 }
 
-TEST_F(Opcodes, RdmaWrite) {
+TEST_P(OpcodesRoce, RdmaWrite) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 5000);
   VT_BUF(dst, b, 8192);
@@ -61,7 +66,7 @@ TEST_F(Opcodes, RdmaWrite) {
   EXPECT_EQ(drain_cq(b.rcq), 0);
 }
 
-TEST_F(Opcodes, RdmaWriteWithImm) {
+TEST_P(OpcodesRoce, RdmaWriteWithImm) {
   ASSERT_TRUE(connect());
   VT_BUF(src, a, 2500);
   VT_BUF(dst, b, 4096);
@@ -79,7 +84,7 @@ TEST_F(Opcodes, RdmaWriteWithImm) {
   EXPECT_EQ(check_pattern(dst->data, 2500, 4), 2500u);
 }
 
-TEST_F(Opcodes, RdmaRead) {
+TEST_P(Opcodes, RdmaRead) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, 6000);
   VT_BUF(local, a, 6000);
@@ -94,7 +99,7 @@ TEST_F(Opcodes, RdmaRead) {
   EXPECT_EQ(drain_cq(b.rcq), 0);
 }
 
-TEST_F(Opcodes, AtomicCompareAndSwapSuccessAndFailure) {
+TEST_P(OpcodesRoce, AtomicCompareAndSwapSuccessAndFailure) {
   ASSERT_TRUE(connect());
   if (!atomics_supported()) GTEST_SKIP() << "device reports IBV_ATOMIC_NONE";
   VT_BUF(remote, b, 64);
@@ -121,7 +126,7 @@ TEST_F(Opcodes, AtomicCompareAndSwapSuccessAndFailure) {
   EXPECT_EQ(remote->u64(16), 0u);
 }
 
-TEST_F(Opcodes, AtomicFetchAndAdd) {
+TEST_P(OpcodesRoce, AtomicFetchAndAdd) {
   ASSERT_TRUE(connect());
   if (!atomics_supported()) GTEST_SKIP() << "device reports IBV_ATOMIC_NONE";
   VT_BUF(remote, b, 64);
@@ -147,7 +152,7 @@ TEST_F(Opcodes, AtomicFetchAndAdd) {
 }
 
 // Atomics on one word execute in order: each returns the previous one's result.
-TEST_F(Opcodes, ManyFetchAndAddInOrder) {
+TEST_P(OpcodesRoce, ManyFetchAndAddInOrder) {
   ASSERT_TRUE(connect());
   if (!atomics_supported()) GTEST_SKIP() << "device reports IBV_ATOMIC_NONE";
   constexpr int kN = 50;
@@ -167,7 +172,7 @@ TEST_F(Opcodes, ManyFetchAndAddInOrder) {
   EXPECT_EQ(remote->u64(0), uint64_t(3 * kN));
 }
 
-TEST_F(Opcodes, InlineSendAndWriteUpToMaxInline) {
+TEST_P(OpcodesRoce, InlineSendAndWriteUpToMaxInline) {
   qcfg.max_inline_data = 128;
   ASSERT_TRUE(connect());
   const uint32_t n = a.cap.max_inline_data;
@@ -198,7 +203,7 @@ TEST_F(Opcodes, InlineSendAndWriteUpToMaxInline) {
 }
 
 // Three gather SGEs on the sender, four scatter SGEs of other sizes on the receiver.
-TEST_F(Opcodes, SgeListsGatherAndScatter) {
+TEST_P(OpcodesRoce, SgeListsGatherAndScatter) {
   ASSERT_TRUE(connect());
   VT_BUF(s1, a, 8192);
   VT_BUF(s2, a, 4096);
@@ -246,7 +251,7 @@ TEST_F(Opcodes, SgeListsGatherAndScatter) {
   EXPECT_EQ(check_pattern(back->data + 4000, total - 2001, 9, 2001), total - 2001);
 }
 
-TEST_F(Opcodes, ZeroLengthSendWriteRead) {
+TEST_P(OpcodesRoce, ZeroLengthSendWriteRead) {
   ASSERT_TRUE(connect());
   VT_BUF(buf, b, 64);
   VT_BUF(local, a, 64);
@@ -283,7 +288,7 @@ TEST_F(Opcodes, ZeroLengthSendWriteRead) {
 
 // A zero-length WRITE or READ touches no memory, so its R_Key and VA are not checked (hardware and rxe
 // accept R_Key 0 there; UCX's rc_verbs flushes an endpoint with such a WRITE). The QP stays usable.
-TEST_F(Opcodes, ZeroLengthWriteAndReadIgnoreTheKey) {
+TEST_P(OpcodesRoce, ZeroLengthWriteAndReadIgnoreTheKey) {
   ASSERT_TRUE(connect());
   VT_BUF(buf, b, 64);
   fill_pattern(buf->data, 64, 7);
@@ -317,7 +322,7 @@ TEST_F(Opcodes, ZeroLengthWriteAndReadIgnoreTheKey) {
 }
 
 // 65 MiB WRITE, READ and SEND: more than 2^24 bytes, every byte checked.
-TEST_F(Opcodes, LargeMessages65MiB) {
+TEST_P(OpcodesRoce, LargeMessages65MiB) {
   constexpr size_t kLen = 65u << 20;
   ASSERT_TRUE(connect());
   if (dev.port.max_msg_sz < kLen) GTEST_SKIP() << "max_msg_sz " << dev.port.max_msg_sz;
@@ -402,6 +407,9 @@ INSTANTIATE_TEST_SUITE_P(AllMtus, PathMtu,
                          [](const ::testing::TestParamInfo<ibv_mtu>& i) {
                            return "mtu" + std::to_string(128u << i.param);
                          });
+
+VT_INSTANTIATE_PATHS(Opcodes, VT_ALL_PATHS);
+VT_INSTANTIATE_PATHS(OpcodesRoce, VT_ROCE_PATHS);
 
 }  // namespace
 }  // namespace softrdma::verbs_test

@@ -9,7 +9,7 @@
 namespace softrdma::verbs_test {
 namespace {
 
-class QpState : public RcPair {
+class QpStateBase : public RcPair {
  protected:
   ibv_qp_attr init_attr() {
     ibv_qp_attr a{};
@@ -51,8 +51,9 @@ class QpState : public RcPair {
                                   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
   int modify(ibv_qp_attr a, int mask) { return ibv_modify_qp(this->a.qp, &a, mask); }
 };
+using QpState = OverPaths<QpStateBase>;
 
-TEST_F(QpState, IllegalTransitionsAndMasksReturnEinval) {
+TEST_P(QpState, IllegalTransitionsAndMasksReturnEinval) {
   ASSERT_TRUE(a.create(dev, qcfg));
   ASSERT_TRUE(b.create(dev, qcfg));
   EXPECT_EQ(qp_state(a.qp), IBV_QPS_RESET);
@@ -131,7 +132,7 @@ TEST_F(QpState, IllegalTransitionsAndMasksReturnEinval) {
   ASSERT_EQ(modify(err, IBV_QP_STATE), 0) << "RESET -> ERR";
 }
 
-TEST_F(QpState, QueryReturnsWhatWasSet) {
+TEST_P(QpState, QueryReturnsWhatWasSet) {
   conn.path_mtu = IBV_MTU_2048;
   conn.timeout = 13;
   conn.retry_cnt = 5;
@@ -186,7 +187,7 @@ TEST_F(QpState, QueryReturnsWhatWasSet) {
   EXPECT_EQ(q.sq_psn, b.psn);
 }
 
-TEST_F(QpState, PostInWrongStateFails) {
+TEST_P(QpState, PostInWrongStateFails) {
   ASSERT_TRUE(a.create(dev, qcfg));
   ASSERT_TRUE(b.create(dev, qcfg));
   VT_BUF(src, a, 64);
@@ -221,7 +222,7 @@ TEST_F(QpState, PostInWrongStateFails) {
 }
 
 // ERR -> RESET -> reconnect with fresh PSNs: the QP is fully usable again.
-TEST_F(QpState, RecoverThroughReset) {
+TEST_P(QpState, RecoverThroughReset) {
   ASSERT_TRUE(connect());
   ibv_qp_attr s{};
   s.qp_state = IBV_QPS_ERR;
@@ -250,7 +251,7 @@ TEST_F(QpState, RecoverThroughReset) {
   EXPECT_EQ(check_pattern(dst->data, 1000, 92), 1000u);
 }
 
-TEST_F(QpState, CreateBeyondDeviceLimitsFails) {
+TEST_P(QpState, CreateBeyondDeviceLimitsFails) {
   ASSERT_TRUE(a.create(dev, qcfg));  // for PD and CQs
   auto try_create = [&](ibv_qp_cap cap) {
     ibv_qp_init_attr ia{};
@@ -280,6 +281,9 @@ TEST_F(QpState, CreateBeyondDeviceLimitsFails) {
   c.max_inline_data = 1u << 30;
   EXPECT_FALSE(try_create(c)) << "1 GiB of inline data";
 }
+
+// Off iWARP: RTR and RTS come from its connection only, with no PSNs or IB path (docs/iwarp.md).
+VT_INSTANTIATE_PATHS(QpState, VT_ROCE_PATHS);
 
 }  // namespace
 }  // namespace softrdma::verbs_test
