@@ -403,31 +403,39 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
     return;
   }
   auto it = qps_.find(pkt.bth.dest_qp);
-  if (it == qps_.end() && local_port == wire::kRoceUdpPort && roce_port_) {
-    // From another host, for a QP of another process here: hand it over (docs/architecture.md,
-    // "Devices and addressing").
-    auto ep = net::Registry::instance().lookup(pkt.bth.dest_qp);
-    if (ep && ep->ip_be == iface_.ip_be && ep->port != port_->port() && len <= kMaxDatagram - kForwardTrailerLen) {
-      // The original source address travels in a trailer after the ICRC.
-      uint8_t fwd[kMaxDatagram];
-      std::memcpy(fwd, data, len);
-      std::memcpy(fwd + len, &peer_ip, 4);
-      fwd[len + 4] = static_cast<uint8_t>(peer_port >> 8);
-      fwd[len + 5] = static_cast<uint8_t>(peer_port);
-      fwd[len + 6] = static_cast<uint8_t>(ident.ip_id >> 8);
-      fwd[len + 7] = static_cast<uint8_t>(ident.ip_id);
-      fwd[len + 8] = ident.ip_flags;
-      std::memcpy(fwd + len + 9, kForwardMagic, 4);
-      roce_port_->send(fwd, len + kForwardTrailerLen, ep->ip_be, ep->port);
-      count(nullptr, &core::Counters::forwarded);
-      return;
-    }
-  }
+  if (it == qps_.end() && local_port == wire::kRoceUdpPort && roce_port_ &&
+      forward_to_owner(data, len, pkt.bth.dest_qp, peer_ip, peer_port, ident))
+    return;
   if (it == qps_.end()) {
     count(nullptr, &core::Counters::drop_unknown_qp);
     return;
   }
-  Qp& qp = *it->second;
+  deliver(*it->second, pkt, peer_ip, peer_port, len);
+}
+
+bool Engine::forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_qpn, uint32_t peer_ip,
+                              uint16_t peer_port, const wire::IpIdent& ident) {
+  // From another host, for a QP of another process here: hand it over (docs/architecture.md,
+  // "Devices and addressing").
+  auto ep = net::Registry::instance().lookup(dest_qpn);
+  if (!ep || ep->ip_be != iface_.ip_be || ep->port == port_->port() || len > kMaxDatagram - kForwardTrailerLen)
+    return false;
+  // The original source address travels in a trailer after the ICRC.
+  uint8_t fwd[kMaxDatagram];
+  std::memcpy(fwd, data, len);
+  std::memcpy(fwd + len, &peer_ip, 4);
+  fwd[len + 4] = static_cast<uint8_t>(peer_port >> 8);
+  fwd[len + 5] = static_cast<uint8_t>(peer_port);
+  fwd[len + 6] = static_cast<uint8_t>(ident.ip_id >> 8);
+  fwd[len + 7] = static_cast<uint8_t>(ident.ip_id);
+  fwd[len + 8] = ident.ip_flags;
+  std::memcpy(fwd + len + 9, kForwardMagic, 4);
+  roce_port_->send(fwd, len + kForwardTrailerLen, ep->ip_be, ep->port);
+  count(nullptr, &core::Counters::forwarded);
+  return true;
+}
+
+void Engine::deliver(Qp& qp, wire::Packet& pkt, uint32_t peer_ip, uint16_t peer_port, uint32_t len) {
   // From here on the packet is this QP's: count it in the QP's set too.
   if (qp.stats) {
     ++qp.stats->rx_packets;

@@ -222,6 +222,13 @@ class Engine {
   void receive_from(net::PacketPort& port, bool& did);
   void handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
                      uint16_t local_port, uint32_t segment = 0);
+  // A datagram for a QP of another process of this host, arrived at 4791 from another host: handed to
+  // that process with its original source in a trailer; false when no such process here takes it.
+  bool forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_qpn, uint32_t peer_ip, uint16_t peer_port,
+                        const wire::IpIdent& ident);
+  // A packet for one of our QPs, past the port's checks: the QP's own (service class, XRC direction,
+  // source address, state), then to its completer, responder, or UD/UC receive.
+  void deliver(Qp& qp, wire::Packet& pkt, uint32_t peer_ip, uint16_t peer_port, uint32_t len);
   // gsi.cpp: a datagram for QP1 (CM MADs): routed to the process it belongs to.
   void handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port);
   // The ICRC check of a datagram as the socket saw it (icrc_gate.h); counts what it drops.
