@@ -27,6 +27,19 @@ void scatter(SqEntry& e, uint64_t off, const uint8_t* src, uint32_t len) {
     return true;
   });
 }
+
+// The started request whose PSN range holds psn (a READ response or ATOMIC acknowledge answers it),
+// searched from the oldest WQE up to the send index; null when none.
+SqEntry* answered_request(Qp& qp, uint32_t psn) {
+  for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i <= qp.req.send_index; ++i) {
+    if (i >= qp.sq.head.load(std::memory_order_acquire)) break;
+    SqEntry& e = qp.sq.at(i);
+    if (!e.started) break;
+    int32_t d = wire::psn_diff(psn, e.first_psn);
+    if (d >= 0 && d < static_cast<int32_t>(e.npkts)) return &e;
+  }
+  return nullptr;
+}
 }  // namespace
 
 void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
@@ -189,13 +202,14 @@ void Engine::check_timers(Qp& qp, uint64_t now) {
   arm_retransmit_timer(qp, now);
 }
 
-void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
+// A response to a PSN never sent or already fully acknowledged, or a NAK for a PSN before the oldest
+// outstanding request: counted and dropped (false).
+bool Engine::completer_check_psn(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info) {
   uint32_t psn = pkt.bth.psn;
-  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   // A response to a PSN never sent, or already fully acknowledged, is stale: ignore it.
   if (wire::psn_diff(psn, qp.req.next_psn) >= 0) {
     count(&qp, &core::Counters::drop_stale_response);
-    return;
+    return false;
   }
   // A NAK names a PSN of a request still outstanding: from the oldest incomplete WQE on. One for an
   // older PSN (nothing outstanding at all included) is a ghost, a delayed duplicate or a forgery, and
@@ -205,145 +219,178 @@ void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
     if (t == qp.sq.head.load(std::memory_order_acquire) || !qp.sq.at(t).started ||
         wire::psn_diff(psn, qp.sq.at(t).first_psn) < 0) {
       count(&qp, &core::Counters::drop_stale_response);
-      return;
+      return false;
     }
   }
-  const uint64_t now = this->now();
-  if (info.kind == wire::OpKind::Ack) {
-    switch (wire::aeth_type(pkt.aeth.syndrome)) {
-      case wire::AethType::Ack: {
-        acknowledge_before(qp, wire::psn_add(psn, 1));
-        // The responder answers in PSN order: an ACK beyond a READ whose data has not all arrived
-        // means the rest of its responses were lost.
-        uint64_t t = qp.sq.tail.load(std::memory_order_relaxed);
-        if (t < qp.sq.head.load(std::memory_order_acquire)) {
-          SqEntry& first = qp.sq.at(t);
-          if (first.started && !first.acked && is_read(first) && wire::psn_diff(psn, last_psn(first)) > 0)
-            reissue_read(qp, first);
-        }
-        break;
+  return true;
+}
+
+// An ACK, RNR NAK or NAK (AETH): true when the completer goes on to complete WQEs and re-arm the timer.
+bool Engine::completer_check_ack(Qp& qp, const wire::Packet& pkt, uint64_t now) {
+  uint32_t psn = pkt.bth.psn;
+  switch (wire::aeth_type(pkt.aeth.syndrome)) {
+    case wire::AethType::Ack: {
+      acknowledge_before(qp, wire::psn_add(psn, 1));
+      // The responder answers in PSN order: an ACK beyond a READ whose data has not all arrived
+      // means the rest of its responses were lost.
+      uint64_t t = qp.sq.tail.load(std::memory_order_relaxed);
+      if (t < qp.sq.head.load(std::memory_order_acquire)) {
+        SqEntry& first = qp.sq.at(t);
+        if (first.started && !first.acked && is_read(first) && wire::psn_diff(psn, last_psn(first)) > 0)
+          reissue_read(qp, first);
       }
-      case wire::AethType::RnrNak: {
-        count(&qp, &core::Counters::rnr_naks_rcvd);
-        acknowledge_before(qp, psn);
-        complete_in_order(qp);
-        if (qp.rnr_retry != 7) {
-          if (qp.comp.rnr_retries_left == 0) {
-            count(&qp, &core::Counters::rnr_retry_exceeded);
-            requester_error(qp, WcStatus::RnrRetryExcErr);
-            return;
-          }
-          --qp.comp.rnr_retries_left;
-        }
-        qp.comp.rnr_resume_ns = now + uint64_t{wire::rnr_timer_us(wire::aeth_value(pkt.aeth.syndrome))} * 1000;
-        rewind_to(qp, psn);
-        arm_retransmit_timer(qp, qp.comp.rnr_resume_ns);
-        return;
-      }
-      case wire::AethType::Nak: {
-        {
-          uint8_t c = wire::aeth_value(pkt.aeth.syndrome);
-          count(&qp, c == wire::kNakPsnSeqErr      ? &core::Counters::naks_rcvd_seq
-                     : c == wire::kNakRemoteAccess ? &core::Counters::naks_rcvd_rem_access
-                     : c == wire::kNakRemoteOp     ? &core::Counters::naks_rcvd_rem_op
-                                                   : &core::Counters::naks_rcvd_inv_req);
-        }
-        acknowledge_before(qp, psn);
-        complete_in_order(qp);
-        uint8_t code = wire::aeth_value(pkt.aeth.syndrome);
-        if (code == wire::kNakPsnSeqErr) {
-          // The responder lost something: resend from the PSN it expects.
-          if (qp.comp.retries_left == 0) {
-            count(&qp, &core::Counters::retry_exceeded);
-            requester_error(qp, WcStatus::RetryExcErr);
-            return;
-          }
-          --qp.comp.retries_left;
-          qp.req.cwnd = std::max(kMinCwnd, qp.req.cwnd / 2);  // a loss: resend less at once
-          rewind_to(qp, psn);
-          arm_retransmit_timer(qp, now);
-          return;
-        }
-        WcStatus st = code == wire::kNakRemoteAccess ? WcStatus::RemAccessErr
-                      : code == wire::kNakRemoteOp   ? WcStatus::RemOpErr
-                                                     : WcStatus::RemInvReqErr;
-        nak_error(qp, psn, st);
-        return;
-      }
-      case wire::AethType::Reserved:
-        count(&qp, &core::Counters::drop_malformed);
-        return;
+      return true;
     }
-  } else {
-    // READ response or ATOMIC acknowledge: find the request it answers.
-    SqEntry* target = nullptr;
-    for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i <= qp.req.send_index; ++i) {
-      if (i >= qp.sq.head.load(std::memory_order_acquire)) break;
-      SqEntry& e = qp.sq.at(i);
-      if (!e.started) break;
-      int32_t d = wire::psn_diff(psn, e.first_psn);
-      if (d >= 0 && d < static_cast<int32_t>(e.npkts)) {
-        target = &e;
-        break;
-      }
-    }
-    if (!target || target->acked) {
-      count(&qp, &core::Counters::duplicates);
+    case wire::AethType::RnrNak:
+      completer_rnr_nak(qp, pkt, now);
+      return false;
+    case wire::AethType::Nak:
+      completer_nak(qp, pkt, now);
+      return false;
+    case wire::AethType::Reserved:
+      count(&qp, &core::Counters::drop_malformed);
+      return false;
+  }
+  return true;  // not reached: every AETH type is handled above
+}
+
+// RNR NAK: what is before its PSN completes, then the request is resent after the RNR timer, or the
+// WQE fails once rnr_retry is used up.
+void Engine::completer_rnr_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
+  uint32_t psn = pkt.bth.psn;
+  count(&qp, &core::Counters::rnr_naks_rcvd);
+  acknowledge_before(qp, psn);
+  complete_in_order(qp);
+  if (qp.rnr_retry != 7) {
+    if (qp.comp.rnr_retries_left == 0) {
+      count(&qp, &core::Counters::rnr_retry_exceeded);
+      requester_error(qp, WcStatus::RnrRetryExcErr);
       return;
     }
-    SqEntry& e = *target;
-    if (info.kind == wire::OpKind::AtomicAck) {
-      if (!is_atomic(e)) {
-        count(&qp, &core::Counters::drop_bad_opcode);
-        return;
-      }
-      acknowledge_before(qp, psn);
-      if (e.host[0]) std::memcpy(e.host[0], &pkt.atomic_ack_orig, 8);
-      e.acked = true;
-      qp.comp.retries_left = qp.retry_cnt;  // new response data is forward progress, even below acked_psn
-    } else if (is_atomic_write(e)) {
-      // ATOMIC WRITE is answered by a zero-length READ RESPONSE ONLY (IBTA 1.5).
-      if (!info.first || !info.last) {
-        count(&qp, &core::Counters::drop_bad_opcode);
-        return;
-      }
-      if (pkt.payload_len != 0) {
-        requester_error(qp, WcStatus::BadRespErr);
-        return;
-      }
-      acknowledge_before(qp, psn);
-      e.acked = true;
-      qp.comp.retries_left = qp.retry_cnt;
-    } else {
-      if (!is_read(e)) {
-        count(&qp, &core::Counters::drop_bad_opcode);
-        return;
-      }
-      uint64_t expect_idx = e.read_received / qp.mtu;
-      int32_t idx = wire::psn_diff(psn, e.first_psn);
-      if (idx != static_cast<int32_t>(expect_idx)) {
-        if (idx < static_cast<int32_t>(expect_idx)) {
-          count(&qp, &core::Counters::duplicates);
-          return;
-        }
-        // Responses come in PSN order: a later one means earlier ones were lost. Ask again now.
-        count(&qp, &core::Counters::out_of_sequence);
-        reissue_read(qp, e);
-        return;
-      }
-      uint64_t remaining = e.wqe.length - e.read_received;
-      bool last = info.last;
-      if (pkt.payload_len > remaining || (!last && pkt.payload_len != qp.mtu) ||
-          (last && pkt.payload_len != remaining)) {
-        requester_error(qp, WcStatus::BadRespErr);
-        return;
-      }
-      acknowledge_before(qp, psn);
-      scatter(e, e.read_received, pkt.payload, pkt.payload_len);
-      e.read_received += pkt.payload_len;
-      qp.comp.retries_left = qp.retry_cnt;  // as for ATOMIC: later ACKs may have moved acked_psn past this READ
-      if (last) e.acked = true;
+    --qp.comp.rnr_retries_left;
+  }
+  qp.comp.rnr_resume_ns = now + uint64_t{wire::rnr_timer_us(wire::aeth_value(pkt.aeth.syndrome))} * 1000;
+  rewind_to(qp, psn);
+  arm_retransmit_timer(qp, qp.comp.rnr_resume_ns);
+}
+
+// NAK: a PSN sequence error resends from the PSN the responder expects (spending a retry); any other
+// code completes the named request in error.
+void Engine::completer_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
+  uint32_t psn = pkt.bth.psn;
+  {
+    uint8_t c = wire::aeth_value(pkt.aeth.syndrome);
+    count(&qp, c == wire::kNakPsnSeqErr      ? &core::Counters::naks_rcvd_seq
+               : c == wire::kNakRemoteAccess ? &core::Counters::naks_rcvd_rem_access
+               : c == wire::kNakRemoteOp     ? &core::Counters::naks_rcvd_rem_op
+                                             : &core::Counters::naks_rcvd_inv_req);
+  }
+  acknowledge_before(qp, psn);
+  complete_in_order(qp);
+  uint8_t code = wire::aeth_value(pkt.aeth.syndrome);
+  if (code == wire::kNakPsnSeqErr) {
+    // The responder lost something: resend from the PSN it expects.
+    if (qp.comp.retries_left == 0) {
+      count(&qp, &core::Counters::retry_exceeded);
+      requester_error(qp, WcStatus::RetryExcErr);
+      return;
     }
+    --qp.comp.retries_left;
+    qp.req.cwnd = std::max(kMinCwnd, qp.req.cwnd / 2);  // a loss: resend less at once
+    rewind_to(qp, psn);
+    arm_retransmit_timer(qp, now);
+    return;
+  }
+  WcStatus st = code == wire::kNakRemoteAccess ? WcStatus::RemAccessErr
+                : code == wire::kNakRemoteOp   ? WcStatus::RemOpErr
+                                               : WcStatus::RemInvReqErr;
+  nak_error(qp, psn, st);
+}
+
+// A READ response or ATOMIC acknowledge: applied to the request it answers. True when the completer
+// goes on to complete WQEs and re-arm the timer.
+bool Engine::completer_check_response(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info) {
+  uint32_t psn = pkt.bth.psn;
+  SqEntry* target = answered_request(qp, psn);
+  if (!target || target->acked) {
+    count(&qp, &core::Counters::duplicates);
+    return false;
+  }
+  SqEntry& e = *target;
+  if (info.kind == wire::OpKind::AtomicAck) {
+    if (!is_atomic(e)) {
+      count(&qp, &core::Counters::drop_bad_opcode);
+      return false;
+    }
+    acknowledge_before(qp, psn);
+    if (e.host[0]) std::memcpy(e.host[0], &pkt.atomic_ack_orig, 8);
+    e.acked = true;
+    qp.comp.retries_left = qp.retry_cnt;  // new response data is forward progress, even below acked_psn
+    return true;
+  }
+  if (is_atomic_write(e)) {
+    // ATOMIC WRITE is answered by a zero-length READ RESPONSE ONLY (IBTA 1.5).
+    if (!info.first || !info.last) {
+      count(&qp, &core::Counters::drop_bad_opcode);
+      return false;
+    }
+    if (pkt.payload_len != 0) {
+      requester_error(qp, WcStatus::BadRespErr);
+      return false;
+    }
+    acknowledge_before(qp, psn);
+    e.acked = true;
+    qp.comp.retries_left = qp.retry_cnt;
+    return true;
+  }
+  if (!is_read(e)) {
+    count(&qp, &core::Counters::drop_bad_opcode);
+    return false;
+  }
+  return completer_read_response(qp, e, pkt, info);
+}
+
+// One READ response packet of e: in sequence, its payload is scattered into e's SGEs; out of sequence,
+// a duplicate is dropped and a gap re-issues the READ. True when the completer goes on.
+bool Engine::completer_read_response(Qp& qp, SqEntry& e, const wire::Packet& pkt, const wire::OpcodeInfo& info) {
+  uint32_t psn = pkt.bth.psn;
+  uint64_t expect_idx = e.read_received / qp.mtu;
+  int32_t idx = wire::psn_diff(psn, e.first_psn);
+  if (idx != static_cast<int32_t>(expect_idx)) {
+    if (idx < static_cast<int32_t>(expect_idx)) {
+      count(&qp, &core::Counters::duplicates);
+      return false;
+    }
+    // Responses come in PSN order: a later one means earlier ones were lost. Ask again now.
+    count(&qp, &core::Counters::out_of_sequence);
+    reissue_read(qp, e);
+    return false;
+  }
+  uint64_t remaining = e.wqe.length - e.read_received;
+  bool last = info.last;
+  if (pkt.payload_len > remaining || (!last && pkt.payload_len != qp.mtu) ||
+      (last && pkt.payload_len != remaining)) {
+    requester_error(qp, WcStatus::BadRespErr);
+    return false;
+  }
+  acknowledge_before(qp, psn);
+  scatter(e, e.read_received, pkt.payload, pkt.payload_len);
+  e.read_received += pkt.payload_len;
+  qp.comp.retries_left = qp.retry_cnt;  // as for ATOMIC: later ACKs may have moved acked_psn past this READ
+  if (last) e.acked = true;
+  return true;
+}
+
+// The completer (IBTA 9.9.2) as its stages: check the PSN, then the ACK/NAK or the response, then
+// complete WQEs in order and restart or stop the retransmit timer.
+void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
+  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
+  if (!completer_check_psn(qp, pkt, info)) return;
+  const uint64_t now = this->now();
+  if (info.kind == wire::OpKind::Ack) {
+    if (!completer_check_ack(qp, pkt, now)) return;
+  } else {
+    if (!completer_check_response(qp, pkt, info)) return;
   }
   complete_in_order(qp);
   if (qp.state.load(std::memory_order_relaxed) == QpState::Err) return;

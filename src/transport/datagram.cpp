@@ -55,6 +55,46 @@ void build_grh(uint8_t* out, uint32_t src_ip_be, uint32_t dst_ip_be, uint32_t ud
 
 }  // namespace
 
+// One UD datagram for e (its only packet), to the WQE's destination; one above the MTU is counted and
+// not sent.
+void Engine::ud_send(Qp& qp, SqEntry& e) {
+  const SendWqe& w = e.wqe;
+  if (w.length > qp.mtu) {
+    // C10-93.1.1: a UD message above the port MTU emits no packet and raises no error.
+    count(&qp, &core::Counters::ud_send_over_mtu);
+  } else {
+    wire::Packet pkt{};
+    pkt.bth.opcode = work_request(w.op, QpType::Ud).opcodes.only;
+    pkt.bth.psn = e.first_psn;
+    pkt.bth.solicited = (w.flags & kSolicited) != 0;
+    pkt.bth.dest_qp = w.ud_remote_qpn;
+    pkt.imm_data_be = w.imm_be;
+    pkt.deth.qkey = (w.ud_remote_qkey & kQkeyUseQpOwn) ? qp.qkey : w.ud_remote_qkey;
+    pkt.deth.src_qp = qp.qpn;
+    uint8_t scratch[4096];
+    const uint8_t* payload = scratch;
+    uint32_t len = static_cast<uint32_t>(w.length);
+    if (len && !(w.flags & kInline) && w.num_sge == 1)
+      payload = e.host[0];
+    else
+      gather_send(e, 0, scratch, len);
+    // A QP of a process on this host is reached at that process's port; others (and groups) at 4791.
+    uint16_t port = wire::kRoceUdpPort;
+    if (is_multicast(w.ud_dest_ip_be) && !mcast_if_set_) {
+      // Multicast leaves through the device's own interface, not the default route's.
+      in_addr ifa{};
+      ifa.s_addr = iface_.ip_be;
+      setsockopt(port_->fd(), IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
+      mcast_if_set_ = true;
+    }
+    if (!is_multicast(w.ud_dest_ip_be)) {
+      auto ep = net::Registry::instance().lookup(w.ud_remote_qpn);
+      if (ep && ep->ip_be == w.ud_dest_ip_be) port = ep->port;
+    }
+    send_packet_to(qp, pkt, payload, len, w.ud_dest_ip_be, port);
+  }
+}
+
 bool Engine::unreliable_requester_run(Qp& qp) {
   bool did = false;
   int budget = kBurst;
@@ -86,41 +126,7 @@ bool Engine::unreliable_requester_run(Qp& qp) {
       return true;
     }
     if (ud) {
-      const SendWqe& w = e.wqe;
-      if (w.length > qp.mtu) {
-        // C10-93.1.1: a UD message above the port MTU emits no packet and raises no error.
-        count(&qp, &core::Counters::ud_send_over_mtu);
-      } else {
-        wire::Packet pkt{};
-        pkt.bth.opcode = work_request(w.op, QpType::Ud).opcodes.only;
-        pkt.bth.psn = e.first_psn;
-        pkt.bth.solicited = (w.flags & kSolicited) != 0;
-        pkt.bth.dest_qp = w.ud_remote_qpn;
-        pkt.imm_data_be = w.imm_be;
-        pkt.deth.qkey = (w.ud_remote_qkey & kQkeyUseQpOwn) ? qp.qkey : w.ud_remote_qkey;
-        pkt.deth.src_qp = qp.qpn;
-        uint8_t scratch[4096];
-        const uint8_t* payload = scratch;
-        uint32_t len = static_cast<uint32_t>(w.length);
-        if (len && !(w.flags & kInline) && w.num_sge == 1)
-          payload = e.host[0];
-        else
-          gather_send(e, 0, scratch, len);
-        // A QP of a process on this host is reached at that process's port; others (and groups) at 4791.
-        uint16_t port = wire::kRoceUdpPort;
-        if (is_multicast(w.ud_dest_ip_be) && !mcast_if_set_) {
-          // Multicast leaves through the device's own interface, not the default route's.
-          in_addr ifa{};
-          ifa.s_addr = iface_.ip_be;
-          setsockopt(port_->fd(), IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
-          mcast_if_set_ = true;
-        }
-        if (!is_multicast(w.ud_dest_ip_be)) {
-          auto ep = net::Registry::instance().lookup(w.ud_remote_qpn);
-          if (ep && ep->ip_be == w.ud_dest_ip_be) port = ep->port;
-        }
-        send_packet_to(qp, pkt, payload, len, w.ud_dest_ip_be, port);
-      }
+      ud_send(qp, e);
       --budget;
     } else {
       while (qp.req.send_offset_pkts < e.npkts && budget > 0) {

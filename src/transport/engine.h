@@ -293,6 +293,7 @@ class Engine {
   void fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq);
   // datagram.cpp: UD send and receive, the UC requester and responder (no ACKs, no retransmission).
   bool unreliable_requester_run(Qp& qp);
+  void ud_send(Qp& qp, SqEntry& e);  // unreliable_requester_run's step: e's one UD datagram
   void datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_be, uint32_t dst_ip_be,
                         uint32_t udp_len);
   void uc_receive(Qp& qp, const wire::Packet& pkt);
@@ -303,9 +304,19 @@ class Engine {
   bool prepare_wqe(Qp& qp, SqEntry& e);
   void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index);
   bool execute_local_wqe(Qp& qp, SqEntry& e);  // false: it failed, the SQ is stopped
+  // requester_run's steps: the WQE done by the direct path (true), and the packets of a started WQE.
+  bool requester_try_direct(Qp& qp, SqEntry& e, uint64_t now_ns);
+  bool requester_send_packets(Qp& qp, SqEntry& e, uint64_t to_send, int& budget, uint64_t& now_ns);
   void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
   // completer.cpp
   void completer_receive(Qp& qp, const wire::Packet& pkt);
+  // completer_receive's stages; false: the packet is consumed (dropped, or the QP's course is set).
+  bool completer_check_psn(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info);
+  bool completer_check_ack(Qp& qp, const wire::Packet& pkt, uint64_t now_ns);
+  void completer_rnr_nak(Qp& qp, const wire::Packet& pkt, uint64_t now_ns);
+  void completer_nak(Qp& qp, const wire::Packet& pkt, uint64_t now_ns);
+  bool completer_check_response(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info);
+  bool completer_read_response(Qp& qp, SqEntry& e, const wire::Packet& pkt, const wire::OpcodeInfo& info);
   void complete_in_order(Qp& qp);
   // e, the WQE at the SQ's send index, completes in error in order: the SQ stops before it, so
   // nothing after it is sent.

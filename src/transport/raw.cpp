@@ -231,11 +231,7 @@ Wq* RawPath::create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, 
 
 void RawPath::flush_wq(Wq& wq) {
   for (uint64_t i = wq.rq.tail.load(); i != wq.rq.head.load(std::memory_order_acquire); ++i) {
-    core::Cqe c{};
-    c.wr_id = wq.rq.at(i).wr_id;
-    c.status = WcStatus::WrFlushErr;
-    c.opcode = core::WcOpcode::Recv;
-    c.qp_num = wq.wqn;
+    const core::Cqe c = wqe_cqe(wq.wqn, wq.rq.at(i).wr_id, WcStatus::WrFlushErr, core::WcOpcode::Recv);
     wq.rq.tail.store(i + 1, std::memory_order_release);
     post_cqe(wq.cq, c, false);
   }
@@ -359,11 +355,7 @@ bool RawPath::raw_place(WorkQueue<RecvWqe>& rq, uint32_t pd, core::CompletionQue
     return false;
   }
   const RecvWqe& w = rq.at(tail);
-  core::Cqe c{};
-  c.wr_id = w.wr_id;
-  c.opcode = core::WcOpcode::Recv;
-  c.qp_num = qp_num;
-  c.status = WcStatus::Success;
+  core::Cqe c = wqe_cqe(qp_num, w.wr_id, WcStatus::Success, core::WcOpcode::Recv);
   const uint32_t len = net::RawPort::wire_length(f);
   uint8_t* host[core::DeviceLimits::kMaxSge] = {};
   c.status = resolve_recv_sges(w, pd, len, host);
@@ -374,11 +366,7 @@ bool RawPath::raw_place(WorkQueue<RecvWqe>& rq, uint32_t pd, core::CompletionQue
       net::RawPort::wire_frame(f, raw_buf_.data(), len);
       src = raw_buf_.data();
     }
-    for_each_sge_piece(w.sge, host, w.num_sge, 0, len, [&](uint8_t* p, uint64_t n) {
-      std::memcpy(p, src, n);
-      src += n;
-      return true;
-    });
+    scatter_recv(w, host, 0, src, len);  // every SGE was resolved just above: all of it is placed
     c.byte_len = len;
     count(counted, &core::Counters::rx_packets);
     count(counted, &core::Counters::rx_bytes, len);

@@ -130,6 +130,48 @@ void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
   qp.comp.timer_deadline_ns = us ? now + us * 1000 : 0;
 }
 
+// The intra-host direct path, for a one-sided WQE with nothing before it in flight (so order and
+// fences hold trivially); whatever it cannot do exactly goes by packets (false). A rendezvous FIN goes
+// by packets: behind the ACK that completed the sender's request. True: e is done and completed in order.
+bool Engine::requester_try_direct(Qp& qp, SqEntry& e, uint64_t now) {
+  if (!((qp.direct.peer || qp.direct.retry_ns) && qp.sq.tail.load(std::memory_order_relaxed) == qp.req.send_index &&
+        !(e.wqe.flags & kTmFin)))
+    return false;
+  if (direct_->execute(qp, e, now) == DirectEndpoint::Result::Done) {
+    e.started = true;
+    e.acked = true;
+    e.npkts = 0;
+    e.first_psn = qp.req.next_psn;
+    count(&qp, &core::Counters::direct_ops);
+    count(&qp, &core::Counters::direct_bytes, e.wqe.length);
+    ++qp.req.send_index;
+    qp.req.send_offset_pkts = 0;
+    complete_in_order(qp);
+    return true;
+  }
+  if (qp.direct.peer) count(&qp, &core::Counters::direct_fallbacks);  // not while still asking
+  return false;
+}
+
+// e's request packets from the send offset up to to_send, within the PSN window and the pass's budget;
+// the retransmit timer is armed with the first (now read from the clock if still 0). True: one was sent.
+bool Engine::requester_send_packets(Qp& qp, SqEntry& e, uint64_t to_send, int& budget, uint64_t& now) {
+  bool did = false;
+  while (qp.req.send_offset_pkts < to_send && budget > 0) {
+    uint32_t psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(qp.req.send_offset_pkts));
+    if (wire::psn_diff(psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
+    send_request_packet(qp, e, qp.req.send_offset_pkts);
+    ++qp.req.send_offset_pkts;
+    --budget;
+    did = true;
+    if (!qp.comp.timer_deadline_ns) {
+      if (!now) now = this->now();
+      arm_retransmit_timer(qp, now);
+    }
+  }
+  return did;
+}
+
 bool Engine::requester_run(Qp& qp, uint64_t now) {
   // A QP on a path of its own (path.h: raw packets, iWARP's TCP stream) is sent by that path.
   if (Path* p = qp.on_path()) return p->transmit(qp, now);
@@ -167,25 +209,9 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
         fail_in_order(qp, e);
         return true;
       }
-      // The intra-host direct path, for a one-sided WQE with nothing before it in flight (so order and
-      // fences hold trivially); whatever it cannot do exactly goes by packets.
-      // A rendezvous FIN goes by packets: behind the ACK that completed the sender's request.
-      if ((qp.direct.peer || qp.direct.retry_ns) && qp.sq.tail.load(std::memory_order_relaxed) == qp.req.send_index &&
-          !(e.wqe.flags & kTmFin)) {
-        if (direct_->execute(qp, e, now) == DirectEndpoint::Result::Done) {
-          e.started = true;
-          e.acked = true;
-          e.npkts = 0;
-          e.first_psn = qp.req.next_psn;
-          count(&qp, &core::Counters::direct_ops);
-          count(&qp, &core::Counters::direct_bytes, e.wqe.length);
-          ++qp.req.send_index;
-          qp.req.send_offset_pkts = 0;
-          did = true;
-          complete_in_order(qp);
-          continue;
-        }
-        if (qp.direct.peer) count(&qp, &core::Counters::direct_fallbacks);  // not while still asking
+      if (requester_try_direct(qp, e, now)) {
+        did = true;
+        continue;
       }
       if (wire::psn_diff(qp.req.next_psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
       // By packets the peer's responder takes a receive WQE the direct path does not know of.
@@ -203,18 +229,7 @@ bool Engine::requester_run(Qp& qp, uint64_t now) {
     }
     // READ and ATOMIC are one request packet however many PSNs their responses use.
     uint64_t to_send = wr.read ? qp.req.send_offset_pkts + 1 : wr.atomic ? 1 : e.npkts;
-    while (qp.req.send_offset_pkts < to_send && budget > 0) {
-      uint32_t psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(qp.req.send_offset_pkts));
-      if (wire::psn_diff(psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
-      send_request_packet(qp, e, qp.req.send_offset_pkts);
-      ++qp.req.send_offset_pkts;
-      --budget;
-      did = true;
-      if (!qp.comp.timer_deadline_ns) {
-        if (!now) now = this->now();
-        arm_retransmit_timer(qp, now);
-      }
-    }
+    if (requester_send_packets(qp, e, to_send, budget, now)) did = true;
     if (qp.req.send_offset_pkts < to_send) break;
     ++qp.req.send_index;
     qp.req.send_offset_pkts = 0;
