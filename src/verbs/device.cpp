@@ -384,9 +384,9 @@ SOFTRDMA_EXPORT ibv_context* softrdma_open_device(const char* name, uint32_t fla
   for (int k = 0; k < 3; ++k)
     for (SoftDevice* sd : devices_of(static_cast<Selection>(k)))
       if (!strcmp(sd->dev.name, name)) {
-        // The settings of the table, but the path the caller names: direct unless it asks for packets.
+        // The settings of the table (SOFTRDMA_DIRECT included), and packets only when the caller asks.
         transport::EngineOptions opts = transport::context_options(config::parse());
-        opts.direct = !(flags & SOFTRDMA_OPEN_PACKETS);
+        if (flags & SOFTRDMA_OPEN_PACKETS) opts.direct = false;
         return open_context(sd, std::move(opts));
       }
   errno = ENODEV;

@@ -75,9 +75,9 @@ enum softrdma_open_flags {
 };
 
 /* Opens the device of this name among all of softrdma's devices, RoCE and iWARP, whatever
- * SOFTRDMA_TRANSPORT selects, so that a test picks its device and path without the environment: the
- * direct path unless flags ask for packets (whatever SOFTRDMA_DIRECT says), the other settings from
- * the configuration table as ibv_open_device reads them.
+ * SOFTRDMA_TRANSPORT selects, so that a test picks its device and path without the environment. Its
+ * settings are the configuration table's, as ibv_open_device reads them (SOFTRDMA_DIRECT=0 turns the
+ * direct path off here too); SOFTRDMA_OPEN_PACKETS turns it off whatever the table says.
  * NULL with errno set (EINVAL: flags; ENODEV: no such device) on failure. */
 struct ibv_context *softrdma_open_device(const char *name, uint32_t flags);
 
