@@ -42,7 +42,7 @@ SqEntry* answered_request(Qp& qp, uint32_t psn) {
 }
 }  // namespace
 
-void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
+void Completer::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
   if (e.wqe.flags & (kTmRead | kTmFin)) {
     // The engine's own rendezvous WQE (tag_matching.cpp): its CQE, if any, is a tag-matching one.
     const uint64_t index = qp.sq.tail.load(std::memory_order_relaxed);
@@ -67,7 +67,7 @@ void Engine::complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status) {
   if (report) post_cqe(qp.cfg.send_cq, c, false);
 }
 
-void Engine::complete_in_order(Qp& qp) {
+void Completer::complete_in_order(Qp& qp) {
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
   // Any started WQE that is fully acknowledged completes, also one at or beyond send_index: after a
   // rewind, the acknowledgement of the first transmission can arrive before the retransmission.
@@ -92,7 +92,7 @@ void Engine::complete_in_order(Qp& qp) {
   if (tail == qp.req.send_index && qp.req.send_offset_pkts == 0) qp.comp.timer_deadline_ns = 0;
 }
 
-void Engine::requester_error(Qp& qp, WcStatus status) {
+void Completer::requester_error(Qp& qp, WcStatus status) {
   // The oldest incomplete WQE takes the error; the rest are flushed.
   uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
   if (tail < qp.sq.head.load(std::memory_order_acquire)) {
@@ -103,7 +103,7 @@ void Engine::requester_error(Qp& qp, WcStatus status) {
   move_to_error(qp);
 }
 
-void Engine::nak_error(Qp& qp, uint32_t psn, WcStatus status) {
+void Completer::nak_error(Qp& qp, uint32_t psn, WcStatus status) {
   // The NAK names the request that failed (IBTA 9.7.5.1.2); the WQEs before it completed at the
   // responder and still complete here as their responses arrive, then this one takes the error and the
   // rest are flushed. Nothing after it is sent; what is before it may be resent (a lost READ
@@ -138,7 +138,7 @@ static void acknowledge_before(Qp& qp, uint32_t psn) {
   }
 }
 
-void Engine::rewind_to(Qp& qp, uint32_t psn) {
+void Completer::rewind_to(Qp& qp, uint32_t psn) {
   for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i <= qp.req.send_index; ++i) {
     if (i >= qp.sq.head.load(std::memory_order_acquire)) break;
     SqEntry& e = qp.sq.at(i);
@@ -160,14 +160,14 @@ void Engine::rewind_to(Qp& qp, uint32_t psn) {
   }
 }
 
-void Engine::reissue_read(Qp& qp, SqEntry& e) {
+void Completer::reissue_read(Qp& qp, SqEntry& e) {
   // Once per point reached: a stream of out-of-order responses triggers one re-issue, not one each.
   if (e.reissued_at == e.read_received) return;
   e.reissued_at = e.read_received;
   rewind_to(qp, wire::psn_add(e.first_psn, static_cast<uint32_t>(e.read_received / qp.mtu)));
 }
 
-void Engine::check_timers(Qp& qp, uint64_t now) {
+void Completer::check_timers(Qp& qp, uint64_t now) {
   if (!qp.comp.timer_deadline_ns || now < qp.comp.timer_deadline_ns) return;
   // A timer that fires a whole timeout (and at least 10 ms) late means this engine itself was not
   // scheduled: on a busy 2-core host that is no evidence of a lost packet, so it resends without
@@ -204,7 +204,7 @@ void Engine::check_timers(Qp& qp, uint64_t now) {
 
 // A response to a PSN never sent or already fully acknowledged, or a NAK for a PSN before the oldest
 // outstanding request: counted and dropped (false).
-bool Engine::completer_check_psn(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info) {
+bool Completer::completer_check_psn(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info) {
   uint32_t psn = pkt.bth.psn;
   // A response to a PSN never sent, or already fully acknowledged, is stale: ignore it.
   if (wire::psn_diff(psn, qp.req.next_psn) >= 0) {
@@ -226,7 +226,7 @@ bool Engine::completer_check_psn(Qp& qp, const wire::Packet& pkt, const wire::Op
 }
 
 // An ACK, RNR NAK or NAK (AETH): true when the completer goes on to complete WQEs and re-arm the timer.
-bool Engine::completer_check_ack(Qp& qp, const wire::Packet& pkt, uint64_t now) {
+bool Completer::completer_check_ack(Qp& qp, const wire::Packet& pkt, uint64_t now) {
   uint32_t psn = pkt.bth.psn;
   switch (wire::aeth_type(pkt.aeth.syndrome)) {
     case wire::AethType::Ack: {
@@ -256,7 +256,7 @@ bool Engine::completer_check_ack(Qp& qp, const wire::Packet& pkt, uint64_t now) 
 
 // RNR NAK: what is before its PSN completes, then the request is resent after the RNR timer, or the
 // WQE fails once rnr_retry is used up.
-void Engine::completer_rnr_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
+void Completer::completer_rnr_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
   uint32_t psn = pkt.bth.psn;
   count(&qp, &core::Counters::rnr_naks_rcvd);
   acknowledge_before(qp, psn);
@@ -276,7 +276,7 @@ void Engine::completer_rnr_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
 
 // NAK: a PSN sequence error resends from the PSN the responder expects (spending a retry); any other
 // code completes the named request in error.
-void Engine::completer_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
+void Completer::completer_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
   uint32_t psn = pkt.bth.psn;
   {
     uint8_t c = wire::aeth_value(pkt.aeth.syndrome);
@@ -309,7 +309,7 @@ void Engine::completer_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
 
 // A READ response or ATOMIC acknowledge: applied to the request it answers. True when the completer
 // goes on to complete WQEs and re-arm the timer.
-bool Engine::completer_check_response(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info) {
+bool Completer::completer_check_response(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info) {
   uint32_t psn = pkt.bth.psn;
   SqEntry* target = answered_request(qp, psn);
   if (!target || target->acked) {
@@ -352,7 +352,7 @@ bool Engine::completer_check_response(Qp& qp, const wire::Packet& pkt, const wir
 
 // One READ response packet of e: in sequence, its payload is scattered into e's SGEs; out of sequence,
 // a duplicate is dropped and a gap re-issues the READ. True when the completer goes on.
-bool Engine::completer_read_response(Qp& qp, SqEntry& e, const wire::Packet& pkt, const wire::OpcodeInfo& info) {
+bool Completer::completer_read_response(Qp& qp, SqEntry& e, const wire::Packet& pkt, const wire::OpcodeInfo& info) {
   uint32_t psn = pkt.bth.psn;
   uint64_t expect_idx = e.read_received / qp.mtu;
   int32_t idx = wire::psn_diff(psn, e.first_psn);
@@ -383,7 +383,7 @@ bool Engine::completer_read_response(Qp& qp, SqEntry& e, const wire::Packet& pkt
 
 // The completer (IBTA 9.9.2) as its stages: check the PSN, then the ACK/NAK or the response, then
 // complete WQEs in order and restart or stop the retransmit timer.
-void Engine::completer_receive(Qp& qp, const wire::Packet& pkt) {
+void Completer::completer_receive(Qp& qp, const wire::Packet& pkt) {
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   if (!completer_check_psn(qp, pkt, info)) return;
   const uint64_t now = this->now();

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "net/registry.h"
+#include "transport/datagram_path.h"
 #include "transport/engine.h"
 #include "transport/srq.h"
 #include "transport/work_request.h"
@@ -57,7 +58,7 @@ void build_grh(uint8_t* out, uint32_t src_ip_be, uint32_t dst_ip_be, uint32_t ud
 
 // One UD datagram for e (its only packet), to the WQE's destination; one above the MTU is counted and
 // not sent.
-void Engine::ud_send(Qp& qp, SqEntry& e) {
+void DatagramPath::ud_send(Qp& qp, SqEntry& e) {
   const SendWqe& w = e.wqe;
   if (w.length > qp.mtu) {
     // C10-93.1.1: a UD message above the port MTU emits no packet and raises no error.
@@ -80,13 +81,6 @@ void Engine::ud_send(Qp& qp, SqEntry& e) {
       gather_send(e, 0, scratch, len);
     // A QP of a process on this host is reached at that process's port; others (and groups) at 4791.
     uint16_t port = wire::kRoceUdpPort;
-    if (is_multicast(w.ud_dest_ip_be) && !mcast_if_set_) {
-      // Multicast leaves through the device's own interface, not the default route's.
-      in_addr ifa{};
-      ifa.s_addr = iface_.ip_be;
-      setsockopt(port_->fd(), IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
-      mcast_if_set_ = true;
-    }
     if (!is_multicast(w.ud_dest_ip_be)) {
       auto ep = net::Registry::instance().lookup(w.ud_remote_qpn);
       if (ep && ep->ip_be == w.ud_dest_ip_be) port = ep->port;
@@ -95,7 +89,24 @@ void Engine::ud_send(Qp& qp, SqEntry& e) {
   }
 }
 
-bool Engine::unreliable_requester_run(Qp& qp) {
+bool DatagramPath::carries(const Qp& qp, const SendWqe& w) const {
+  return work_request(w.op, qp.cfg.type).allowed && (qp.cfg.type != QpType::Ud || w.ud_dest_ip_be != 0);
+}
+
+void DatagramPath::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) {
+  // UD and UC receive in RTR and later; they never see acknowledgements.
+  const QpState st = qp.state.load(std::memory_order_relaxed);
+  if (st != QpState::Rtr && st != QpState::Rts && st != QpState::Sqd && st != QpState::Sqe) {
+    count(&qp, &core::Counters::drop_bad_state);
+    return;
+  }
+  if (qp.cfg.type == QpType::Ud)
+    datagram_receive(qp, pkt, from);
+  else
+    uc_receive(qp, pkt);
+}
+
+bool DatagramPath::transmit(Qp& qp, uint64_t) {
   bool did = false;
   int budget = kBurst;
   const bool ud = qp.cfg.type == QpType::Ud;
@@ -149,8 +160,7 @@ bool Engine::unreliable_requester_run(Qp& qp) {
   return did;
 }
 
-void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_be, uint32_t dst_ip_be,
-                              uint32_t udp_len) {
+void DatagramPath::datagram_receive(Qp& qp, const wire::Packet& pkt, const Arrival& from) {
   // A datagram whose Q_Key differs from the QP's is silently dropped (IBTA 10.2.4, Q_Keys).
   if (pkt.deth.qkey != qp.qkey) {
     count(&qp, &core::Counters::ud_drop_qkey);
@@ -165,7 +175,7 @@ void Engine::datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_b
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   // The message is the GRH area, then the payload.
   uint8_t grh[kGrhLen];
-  build_grh(grh, src_ip_be, dst_ip_be, udp_len);
+  build_grh(grh, from.peer_ip_be, from.local_ip_be, from.len);
   const WcStatus st = place_message(w, receive_pd(qp), {{grh, kGrhLen}, {pkt.payload, pkt.payload_len}});
   core::Cqe c = wqe_cqe(qp.qpn, w.wr_id, st, core::WcOpcode::Recv);
   if (c.status == WcStatus::Success) {
@@ -200,7 +210,7 @@ void uc_abandon(Qp& qp) {
 // error on the receive WQE it took completes that WQE in error and leaves the QP in error (as on UD).
 // UC has no RNR either: a SEND finds no receive WQE and is dropped, a WRITE with immediate places its
 // data and only its completion is lost.
-void Engine::uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info) {
+void DatagramPath::uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info) {
   if (v.kind == Verdict::Rnr) count(&qp, &core::Counters::ud_drop_no_recv);
   if (v.status == WcStatus::LocProtErr || v.status == WcStatus::LocLenErr) {
     fail_recv(qp, v.status, qp.cfg.recv_cq);
@@ -214,7 +224,7 @@ void Engine::uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info) {
   count(&qp, &core::Counters::uc_msg_dropped);
 }
 
-void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
+void DatagramPath::uc_receive(Qp& qp, const wire::Packet& pkt) {
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   int32_t d = wire::psn_diff(pkt.bth.psn, qp.resp.epsn);
   if (d < 0) {
@@ -224,7 +234,7 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
   }
   qp.resp.epsn = wire::psn_add(pkt.bth.psn, 1);
   bool continues = !info.first;
-  if (d != 0 || qp.resp.uc_dropping || !opcode_in_sequence(qp, info)) {
+  if (d != 0 || qp.resp.uc_dropping || !Responder::opcode_in_sequence(qp, info)) {
     // UC (IBTA 9.8): a lost packet loses the message it belongs to; a FIRST or ONLY starts clean.
     if (d > 0) count(&qp, &core::Counters::out_of_sequence);
     bool counted = false;
@@ -240,21 +250,22 @@ void Engine::uc_receive(Qp& qp, const wire::Packet& pkt) {
     }
     qp.resp.uc_dropping = false;
   }
-  Verdict v = check_length(qp, info, pkt);
+  Verdict v = Responder::check_length(qp, info, pkt);
   if (v.ok() && info.kind != wire::OpKind::Send && info.kind != wire::OpKind::Write) {
     count(&qp, &core::Counters::drop_bad_opcode);
     return;
   }
   bool no_receive = false;  // a WRITE with immediate and no receive WQE: placed, not completed
   if (v.ok()) {
-    v = check_receive(qp, info);
+    v = responder().check_receive(qp, info);
     if (v.kind == Verdict::Rnr && info.kind == wire::OpKind::Write) {
       v = {};
       no_receive = true;
     }
   }
   if (v.ok())
-    v = info.kind == wire::OpKind::Send ? execute_send(qp, info, pkt) : execute_write(qp, info, pkt, !no_receive);
+    v = info.kind == wire::OpKind::Send ? responder().execute_send(qp, info, pkt)
+                                         : responder().execute_write(qp, info, pkt, !no_receive);
   if (!v.ok()) {
     uc_refuse(qp, v, info);
     return;
@@ -374,17 +385,13 @@ void Engine::mcast_receive(bool& did) {
         continue;
       }
       // Each attached QP gets its own copy.
+      const Arrival a{from.sin_addr.s_addr, ntohs(from.sin_port), g.group_ip_be, ulen};
       for (Qp* qp : g.members) {
-        QpState st = qp->state.load(std::memory_order_relaxed);
-        if (st != QpState::Rtr && st != QpState::Rts && st != QpState::Sqd && st != QpState::Sqe) {
-          count(qp, &core::Counters::drop_bad_state);
-          continue;
-        }
         if (qp->stats) {
           ++qp->stats->rx_packets;
           qp->stats->rx_bytes += ulen;
         }
-        datagram_receive(*qp, pkt, from.sin_addr.s_addr, g.group_ip_be, ulen);
+        datagram_->deliver(*qp, pkt, a);
       }
     }
   }

@@ -1,5 +1,7 @@
 #include "transport/engine.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -18,7 +20,9 @@
 
 #include "net/registry.h"
 #include "transport/direct_share.h"
+#include "transport/datagram_path.h"
 #include "transport/iwarp_path.h"
+#include "transport/rc_path.h"
 #include "transport/raw_path.h"
 #include "transport/srq.h"
 #include "transport/work_request.h"
@@ -63,10 +67,14 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
       clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname),
       spin_ns_(opts_.spin_us * 1000ull) {
+  rc_ = std::make_unique<RcPath>(*this);
+  datagram_ = std::make_unique<DatagramPath>(*this);
   raw_ = std::make_unique<RawPath>(*this);
   iwarp_ = std::make_unique<IwarpPath>(*this);
   paths_[0] = raw_.get();
   paths_[1] = iwarp_.get();
+  paths_[2] = rc_.get();
+  paths_[3] = datagram_.get();
   if (!opts_.open_port)
     opts_.open_port = [](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
       return std::make_unique<net::UdpPort>(ip_be, port);
@@ -149,7 +157,7 @@ Engine::~Engine() {
   if (thread_.joinable()) thread_.join();
   std::lock_guard lock(lock_);
   for (Qp* qp : qp_list_) {
-    if (Path* p = qp->on_path()) p->release(*qp);  // an iWARP QP's socket is closed with it
+    path_of(*qp).release(*qp);  // an iWARP QP's socket is closed with it
     net::Registry::instance().release_qpn(qp->qpn);
     arena_.release(qp->rq.slots, qp->rq_bytes);
     delete qp;
@@ -303,7 +311,7 @@ bool Engine::progress_once() {
   for (Path* p : paths_)
     if (p->receiving())
       for (Qp* qp : qp_list_)
-        if (qp->on_path() == p && p->receive(*qp)) did = true;
+        if (&path_of(*qp) == p && p->receive(*qp)) did = true;
   for (Qp* qp : qp_list_) {
     if (qp->state.load(std::memory_order_relaxed) == QpState::Err) {
       if (qp->sq.count() || qp->rq.count() || qp->resp.recv_active || (qp->srq && !qp->resp.last_wqe_reached)) {
@@ -312,11 +320,11 @@ bool Engine::progress_once() {
       }
       continue;
     }
-    check_timers(*qp, now);
-    if (responder_run_reads(*qp)) did = true;
-    if (requester_run(*qp, now)) did = true;
+    Path& p = path_of(*qp);
+    p.timers(*qp, now);
+    if (p.transmit(*qp, now)) did = true;
   }
-  flush_owed_acks();
+  batch_done();
   port_->flush();
   if (roce_port_) roce_port_->flush();
   return did;
@@ -340,7 +348,7 @@ void Engine::receive_from(net::PacketPort& port, bool& did) {
                   dgrams[i].segment);
   if (n) {
     did = true;
-    flush_owed_acks();
+    batch_done();
   }
 }
 
@@ -410,7 +418,7 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
     count(nullptr, &core::Counters::drop_unknown_qp);
     return;
   }
-  deliver(*it->second, pkt, peer_ip, peer_port, len);
+  deliver(*it->second, pkt, Arrival{peer_ip, peer_port, iface_.ip_be, len});
 }
 
 bool Engine::forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_qpn, uint32_t peer_ip,
@@ -435,11 +443,11 @@ bool Engine::forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_q
   return true;
 }
 
-void Engine::deliver(Qp& qp, wire::Packet& pkt, uint32_t peer_ip, uint16_t peer_port, uint32_t len) {
+void Engine::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) {
   // From here on the packet is this QP's: count it in the QP's set too.
   if (qp.stats) {
     ++qp.stats->rx_packets;
-    qp.stats->rx_bytes += len;
+    qp.stats->rx_bytes += from.len;
   }
   // An opcode of another transport service than the QP's (IBTA 9.6.1.1: the opcode's high bits).
   wire::QpClass want = qp.cfg.type == QpType::Ud   ? wire::QpClass::UD
@@ -450,64 +458,28 @@ void Engine::deliver(Qp& qp, wire::Packet& pkt, uint32_t peer_ip, uint16_t peer_
     count(&qp, &core::Counters::drop_bad_opcode);
     return;
   }
-  if (want == wire::QpClass::XRC) {
-    // From here on an XRC packet is handled as the RC one it carries (its XRCETH is in pkt). An
-    // initiator only takes responses, a target only requests: each has one direction of RC.
-    pkt.bth.opcode = wire::rc_of_xrc(pkt.bth.opcode);
-    const wire::OpKind k = wire::opcode_info(pkt.bth.opcode).kind;
-    const bool response = k == wire::OpKind::Ack || k == wire::OpKind::AtomicAck || k == wire::OpKind::ReadResponse;
-    if (response != (qp.cfg.xrc == XrcRole::Send)) {
-      count(&qp, &core::Counters::drop_bad_opcode);
-      return;
-    }
-  }
   // A connected QP takes packets from its peer's address only (the header validation IBTA asks of
   // connected services; kernel rxe compares the IP source with the QP's path likewise). The port is
   // not checked: RoCE senders vary it for entropy. This stops off-path injection from any other
   // address; a forged source still gets through (plain RoCEv2 has no source authentication).
-  if ((qp.cfg.type == QpType::Rc || qp.cfg.type == QpType::Uc) && qp.dest_ip_be != 0 && peer_ip != qp.dest_ip_be) {
+  if ((qp.cfg.type == QpType::Rc || qp.cfg.type == QpType::Uc) && qp.dest_ip_be != 0 &&
+      from.peer_ip_be != qp.dest_ip_be) {
     count(&qp, &core::Counters::drop_src_addr);
     return;
   }
-  const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
-  QpState st = qp.state.load(std::memory_order_relaxed);
-  if (qp.cfg.type != QpType::Rc) {
-    // UD and UC receive in RTR and later; they never see acknowledgements.
-    if (st != QpState::Rtr && st != QpState::Rts && st != QpState::Sqd && st != QpState::Sqe) {
-      count(&qp, &core::Counters::drop_bad_state);
-      return;
-    }
-    if (qp.cfg.type == QpType::Ud)
-      datagram_receive(qp, pkt, peer_ip, iface_.ip_be, len);
-    else
-      uc_receive(qp, pkt);
-    return;
-  }
-  if (qp.dest_port == wire::kRoceUdpPort && peer_ip == qp.dest_ip_be && peer_port >= net::UdpPort::kContextPortBegin &&
-      peer_port < net::UdpPort::kContextPortEnd) {
-    // The peer is a softrdma context on another host (RoCE stacks send from 0xC000 up): from now on it
-    // is reached at its own port, not through the 4791 holder of its host (docs/architecture.md), and
-    // our packets to it may travel segmented.
-    qp.dest_port = peer_port;
-    count(&qp, &core::Counters::peer_port_learned);
-  }
-  switch (info.kind) {
-    case wire::OpKind::Ack:
-    case wire::OpKind::AtomicAck:
-    case wire::OpKind::ReadResponse:
-      if (st != QpState::Rts && st != QpState::Sqd) {
-        count(&qp, &core::Counters::drop_bad_state);
-        return;
-      }
-      completer_receive(qp, pkt);
-      break;
+  path_of(qp).deliver(qp, pkt, from);
+}
+
+Path& Engine::path_of(const Qp& qp) const {
+  if (Path* p = qp.on_path()) return *p;
+  switch (qp.cfg.type) {
+    case QpType::Ud:
+    case QpType::Uc:
+      return *datagram_;
+    case QpType::Raw:
+      return *raw_;
     default:
-      if (st != QpState::Rtr && st != QpState::Rts && st != QpState::Sqd) {
-        count(&qp, &core::Counters::drop_bad_state);
-        return;
-      }
-      responder_receive(qp, pkt);
-      break;
+      return *rc_;
   }
 }
 
@@ -540,6 +512,13 @@ void Engine::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint
 
 void Engine::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                             uint16_t dest_port) {
+  if ((ntohl(dest_ip_be) >> 28) == 0xE && !mcast_if_set_) {
+    // Multicast (UD) leaves through the device's own interface, not the default route's.
+    in_addr ifa{};
+    ifa.s_addr = iface_.ip_be;
+    setsockopt(port_->fd(), IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
+    mcast_if_set_ = true;
+  }
   pkt.bth.pkey = wire::kDefaultPkey;
   pkt.bth.pad_count = wire::pad_for(len);
   const uint32_t hdr = wire::opcode_info(pkt.bth.opcode).header_len;
@@ -608,9 +587,7 @@ void Engine::move_to_error(Qp& qp) {
   // responder's walk over the queues.
   qp.state.store(QpState::Err, std::memory_order_release);
   if (direct_) direct_->qp_changed(qp);
-  qp.comp.timer_deadline_ns = 0;
-  qp.resp.read_jobs.clear();
-  if (Path* p = qp.on_path()) p->error(qp);
+  path_of(qp).error(qp);
 }
 
 void Engine::flush_queues(Qp& qp) {
@@ -644,15 +621,14 @@ void Engine::flush_queues(Qp& qp) {
   if (direct_) direct_->publish_tails(qp);
   qp.resp.recv_active = false;
   report_last_wqe(qp);
-  if (Path* p = qp.on_path()) p->flush(qp);
+  path_of(qp).flush(qp);
 }
 
 uint64_t Engine::next_deadline_ns() {
   uint64_t d = 0;
   for (Qp* qp : qp_list_) {
-    const Path* p = qp->on_path();
-    for (uint64_t t : {qp->comp.timer_deadline_ns, qp->comp.rnr_resume_ns, p ? p->next_deadline(*qp) : uint64_t{0}})
-      if (t && (!d || t < d)) d = t;
+    const uint64_t t = path_of(*qp).next_deadline(*qp);
+    if (t && (!d || t < d)) d = t;
   }
   return d;
 }
@@ -702,17 +678,12 @@ void Engine::forget_pointers_into(const core::MrRegion& region) {
   const uint64_t len = region.length;
   auto inside = [&](const uint8_t* p) { return p && reinterpret_cast<uintptr_t>(p) - lo < len; };
   for (Qp* qp : qp_list_) {
-    if (Path* p = qp->on_path()) p->forget_pointers_into(*qp, lo, len);
-    if (qp->resp.write_remaining && inside(qp->resp.write_dst)) qp->resp.write_dst = nullptr;
+    path_of(*qp).forget_pointers_into(*qp, lo, len);
     if (qp->resp.recv_active) {
       const RecvWqe& w = active_recv_wqe(*qp);
       for (uint32_t i = 0; i < w.num_sge; ++i)
         if (w.sge[i].lkey == region.lkey && inside(qp->resp.recv_host[i])) qp->resp.recv_host[i] = nullptr;
     }
-    std::erase_if(qp->resp.read_jobs, [&](const ReadResponseJob& j) {
-      const uint64_t src = reinterpret_cast<uintptr_t>(j.src);
-      return j.kind == ReadResponseJob::Kind::Read && j.remaining && src < lo + len && src + j.remaining > lo;
-    });
     for (uint64_t i = qp->sq.tail.load(); i < qp->sq.head.load(std::memory_order_acquire); ++i) {
       SqEntry& e = qp->sq.at(i);
       if (!e.started || (e.wqe.flags & kInline)) continue;
@@ -863,9 +834,8 @@ void Engine::destroy_qp(Qp* qp) {
     std::lock_guard lock(lock_);
     qps_.erase(qp->qpn);
     qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
-    ack_owed_.erase(std::remove(ack_owed_.begin(), ack_owed_.end(), qp), ack_owed_.end());
     mcast_forget_qp(qp);  // a destroyed QP leaves its multicast groups
-    if (Path* p = qp->on_path()) p->release(*qp);  // an iWARP QP's socket is closed with it
+    path_of(*qp).release(*qp);  // an iWARP QP's socket is closed with it
     mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
     tm_drop_sq(*qp);
     net::Registry::instance().release_qpn(qp->qpn);
@@ -936,7 +906,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
     if (m.mask & kModState) {
       switch (m.state) {
         case QpState::Reset:
-          if (Path* p = qp->on_path()) p->reset(*qp);  // an iWARP connection ends; the QP may connect again
+          path_of(*qp).reset(*qp);  // an iWARP connection ends; the QP may connect again
           tm_drop_sq(*qp);
           reset_transport_state(*qp);
           forget_wire_keys(*qp);
@@ -975,15 +945,6 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
   return 0;
 }
 
-namespace {
-// What the QP's transport service can carry (work_request.h); a UD datagram needs its destination.
-bool op_allowed(const Qp& qp, const SendWqe& w) {
-  // XRC carries the RC operations up to SEND with invalidate (opcodes 0xA0..0xB7): no ATOMIC WRITE.
-  if (w.op == WrOp::AtomicWrite && qp.cfg.xrc != XrcRole::None) return false;
-  return work_request(w.op, qp.cfg.type).allowed && (qp.cfg.type != QpType::Ud || w.ud_dest_ip_be != 0);
-}
-}  // namespace
-
 int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_batch) {
   QpState st = qp->state.load(std::memory_order_acquire);
   // An XRC target has no send queue.
@@ -995,10 +956,10 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
   {
     std::lock_guard lock(qp->sq.producer_lock);
     uint64_t head = qp->sq.head.load(std::memory_order_relaxed);
-    const Path* path = qp->on_path();
-    auto is_bad = [qp, path](const SendWqe& w) {
+    const Path& path = path_of(*qp);
+    auto is_bad = [qp, &path](const SendWqe& w) {
       return w.num_sge > qp->cfg.max_send_sge || ((w.flags & kInline) && w.length > qp->cfg.max_inline) ||
-             !(path ? path->carries(*qp, w) : op_allowed(*qp, w));
+             !path.carries(*qp, w);
     };
     if (whole_batch) {
       // Polling only frees slots, so room found now is still there below.
@@ -1043,7 +1004,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     // flush (the next poll, or the progress thread, which the doorbell below rouses): they then leave
     // together, segmented, in one system call. A lone request leaves at once.
     const bool pipelined = qp->cfg.type == QpType::Rc && qp->req.next_psn != qp->comp.acked_psn;
-    if (qp->state.load() == QpState::Rts) requester_run(*qp, 0);
+    if (qp->state.load() == QpState::Rts) path_of(*qp).transmit(*qp, 0);
     if (!pipelined) port_->flush();
     lock_.unlock();
     // Everything done here (the direct path completes at once): no need to wake the progress thread.
@@ -1074,7 +1035,7 @@ void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip
                              uint16_t local_port) {
   std::lock_guard lock(lock_);
   handle_packet(data, len, peer_ip_be, peer_port, local_port ? local_port : port_->port());
-  flush_owed_acks();
+  batch_done();
   port_->flush();
 }
 

@@ -32,6 +32,8 @@
 #include "transport/placement.h"
 #include "transport/qp.h"
 #include "transport/raw.h"
+#include "transport/rc_path.h"
+#include "transport/datagram_path.h"
 #include "transport/srq.h"
 #include "wire/headers.h"
 #include "wire/opcode.h"
@@ -94,8 +96,10 @@ inline EngineOptions context_options(const config::Settings& s) {
   return o;
 }
 
-class IwarpPath;  // transport/iwarp_path.h
-class RawPath;    // transport/raw_path.h
+class RcPath;        // transport/rc_path.h
+class DatagramPath;  // transport/datagram_path.h
+class IwarpPath;     // transport/iwarp_path.h
+class RawPath;       // transport/raw_path.h
 
 class Engine {
  public:
@@ -228,7 +232,7 @@ class Engine {
                         const wire::IpIdent& ident);
   // A packet for one of our QPs, past the port's checks: the QP's own (service class, XRC direction,
   // source address, state), then to its completer, responder, or UD/UC receive.
-  void deliver(Qp& qp, wire::Packet& pkt, uint32_t peer_ip, uint16_t peer_port, uint32_t len);
+  void deliver(Qp& qp, wire::Packet& pkt, const Arrival& from);
   // gsi.cpp: a datagram for QP1 (CM MADs): routed to the process it belongs to.
   void handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port);
   // The ICRC check of a datagram as the socket saw it (icrc_gate.h); counts what it drops.
@@ -291,99 +295,9 @@ class Engine {
   // The message in progress completes with c into cq: its WQE is retired. fail_recv: in error, status.
   void finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited);
   void fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq);
-  // datagram.cpp: UD send and receive, the UC requester and responder (no ACKs, no retransmission).
-  bool unreliable_requester_run(Qp& qp);
-  void ud_send(Qp& qp, SqEntry& e);  // unreliable_requester_run's step: e's one UD datagram
-  void datagram_receive(Qp& qp, const wire::Packet& pkt, uint32_t src_ip_be, uint32_t dst_ip_be,
-                        uint32_t udp_len);
-  void uc_receive(Qp& qp, const wire::Packet& pkt);
+  // RoCEv2 packets out of the context's port: to the QP's peer (send_packet), or to any address (UD).
   void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                       uint16_t dest_port);
-  // requester.cpp
-  bool requester_run(Qp& qp, uint64_t now_ns);
-  bool prepare_wqe(Qp& qp, SqEntry& e);
-  void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index);
-  bool execute_local_wqe(Qp& qp, SqEntry& e);  // false: it failed, the SQ is stopped
-  // requester_run's steps: the WQE done by the direct path (true), and the packets of a started WQE.
-  bool requester_try_direct(Qp& qp, SqEntry& e, uint64_t now_ns);
-  bool requester_send_packets(Qp& qp, SqEntry& e, uint64_t to_send, int& budget, uint64_t& now_ns);
-  void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
-  // completer.cpp
-  void completer_receive(Qp& qp, const wire::Packet& pkt);
-  // completer_receive's stages; false: the packet is consumed (dropped, or the QP's course is set).
-  bool completer_check_psn(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info);
-  bool completer_check_ack(Qp& qp, const wire::Packet& pkt, uint64_t now_ns);
-  void completer_rnr_nak(Qp& qp, const wire::Packet& pkt, uint64_t now_ns);
-  void completer_nak(Qp& qp, const wire::Packet& pkt, uint64_t now_ns);
-  bool completer_check_response(Qp& qp, const wire::Packet& pkt, const wire::OpcodeInfo& info);
-  bool completer_read_response(Qp& qp, SqEntry& e, const wire::Packet& pkt, const wire::OpcodeInfo& info);
-  void complete_in_order(Qp& qp);
-  // e, the WQE at the SQ's send index, completes in error in order: the SQ stops before it, so
-  // nothing after it is sent.
-  void fail_in_order(Qp& qp, SqEntry& e) {
-    e.acked = true;
-    qp.req.sq_stop_at = qp.req.send_index;
-    complete_in_order(qp);
-  }
-  // Completes e, the SQ's oldest WQE: advances the SQ tail, then posts its CQE (if any).
-  void complete_sq_entry(Qp& qp, SqEntry& e, WcStatus status);
-  void requester_error(Qp& qp, WcStatus status);
-  // A NAK for a request the responder refused: that WQE, not the oldest one, takes status.
-  void nak_error(Qp& qp, uint32_t psn, WcStatus status);
-  void rewind_to(Qp& qp, uint32_t psn);
-  void reissue_read(Qp& qp, SqEntry& e);
-  void check_timers(Qp& qp, uint64_t now_ns);
-  // responder.cpp: the responder's check stages, shared by RC and UC. Each returns a verdict; RC
-  // answers a refusal with a NAK (rc_refuse), UC drops the message silently (uc_refuse, datagram.cpp).
-  struct Verdict {
-    enum Kind : uint8_t { Ok, Rnr, InvalidRequest, RemoteAccess, RemoteOp };
-    Kind kind = Ok;
-    WcStatus status = WcStatus::Success;  // of the request; of the receive WQE when it had taken one
-    bool ok() const { return kind == Ok; }
-  };
-  // Opcode sequence (IBTA 9.8.3): a FIRST or ONLY opens a message, MIDDLE and LAST continue one of
-  // the same kind.
-  static bool opcode_in_sequence(const Qp& qp, const wire::OpcodeInfo& info);
-  // Every packet of a multi-packet message but the last is exactly one path MTU (IBTA 9.7.4.1.x).
-  static Verdict check_length(const Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
-  // The receive WQE a SEND's first packet or a WRITE with immediate's last packet needs: taken and its
-  // SGEs resolved (SEND), or present (WRITE).
-  Verdict check_receive(Qp& qp, const wire::OpcodeInfo& info);
-  // An R_Key for len bytes at va with the access the request needs, through this QP (type 2 windows).
-  Verdict check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access, uint8_t** host);
-  Verdict execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
-  // complete_receive false: the WRITE's data is placed but no receive WQE completes (UC, none posted).
-  Verdict execute_write(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt, bool complete_receive);
-  void rc_refuse(Qp& qp, const Verdict& v, uint32_t psn);
-  // XRC_RECV (srq.cpp): the XRC SRQ a request's XRCETH names becomes the QP's receive queue, CQ and
-  // PD for that request (IBTA 10.2.10); InvalidRequest when the domain has no such SRQ here.
-  Verdict xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info);
-  void uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info);
-  // The RC responder's stages (responder.cpp), in the order responder_receive runs them.
-  void responder_receive(Qp& qp, const wire::Packet& pkt);
-  void nak_psn_gap(Qp& qp);
-  void responder_duplicate(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
-  void replay_response(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
-  void regenerate_read(Qp& qp, const wire::Packet& pkt, const ReplayEntry& r, int32_t off);
-  // Opcode sequence, the XRC target's SRQ, length, then the receive WQE (classified by its TMH on a
-  // tag-matching SRQ).
-  Verdict check_request(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
-  Verdict execute_read(Qp& qp, const wire::Packet& pkt);
-  Verdict execute_atomic(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
-  Verdict execute_atomic_write(Qp& qp, const wire::Packet& pkt);
-  // A SEND or WRITE packet executed: the next PSN is expected, and the ACK it asked for is owed.
-  void responder_acknowledge(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
-  // An ACK of everything up to psn is owed: sent by flush_owed_acks, coalesced with later ones.
-  void owe_ack(Qp& qp, uint32_t psn);
-  void responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn);
-  bool responder_run_reads(Qp& qp);
-  void send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig);
-  void responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status);
-  void flush_owed_acks();
-  // tag_matching.cpp: the first packet of a SEND to a QP on a tag-matching SRQ, classified by its TMH
-  // and given its destination (check_receive's part for such QPs); a rendezvous that matched.
-  Verdict tm_classify(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt);
-  Verdict tm_rendezvous(Qp& qp, tm::Tag& t, const wire::Packet& pkt, uint64_t tag, uint32_t priv);
   // An SQ entry at index completed (or was flushed) with status: true when it was the engine's own
   // (kTmRead, kTmFin), whose completion is a tag-matching CQE or nothing, never an SQ CQE.
   bool tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status);
@@ -393,12 +307,18 @@ class Engine {
   // slots are not given back yet do not count.
   static uint64_t tm_app_sq_used(Qp& qp, uint64_t head);
 
-  // The paths with objects of their own (path.h), in the order a progress pass looks at their
-  // streams and ports; QPs on none take the RoCE and direct paths below.
+  // The paths (path.h). A QP is on the path of its type from its creation (RoCE RC and XRC, RoCE
+  // UD/UC, raw packets) until an attach moves it to another (iWARP); path_of gives it.
   friend class PathServices;
+  std::unique_ptr<RcPath> rc_;
+  std::unique_ptr<DatagramPath> datagram_;
   std::unique_ptr<RawPath> raw_;
   std::unique_ptr<IwarpPath> iwarp_;
-  Path* paths_[2] = {};
+  Path* paths_[4] = {};  // in the order a progress pass looks at their own streams and ports
+  Path& path_of(const Qp& qp) const;
+  void batch_done() {
+    for (Path* p : paths_) p->batch_done();
+  }
 
   net::Interface iface_;
   core::Arena arena_;
@@ -413,7 +333,6 @@ class Engine {
   std::mutex lock_;                          // the engine lock
   std::unordered_map<uint32_t, Qp*> qps_;
   std::vector<Qp*> qp_list_;
-  std::vector<Qp*> ack_owed_;
   std::vector<Srq*> srqs_;
   uint32_t next_srqn_ = 1;
   core::StatsPage stats_;
@@ -430,11 +349,6 @@ class Engine {
   // Send-queue credits (qp.h), one per QP slot; free_credits_ under the engine lock.
   std::unique_ptr<SqCredit[]> sq_credits_;
   std::vector<uint32_t> free_credits_;
-  // Marks c as the CQE of qp's SQ WQE at sq_index: polling it gives that slot (and older ones) back.
-  static void tag_sq_cqe(const Qp& qp, core::Cqe& c, uint64_t sq_index) {
-    c.sq_ref = (qp.sq_credit_slot + 1) | qp.sq_credit->gen() << 16;
-    c.sq_index = static_cast<uint32_t>(sq_index);
-  }
 
   std::thread thread_;
   std::atomic<bool> stop_{false};
@@ -489,11 +403,37 @@ inline void PathServices::serves_passive() {
   if (!e_.serves_passive_.load(std::memory_order_relaxed)) e_.serves_passive_.store(true, std::memory_order_relaxed);
 }
 inline std::mutex& PathServices::engine_lock() { return e_.lock_; }
-inline bool PathServices::prepare_wqe(Qp& qp, SqEntry& e) { return e_.prepare_wqe(qp, e); }
-inline bool PathServices::execute_local_wqe(Qp& qp, SqEntry& e) { return e_.execute_local_wqe(qp, e); }
-inline void PathServices::fail_in_order(Qp& qp, SqEntry& e) { e_.fail_in_order(qp, e); }
-inline void PathServices::complete_in_order(Qp& qp) { e_.complete_in_order(qp); }
-inline void PathServices::requester_error(Qp& qp, WcStatus status) { e_.requester_error(qp, status); }
+inline Requester& PathServices::requester() { return e_.rc_->requester(); }
+inline Completer& PathServices::completer() { return e_.rc_->completer(); }
+inline Responder& PathServices::responder() { return e_.rc_->responder(); }
+inline bool PathServices::prepare_wqe(Qp& qp, SqEntry& e) { return requester().prepare_wqe(qp, e); }
+inline bool PathServices::execute_local_wqe(Qp& qp, SqEntry& e) { return requester().execute_local_wqe(qp, e); }
+inline void PathServices::send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index) {
+  requester().send_request_packet(qp, e, pkt_index);
+}
+inline void PathServices::arm_retransmit_timer(Qp& qp, uint64_t now_ns) { requester().arm_retransmit_timer(qp, now_ns); }
+inline void PathServices::fail_in_order(Qp& qp, SqEntry& e) { completer().fail_in_order(qp, e); }
+inline void PathServices::complete_in_order(Qp& qp) { completer().complete_in_order(qp); }
+inline void PathServices::requester_error(Qp& qp, WcStatus status) { completer().requester_error(qp, status); }
+inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
+  e_.send_packet(qp, pkt, payload, len);
+}
+inline void PathServices::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
+                                         uint32_t dest_ip_be, uint16_t dest_port) {
+  e_.send_packet_to(qp, pkt, payload, len, dest_ip_be, dest_port);
+}
+inline void PathServices::resolve_destination(Qp& qp) { e_.resolve_destination(qp); }
+inline DirectEndpoint* PathServices::direct() { return e_.direct_.get(); }
+inline bool PathServices::direct_receive(Qp& qp) { return e_.direct_receive(qp); }
+inline const std::vector<Srq*>& PathServices::srqs() const { return e_.srqs_; }
+inline bool PathServices::tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status) {
+  return e_.tm_sq_done(qp, e, index, status);
+}
+inline void PathServices::fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq) { e_.fail_recv(qp, status, cq); }
+inline WcStatus PathServices::resolve_active_recv(Qp& qp) { return e_.resolve_active_recv(qp); }
+inline WcStatus PathServices::place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const {
+  return e_.place_message(w, pd, pieces);
+}
 inline RecvWqe* PathServices::next_recv_wqe(Qp& qp) { return e_.next_recv_wqe(qp); }
 inline RecvWqe& PathServices::take_recv_wqe(Qp& qp) { return e_.take_recv_wqe(qp); }
 inline RecvWqe& PathServices::active_recv_wqe(Qp& qp) { return e_.active_recv_wqe(qp); }

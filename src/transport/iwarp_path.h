@@ -85,6 +85,10 @@ class IwarpPath final : public Path, private PathServices {
   // into one SGE, Local Invalidate; and the local Bind MW); post_send refuses the rest with EINVAL.
   bool carries(const Qp& qp, const SendWqe& w) const override;
   bool transmit(Qp& qp, uint64_t) override { return iwarp_transmit(qp); }
+  // A RoCE packet for this QP: not its wire.
+  void deliver(Qp& qp, wire::Packet&, const Arrival&) override {
+    count(&qp, &core::Counters::drop_bad_opcode);
+  }
   bool receiving() const override { return qps_ != 0; }
   // One pass over a QP's socket: receive and parse, then write what is owed; true when anything moved.
   bool receive(Qp& qp) override;

@@ -23,7 +23,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
+#include <vector>
 
 #include "core/cq.h"
 #include "core/mr.h"
@@ -31,6 +33,9 @@
 
 namespace softrdma::net {
 struct Interface;
+}
+namespace softrdma::wire {
+struct Packet;
 }
 
 namespace softrdma::transport {
@@ -41,8 +46,22 @@ struct SendWqe;
 struct SqEntry;
 struct RecvWqe;
 struct AsyncEvent;
+struct Srq;
+struct Bytes;
+class DirectEndpoint;
+class Requester;
+class Completer;
+class Responder;
 template <typename Slot>
 struct WorkQueue;
+
+// Where a RoCEv2 packet came from and went to (IPv4, network byte order), and its UDP length.
+struct Arrival {
+  uint32_t peer_ip_be = 0;
+  uint16_t peer_port = 0;
+  uint32_t local_ip_be = 0;  // the device's address, or the multicast group's
+  uint32_t len = 0;
+};
 
 // A path's state of one QP (Qp::path_state), owned by the QP while it is on the path.
 struct PathState {
@@ -54,13 +73,21 @@ class Path {
   virtual ~Path() = default;
   // post_send's check: whether this path carries the work request (EINVAL for the rest).
   virtual bool carries(const Qp& qp, const SendWqe& w) const = 0;
-  // The requester: the QP's WQEs to the wire; true when it did anything. now_ns is 0 on a post from
-  // the caller's thread (read the clock where a timer needs it).
+  // The requester (and what the responder owes): the QP's WQEs to the wire; true when it did
+  // anything. now_ns is 0 on a post from the caller's thread (read the clock where a timer needs it).
   virtual bool transmit(Qp& qp, uint64_t now_ns) = 0;
+  // A RoCEv2 packet for the QP from the engine's ports, past the port's checks and the QP's service
+  // class and source address. A path that takes none counts and drops it.
+  virtual void deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) = 0;
+  // Once per progress pass, before transmit: the QP's timers that are due at now_ns.
+  virtual void timers(Qp&, uint64_t) {}
+  // After a batch of received packets and at the end of a progress pass: what the path coalesces
+  // across packets and QPs (the RC responder's ACKs) goes out.
+  virtual void batch_done() {}
   // Whether any QP of this path has a stream or port of its own to look at in this progress pass.
-  virtual bool receiving() const = 0;
+  virtual bool receiving() const { return false; }
   // One look at the QP's own stream or port (and what it owes there); true when anything moved.
-  virtual bool receive(Qp& qp) = 0;
+  virtual bool receive(Qp&) { return false; }
   // The QP's earliest timer on this path (0: none).
   virtual uint64_t next_deadline(const Qp& qp) const = 0;
   // The QP has just moved to ERROR (Engine::move_to_error).
@@ -98,12 +125,32 @@ class PathServices {
   int watch(int fd, uint32_t events);
   void rewatch(int fd, uint32_t events);
   void unwatch(int fd);
-  // The requester's shared steps (requester.cpp, completer.cpp).
+  // The RoCE RC path's roles (rc_path.h), whose steps other paths share: UC runs the responder's
+  // check stages, iWARP and UD/UC the requester's WQE checks and the completer's in-order completion.
+  Requester& requester();
+  Completer& completer();
+  Responder& responder();
   bool prepare_wqe(Qp& qp, SqEntry& e);
   bool execute_local_wqe(Qp& qp, SqEntry& e);
+  void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index);
+  void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
   void fail_in_order(Qp& qp, SqEntry& e);
   void complete_in_order(Qp& qp);
   void requester_error(Qp& qp, core::WcStatus status);
+  // RoCEv2 packets out of the context's port (engine.cpp): to the QP's peer, or to any address and
+  // port (UD). resolve_destination looks the peer's port up again (it may have moved).
+  void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
+  void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
+                      uint16_t dest_port);
+  void resolve_destination(Qp& qp);
+  // The intra-host direct path (nullptr when off), and the placing of what its initiators left in
+  // the QP's inbox (true when anything was placed).
+  DirectEndpoint* direct();
+  bool direct_receive(Qp& qp);
+  // Shared receive queues (the XRC target's lookup), and the SQ side of tag matching: an SQ entry at
+  // index completed with status; true when it was the engine's own (tag_matching.cpp).
+  const std::vector<Srq*>& srqs() const;
+  bool tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, core::WcStatus status);
   // Receive WQEs (srq.cpp) and their buffers.
   RecvWqe* next_recv_wqe(Qp& qp);
   RecvWqe& take_recv_wqe(Qp& qp);
@@ -115,6 +162,10 @@ class PathServices {
   core::WcStatus open_recv_message(Qp& qp);
   core::WcStatus place_recv(Qp& qp, const uint8_t* src, uint64_t len);
   void finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited);
+  void fail_recv(Qp& qp, core::WcStatus status, core::CompletionQueue* cq);
+  core::WcStatus resolve_active_recv(Qp& qp);
+  // A whole message (UD) into w from its pieces (placement.h).
+  core::WcStatus place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const;
   bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes);
   void release_recv_ring(void* slots, size_t bytes);
 

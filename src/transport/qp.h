@@ -439,4 +439,10 @@ inline core::Cqe connected_receive_cqe(const Qp& qp, uint64_t wr_id, core::WcOpc
   return c;
 }
 
+// Marks c as the CQE of qp's SQ WQE at sq_index: polling it gives that slot (and older ones) back.
+inline void tag_sq_cqe(const Qp& qp, core::Cqe& c, uint64_t sq_index) {
+  c.sq_ref = (qp.sq_credit_slot + 1) | qp.sq_credit->gen() << 16;
+  c.sq_index = static_cast<uint32_t>(sq_index);
+}
+
 }  // namespace softrdma::transport

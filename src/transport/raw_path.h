@@ -44,6 +44,10 @@ class RawPath final : public Path, private PathServices {
   bool carries(const Qp& qp, const SendWqe& w) const override;
   // Sends each WQE as one frame.
   bool transmit(Qp& qp, uint64_t now_ns) override;
+  // A RoCE packet for this QP: not its wire.
+  void deliver(Qp& qp, wire::Packet&, const Arrival&) override {
+    count(&qp, &core::Counters::drop_bad_opcode);
+  }
   bool receiving() const override { return rx_qps_ != 0; }
   // The frames the QP's port received.
   bool receive(Qp& qp) override;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/rc_path.h"
 #include "transport/work_request.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
@@ -28,16 +29,16 @@ uint32_t packets_for(uint64_t len, uint32_t mtu) {
 // request posted after them on this QP already sees their effect; they use no PSN and complete in
 // order with the requests around them (IBTA 10.6.7.2, 10.7.2.x). A failed one completes in error in
 // order and stops the SQ: the result says whether sending goes on.
-bool Engine::execute_local_wqe(Qp& qp, SqEntry& e) {
+bool Requester::execute_local_wqe(Qp& qp, SqEntry& e) {
   e.started = true;
   e.acked = true;
   e.npkts = 0;
   e.first_psn = qp.req.next_psn;
   if (e.wqe.op == WrOp::BindMw) {
     uint32_t rkey = 0;
-    e.status = mrs_.bind_window(e.wqe.bind, qp.cfg.pd, qp.qpn, &rkey) ? WcStatus::Success : WcStatus::MwBindErr;
+    e.status = keys().bind_window(e.wqe.bind, qp.cfg.pd, qp.qpn, &rkey) ? WcStatus::Success : WcStatus::MwBindErr;
   } else {
-    e.status = mrs_.invalidate(e.wqe.imm_be, qp.cfg.pd, qp.qpn, false) ? WcStatus::Success : WcStatus::LocQpOpErr;
+    e.status = keys().invalidate(e.wqe.imm_be, qp.cfg.pd, qp.qpn, false) ? WcStatus::Success : WcStatus::LocQpOpErr;
   }
   const bool ok = e.status == WcStatus::Success;
   if (!ok) qp.req.sq_stop_at = qp.req.send_index;
@@ -47,7 +48,7 @@ bool Engine::execute_local_wqe(Qp& qp, SqEntry& e) {
   return ok;
 }
 
-bool Engine::prepare_wqe(Qp& qp, SqEntry& e) {
+bool Requester::prepare_wqe(Qp& qp, SqEntry& e) {
   const SendWqe& w = e.wqe;
   const WorkRequest wr = work_request(w.op, qp.cfg.type);
   e.npkts = wr.atomic ? 1 : packets_for(w.length, qp.mtu);
@@ -64,7 +65,7 @@ bool Engine::prepare_wqe(Qp& qp, SqEntry& e) {
   // WRITE only reads its 8 bytes from there).
   bool write = wr.read || wr.atomic;
   for (uint32_t i = 0; i < w.num_sge; ++i) {
-    if (mrs_.check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, write, &e.host[i]) !=
+    if (keys().check_local(w.sge[i].lkey, qp.cfg.pd, w.sge[i].addr, w.sge[i].length, write, &e.host[i]) !=
         core::AccessResult::Ok) {
       e.status = WcStatus::LocProtErr;
       return false;
@@ -73,7 +74,7 @@ bool Engine::prepare_wqe(Qp& qp, SqEntry& e) {
   return true;
 }
 
-void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
+void Requester::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
   const SendWqe& w = e.wqe;
   const RequestOpcodes opcodes = work_request(w.op, qp.cfg.type).opcodes;  // UC: its own class
   wire::Packet pkt{};
@@ -125,7 +126,7 @@ void Engine::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
   send_packet(qp, pkt, payload, len);
 }
 
-void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
+void Requester::arm_retransmit_timer(Qp& qp, uint64_t now) {
   uint64_t us = wire::ack_timeout_us(qp.timeout);
   qp.comp.timer_deadline_ns = us ? now + us * 1000 : 0;
 }
@@ -133,11 +134,11 @@ void Engine::arm_retransmit_timer(Qp& qp, uint64_t now) {
 // The intra-host direct path, for a one-sided WQE with nothing before it in flight (so order and
 // fences hold trivially); whatever it cannot do exactly goes by packets (false). A rendezvous FIN goes
 // by packets: behind the ACK that completed the sender's request. True: e is done and completed in order.
-bool Engine::requester_try_direct(Qp& qp, SqEntry& e, uint64_t now) {
+bool Requester::requester_try_direct(Qp& qp, SqEntry& e, uint64_t now) {
   if (!((qp.direct.peer || qp.direct.retry_ns) && qp.sq.tail.load(std::memory_order_relaxed) == qp.req.send_index &&
         !(e.wqe.flags & kTmFin)))
     return false;
-  if (direct_->execute(qp, e, now) == DirectEndpoint::Result::Done) {
+  if (direct()->execute(qp, e, now) == DirectEndpoint::Result::Done) {
     e.started = true;
     e.acked = true;
     e.npkts = 0;
@@ -155,7 +156,7 @@ bool Engine::requester_try_direct(Qp& qp, SqEntry& e, uint64_t now) {
 
 // e's request packets from the send offset up to to_send, within the PSN window and the pass's budget;
 // the retransmit timer is armed with the first (now read from the clock if still 0). True: one was sent.
-bool Engine::requester_send_packets(Qp& qp, SqEntry& e, uint64_t to_send, int& budget, uint64_t& now) {
+bool Requester::requester_send_packets(Qp& qp, SqEntry& e, uint64_t to_send, int& budget, uint64_t& now) {
   bool did = false;
   while (qp.req.send_offset_pkts < to_send && budget > 0) {
     uint32_t psn = wire::psn_add(e.first_psn, static_cast<uint32_t>(qp.req.send_offset_pkts));
@@ -172,10 +173,7 @@ bool Engine::requester_send_packets(Qp& qp, SqEntry& e, uint64_t to_send, int& b
   return did;
 }
 
-bool Engine::requester_run(Qp& qp, uint64_t now) {
-  // A QP on a path of its own (path.h: raw packets, iWARP's TCP stream) is sent by that path.
-  if (Path* p = qp.on_path()) return p->transmit(qp, now);
-  if (qp.cfg.type != QpType::Rc) return unreliable_requester_run(qp);
+bool Requester::requester_run(Qp& qp, uint64_t now) {
   // now 0 (a post from the caller's thread): the clock is read only where a timer needs it.
   if (qp.comp.rnr_resume_ns) {
     if (!now) now = this->now();

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/rc_path.h"
 #include "transport/srq.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
@@ -22,7 +23,7 @@ uint32_t packets_for(uint64_t len, uint32_t mtu) {
 }
 }  // namespace
 
-void Engine::responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn) {
+void Responder::responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn) {
   wire::Packet pkt{};
   pkt.bth.opcode = wire::kRcAck;
   pkt.bth.psn = psn;
@@ -45,7 +46,7 @@ static bool original_job_pending(const Qp& qp) {
   return false;
 }
 
-void Engine::flush_owed_acks() {
+void Responder::flush_owed_acks() {
   size_t kept = 0;
   for (Qp* qp : ack_owed_) {
     if (qp->resp.ack_owed && ack_must_wait(*qp, qp->resp.ack_psn) &&
@@ -60,7 +61,12 @@ void Engine::flush_owed_acks() {
   ack_owed_.resize(kept);
 }
 
-void Engine::send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig) {
+void Responder::forget(Qp& qp) {
+  std::erase(ack_owed_, &qp);
+  qp.resp.ack_owed = false;
+}
+
+void Responder::send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig) {
   wire::Packet ack{};
   ack.bth.opcode = wire::kRcAtomicAck;
   ack.bth.psn = psn;
@@ -69,7 +75,7 @@ void Engine::send_atomic_ack(Qp& qp, uint32_t psn, uint64_t orig) {
   send_packet(qp, ack, nullptr, 0);
 }
 
-void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status) {
+void Responder::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus recv_status) {
   if (original_job_pending(qp)) {
     // Responses go out in PSN order: the NAK waits for the READ/ATOMIC responses before it, or the
     // requester would blame the wrong WQE (IBTA 9.5, 9.7.5.2).
@@ -89,11 +95,11 @@ void Engine::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus re
   AsyncEventType ev = nak_code == wire::kNakRemoteAccess ? AsyncEventType::QpAccessErr
                       : nak_code == wire::kNakInvalidRequest ? AsyncEventType::QpReqErr
                                                               : AsyncEventType::QpFatal;
-  async_events_.push(AsyncEvent{ev, &qp, nullptr});
+  raise(AsyncEvent{ev, &qp, nullptr});
   move_to_error(qp);
 }
 
-bool Engine::responder_run_reads(Qp& qp) {
+bool Responder::responder_run_reads(Qp& qp) {
   if (qp.resp.read_jobs.empty()) return false;
   int budget = kReadBurst;
   while (budget > 0 && !qp.resp.read_jobs.empty()) {
@@ -132,19 +138,19 @@ bool Engine::responder_run_reads(Qp& qp) {
 
 // ---- Check stages shared by RC and UC ----
 
-bool Engine::opcode_in_sequence(const Qp& qp, const wire::OpcodeInfo& info) {
+bool Responder::opcode_in_sequence(const Qp& qp, const wire::OpcodeInfo& info) {
   bool continues = !info.first;
   return continues == qp.resp.in_message &&
          (!continues || wire::opcode_info(qp.resp.last_opcode).kind == info.kind);
 }
 
-Engine::Verdict Engine::check_length(const Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+Verdict Responder::check_length(const Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
   if (info.has_payload && ((!info.last && pkt.payload_len != qp.mtu) || pkt.payload_len > qp.mtu))
     return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
   return {};
 }
 
-Engine::Verdict Engine::check_receive(Qp& qp, const wire::OpcodeInfo& info) {
+Verdict Responder::check_receive(Qp& qp, const wire::OpcodeInfo& info) {
   if (info.kind == wire::OpKind::Write) {
     // WRITE with immediate consumes a receive WQE: without one, refused before memory is touched.
     if ((info.headers & wire::kHdrImm) && !qp.resp.recv_active && !next_recv_wqe(qp)) return {Verdict::Rnr};
@@ -157,7 +163,7 @@ Engine::Verdict Engine::check_receive(Qp& qp, const wire::OpcodeInfo& info) {
   return {};
 }
 
-Engine::Verdict Engine::check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access,
+Verdict Responder::check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access,
                                    uint8_t** host) {
   if (!(qp.access_flags & access)) return {Verdict::RemoteAccess, WcStatus::RemAccessErr};
   // A zero-length RDMA WRITE or READ touches no memory, so its R_Key and VA are not checked, as on
@@ -166,7 +172,7 @@ Engine::Verdict Engine::check_rkey(Qp& qp, uint32_t rkey, uint64_t va, uint64_t 
     *host = nullptr;
     return {};
   }
-  if (mrs_.check_remote(rkey, qp.cfg.pd, va, len, access, host, qp.qpn) != core::AccessResult::Ok)
+  if (keys().check_remote(rkey, qp.cfg.pd, va, len, access, host, qp.qpn) != core::AccessResult::Ok)
     return {Verdict::RemoteAccess, WcStatus::RemAccessErr};
   return {};
 }
@@ -190,7 +196,7 @@ void advance_epsn(Qp& qp, const wire::Packet& pkt, uint32_t npkts, bool in_messa
 }
 }  // namespace
 
-Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+Verdict Responder::execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
   using TmKind = Qp::ResponderState::TmKind;
   const TmKind tm_kind = qp.resp.tm_kind;
   if (tm_kind == TmKind::Discard) {
@@ -223,7 +229,7 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
   if (info.headers & wire::kHdrIeth) {
     // Send with Invalidate: only a type 2 window bound through this QP can be invalidated;
     // any other key is a Class J error (the receive WQE completes in error, QP to error).
-    if (!mrs_.invalidate(pkt.ieth_rkey, qp.cfg.pd, qp.qpn, true))
+    if (!keys().invalidate(pkt.ieth_rkey, qp.cfg.pd, qp.qpn, true))
       return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
     c.wc_flags = core::kWcWithInv;
     c.imm_or_inv = pkt.ieth_rkey;
@@ -233,7 +239,7 @@ Engine::Verdict Engine::execute_send(Qp& qp, const wire::OpcodeInfo& info, const
   return {};
 }
 
-Engine::Verdict Engine::execute_write(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt,
+Verdict Responder::execute_write(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt,
                                       bool complete_receive) {
   if (info.first) {
     uint8_t* host = nullptr;
@@ -265,7 +271,7 @@ Engine::Verdict Engine::execute_write(Qp& qp, const wire::OpcodeInfo& info, cons
 
 // RC answers a refused request with a NAK: RNR (the requester backs off and resends), or a fatal one
 // after which the QP is in error.
-void Engine::rc_refuse(Qp& qp, const Verdict& v, uint32_t psn) {
+void Responder::rc_refuse(Qp& qp, const Verdict& v, uint32_t psn) {
   switch (v.kind) {
     case Verdict::Rnr:
       count(&qp, &core::Counters::rnr_naks_sent);
@@ -292,7 +298,7 @@ void Engine::rc_refuse(Qp& qp, const Verdict& v, uint32_t psn) {
 // The responder's stages, in order, as rxe has them: the PSN (a gap is NAKed, a duplicate answered
 // again), the checks of a new request (opcode sequence, XRC SRQ, length, receive WQE), its execution
 // (with its R_Key check), and its acknowledgement. A refusal at any stage is answered by rc_refuse.
-void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
+void Responder::responder_receive(Qp& qp, const wire::Packet& pkt) {
   if (qp.resp.pending_fatal_nak) {
     // Failed already: the NAK waits behind owed responses, and the QP is as good as in error.
     count(&qp, &core::Counters::drop_bad_state);
@@ -301,8 +307,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
   // A request by packets comes after whatever its requester left in the inbox before it.
   if (qp.direct.inbox) direct_receive(qp);
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
-  if (info.kind != wire::OpKind::Send && !serves_passive_.load(std::memory_order_relaxed))
-    serves_passive_.store(true, std::memory_order_relaxed);
+  if (info.kind != wire::OpKind::Send) serves_passive();
   const int32_t d = wire::psn_diff(pkt.bth.psn, qp.resp.epsn);
   if (d > 0) {
     nak_psn_gap(qp);
@@ -346,7 +351,7 @@ void Engine::responder_receive(Qp& qp, const wire::Packet& pkt) {
 }
 
 // A PSN beyond the expected one: earlier packets were lost. One NAK per gap (IBTA 9.7.5.1.2).
-void Engine::nak_psn_gap(Qp& qp) {
+void Responder::nak_psn_gap(Qp& qp) {
   count(&qp, &core::Counters::out_of_sequence);
   if (qp.resp.nak_sent) return;
   qp.resp.nak_sent = true;
@@ -354,7 +359,7 @@ void Engine::nak_psn_gap(Qp& qp) {
   responder_send_ack(qp, wire::aeth_nak(wire::kNakPsnSeqErr), qp.resp.epsn);
 }
 
-void Engine::owe_ack(Qp& qp, uint32_t psn) {
+void Responder::owe_ack(Qp& qp, uint32_t psn) {
   if (!qp.resp.ack_owed) ack_owed_.push_back(&qp);
   qp.resp.ack_owed = true;
   qp.resp.ack_psn = psn;
@@ -362,7 +367,7 @@ void Engine::owe_ack(Qp& qp, uint32_t psn) {
 
 // A PSN before the expected one: a request executed already whose response was lost. READ and the
 // ATOMICs are answered again from the replay cache, never executed again.
-void Engine::responder_duplicate(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+void Responder::responder_duplicate(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
   count(&qp, &core::Counters::duplicates);
   switch (info.kind) {
     case wire::OpKind::ReadRequest:
@@ -378,7 +383,7 @@ void Engine::responder_duplicate(Qp& qp, const wire::OpcodeInfo& info, const wir
   }
 }
 
-void Engine::replay_response(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+void Responder::replay_response(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
   const uint32_t psn = pkt.bth.psn;
   const bool atomic_write = info.kind == wire::OpKind::AtomicWrite;
   const bool atomic = info.kind != wire::OpKind::ReadRequest && !atomic_write;
@@ -401,12 +406,12 @@ void Engine::replay_response(Qp& qp, const wire::OpcodeInfo& info, const wire::P
 }
 
 // Regenerated from the (possibly shortened) re-issued request, its key checked again.
-void Engine::regenerate_read(Qp& qp, const wire::Packet& pkt, const ReplayEntry& r, int32_t off) {
+void Responder::regenerate_read(Qp& qp, const wire::Packet& pkt, const ReplayEntry& r, int32_t off) {
   const uint32_t psn = pkt.bth.psn;
   const uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
   uint8_t* host = nullptr;
   if (static_cast<uint32_t>(off) + n > r.npkts ||
-      (pkt.reth.dma_len && mrs_.check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len,
+      (pkt.reth.dma_len && keys().check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len,
                                              core::kRemoteRead, &host, qp.qpn) != core::AccessResult::Ok))
     return;
   // A request re-issued from its start supersedes the one being streamed out.
@@ -419,7 +424,7 @@ void Engine::regenerate_read(Qp& qp, const wire::Packet& pkt, const ReplayEntry&
     qp.resp.read_jobs.push_back({psn, psn, last_psn, host, pkt.reth.dma_len, ReadResponseJob::Kind::Read, 0, true});
 }
 
-Engine::Verdict Engine::check_request(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+Verdict Responder::check_request(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
   if (!opcode_in_sequence(qp, info)) return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
   if (qp.cfg.xrc == XrcRole::Recv)
     if (Verdict v = xrc_target_srq(qp, pkt.xrc_srqn, info); !v.ok()) return v;
@@ -428,7 +433,7 @@ Engine::Verdict Engine::check_request(Qp& qp, const wire::OpcodeInfo& info, cons
   return tagged ? tm_classify(qp, info, pkt) : check_receive(qp, info);
 }
 
-Engine::Verdict Engine::execute_read(Qp& qp, const wire::Packet& pkt) {
+Verdict Responder::execute_read(Qp& qp, const wire::Packet& pkt) {
   size_t outstanding = 0;
   for (const ReadResponseJob& j : qp.resp.read_jobs) outstanding += !j.regenerated;
   if (outstanding >= qp.max_dest_rd_atomic) return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
@@ -444,7 +449,7 @@ Engine::Verdict Engine::execute_read(Qp& qp, const wire::Packet& pkt) {
   return {};
 }
 
-Engine::Verdict Engine::execute_atomic(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+Verdict Responder::execute_atomic(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
   if (pkt.atomic.va % 8 != 0) return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
   uint8_t* host = nullptr;
   if (Verdict v = check_rkey(qp, pkt.atomic.rkey, pkt.atomic.va, 8, core::kRemoteAtomic, &host); !v.ok()) return v;
@@ -467,7 +472,7 @@ Engine::Verdict Engine::execute_atomic(Qp& qp, const wire::OpcodeInfo& info, con
   return {};
 }
 
-Engine::Verdict Engine::execute_atomic_write(Qp& qp, const wire::Packet& pkt) {
+Verdict Responder::execute_atomic_write(Qp& qp, const wire::Packet& pkt) {
   // 8 bytes at an 8-byte aligned address, as the RETH says (IBTA 1.5); anything else is invalid.
   if (pkt.payload_len != 8 || pkt.reth.dma_len != 8 || pkt.reth.va % 8 != 0)
     return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
@@ -485,7 +490,7 @@ Engine::Verdict Engine::execute_atomic_write(Qp& qp, const wire::Packet& pkt) {
   return {};
 }
 
-void Engine::responder_acknowledge(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+void Responder::responder_acknowledge(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
   const uint32_t psn = pkt.bth.psn;
   advance_epsn(qp, pkt, 1, !info.last);
   if (qp.resp.tm_ack_now) {

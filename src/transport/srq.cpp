@@ -170,14 +170,14 @@ void Engine::retire_recv_wqe(Qp& qp) {
   }
 }
 
-Engine::Verdict Engine::xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info) {
+Verdict Responder::xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info) {
   // A message continues into the SRQ it started in: the same number in every packet.
   if (!info.first) {
     if (qp.srq && qp.srq->srqn == srqn) return {};
     return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
   }
   Srq* found = nullptr;
-  for (Srq* s : srqs_)
+  for (Srq* s : srqs())
     if (s->srqn == srqn) found = s;
   // An SRQ of another domain, or not an XRC SRQ at all, is as good as none (IBTA 10.2.10.x).
   if (!found || !found->xrcd || found->xrcd != qp.cfg.xrcd) {

@@ -126,7 +126,7 @@ uint64_t Engine::tm_app_sq_used(Qp& qp, uint64_t head) {
   return ((head - polled) & SqCredit::kMask) - v.size();
 }
 
-Engine::Verdict Engine::tm_classify(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
+Verdict Responder::tm_classify(Qp& qp, const wire::OpcodeInfo& info, const wire::Packet& pkt) {
   tm::State& st = *qp.srq->tm;
   qp.resp.tm_kind = TmKind::Plain;
   qp.resp.tm_tag = 0;
@@ -175,7 +175,7 @@ Engine::Verdict Engine::tm_classify(Qp& qp, const wire::OpcodeInfo& info, const 
   return {};
 }
 
-Engine::Verdict Engine::tm_rendezvous(Qp& qp, tm::Tag& t, const wire::Packet& pkt, uint64_t tag, uint32_t priv) {
+Verdict Responder::tm_rendezvous(Qp& qp, tm::Tag& t, const wire::Packet& pkt, uint64_t tag, uint32_t priv) {
   tm::State& st = *qp.srq->tm;
   const uint8_t* rvh = pkt.payload + tm::kTmhBytes;
   const uint64_t va = load_be64(rvh);
