@@ -20,7 +20,7 @@ bool Engine::direct_receive(Qp& qp) {
     const uint32_t op = slot.op, length = slot.length, imm_be = slot.imm_be;
     const bool solicited = slot.solicited != 0;
     const bool send = op == DirectInbox::kSend || op == DirectInbox::kSendImm;
-    RecvWqe* w = next_recv_wqe(qp);
+    RecvWqe* w = placement_->next_recv_wqe(qp);
     ++qp.direct.inbox_tail;
     did = true;
     if ((!send && op != DirectInbox::kWriteImm) || (send && length > DirectInbox::kMaxMessage) || !w) {
@@ -31,11 +31,11 @@ bool Engine::direct_receive(Qp& qp) {
       if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
       return true;
     }
-    take_recv_wqe(qp);
+    placement_->take_recv_wqe(qp);
     core::Cqe c = connected_receive_cqe(qp, w->wr_id, send ? core::WcOpcode::Recv : core::WcOpcode::RecvRdmaWithImm,
                                         length, op != DirectInbox::kSend, imm_be);
     if (send) c.status = direct_place_send(qp, slot, *w, length);
-    retire_recv_wqe(qp);  // publishes the RQ's and the inbox's consumer indices together
+    placement_->retire_recv_wqe(qp);  // publishes the RQ's and the inbox's consumer indices together
     qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
     post_cqe(qp.cfg.recv_cq, c, solicited);
     if (c.status != WcStatus::Success) {
@@ -49,13 +49,13 @@ bool Engine::direct_receive(Qp& qp) {
 WcStatus Engine::direct_place_send(Qp& qp, const DirectInboxEntry& slot, const RecvWqe& w, uint32_t length) {
   DirectInbox* in = qp.direct.inbox;
   // A short message is in its entry; a longer one in the inbox's data ring, from its tail on.
-  if (length <= DirectInboxEntry::kInlineBytes) return place_message(w, qp.cfg.pd, {{slot.inline_data, length}});
+  if (length <= DirectInboxEntry::kInlineBytes) return placement_->place_message(w, qp.cfg.pd, {{slot.inline_data, length}});
   const uint64_t pos = in->data_tail.load(std::memory_order_relaxed);
   const uint64_t at = pos % DirectInbox::kDataBytes;
   const uint64_t first = std::min<uint64_t>(length, DirectInbox::kDataBytes - at);
   // The initiator checked this WQE against the key table; it can only have changed since by an
   // ibv_dereg_mr racing with the message, which fails it as the responder would.
-  const WcStatus st = place_message(w, qp.cfg.pd, {{in->data + at, first}, {in->data, length - first}});
+  const WcStatus st = placement_->place_message(w, qp.cfg.pd, {{in->data + at, first}, {in->data, length - first}});
   in->data_tail.store(pos + length, std::memory_order_release);  // consumed, placed or not
   return st;
 }

@@ -67,6 +67,7 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
       clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname),
       spin_ns_(opts_.spin_us * 1000ull) {
+  placement_ = std::make_unique<Placement>(*this);
   rc_ = std::make_unique<RcPath>(*this);
   datagram_ = std::make_unique<DatagramPath>(*this);
   raw_ = std::make_unique<RawPath>(*this);
@@ -620,7 +621,7 @@ void Engine::flush_queues(Qp& qp) {
   }
   if (direct_) direct_->publish_tails(qp);
   qp.resp.recv_active = false;
-  report_last_wqe(qp);
+  placement_->report_last_wqe(qp);
   path_of(qp).flush(qp);
 }
 
@@ -680,7 +681,7 @@ void Engine::forget_pointers_into(const core::MrRegion& region) {
   for (Qp* qp : qp_list_) {
     path_of(*qp).forget_pointers_into(*qp, lo, len);
     if (qp->resp.recv_active) {
-      const RecvWqe& w = active_recv_wqe(*qp);
+      const RecvWqe& w = placement_->active_recv_wqe(*qp);
       for (uint32_t i = 0; i < w.num_sge; ++i)
         if (w.sge[i].lkey == region.lkey && inside(qp->resp.recv_host[i])) qp->resp.recv_host[i] = nullptr;
     }
@@ -790,7 +791,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
     qp->sq.init(qp->sq_storage.data(), sq_ring);
     qp->sq.max_wr = sq_depth;
   }
-  if (!alloc_recv_ring(qp->rq, cfg.max_recv_wr, &qp->rq_bytes)) return nullptr;
+  if (!placement_->alloc_recv_ring(qp->rq, cfg.max_recv_wr, &qp->rq_bytes)) return nullptr;
   std::lock_guard lock(lock_);
   if (qps_.size() >= L::kMaxQp) {
     arena_.release(qp->rq.slots, qp->rq_bytes);

@@ -268,33 +268,6 @@ class Engine {
     stats_.device().*field += n;
     if (qp && qp->stats) qp->stats->*field += n;
   }
-  // srq.cpp: the receive WQE a message fills, from the QP's RQ or its SRQ alike (any QP type).
-  RecvWqe* next_recv_wqe(Qp& qp);    // the WQE the next message would take; nullptr when none is posted
-  RecvWqe& take_recv_wqe(Qp& qp);    // a message starts on next_recv_wqe(): SRQ WQEs leave the SRQ now
-  RecvWqe& active_recv_wqe(Qp& qp);  // the WQE taken by the message in progress
-  void retire_recv_wqe(Qp& qp);      // that message is complete (or failed): an RQ WQE leaves the RQ
-  // After a flush of a QP attached to an SRQ: IBV_EVENT_QP_LAST_WQE_REACHED, once per error.
-  void report_last_wqe(Qp& qp);
-  // placement.cpp: receive placement, the one step of every path that places a message into a
-  // receive WQE (RoCE RC/UC, iWARP, UD, the direct inbox; raw frames resolve their WQE alike).
-  // A receive WQE's buffers for a message of need bytes: LOC_LEN_ERR when they are too short,
-  // LOC_PROT_ERR when an SGE fails its key check (pd, LOCAL_WRITE), else Success with each SGE's host
-  // pointer in host[].
-  WcStatus resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const;
-  // A whole message (UD, the direct path) into w: its SGEs resolved for the pieces' total length, the
-  // pieces copied one after another from offset 0. The status of resolve_recv_sges.
-  WcStatus place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const;
-  // A message placed in pieces (RC, UC, iWARP, tag matching): the active WQE's SGEs resolved into
-  // qp.resp.recv_host (LOC_PROT_ERR or Success).
-  WcStatus resolve_active_recv(Qp& qp);
-  // A message starts on the next receive WQE (the caller saw one): taken, at offset 0, SGEs resolved.
-  WcStatus open_recv_message(Qp& qp);
-  // len bytes of the message in progress at its offset: LOC_LEN_ERR past the WQE's length,
-  // LOC_PROT_ERR when its memory was deregistered, else Success and the offset moves on.
-  WcStatus place_recv(Qp& qp, const uint8_t* src, uint64_t len);
-  // The message in progress completes with c into cq: its WQE is retired. fail_recv: in error, status.
-  void finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited);
-  void fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq);
   // RoCEv2 packets out of the context's port: to the QP's peer (send_packet), or to any address (UD).
   void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                       uint16_t dest_port);
@@ -314,6 +287,7 @@ class Engine {
   std::unique_ptr<DatagramPath> datagram_;
   std::unique_ptr<RawPath> raw_;
   std::unique_ptr<IwarpPath> iwarp_;
+  std::unique_ptr<Placement> placement_;  // the receive WQEs and placement into them, for every path
   Path* paths_[4] = {};  // in the order a progress pass looks at their own streams and ports
   Path& path_of(const Qp& qp) const;
   void batch_done() {
@@ -379,9 +353,6 @@ class Engine {
   std::vector<McastGroup> mcast_;
   bool mcast_if_set_ = false;  // port_ sends multicast out of the device's interface
   void mcast_receive(bool& did);
-  // A receive ring of max(max_wr, 1) WQEs in the context's arena (QP RQ, SRQ, WQ), with its size in
-  // *bytes for the release; false (errno ENOMEM) when the arena is full.
-  bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes);
   void mcast_forget_qp(Qp* qp);
   void mcast_close_all();
 };
@@ -398,7 +369,7 @@ inline void PathServices::post_cqe(core::CompletionQueue* cq, const core::Cqe& c
 inline void PathServices::raise(const AsyncEvent& ev) { e_.async_events_.push(ev); }
 inline void PathServices::move_to_error(Qp& qp) { e_.move_to_error(qp); }
 inline void PathServices::doorbell() { e_.doorbell(); }
-inline core::MrTable& PathServices::keys() { return e_.mrs_; }
+inline core::MrTable& PathServices::keys() const { return e_.mrs_; }
 inline void PathServices::serves_passive() {
   if (!e_.serves_passive_.load(std::memory_order_relaxed)) e_.serves_passive_.store(true, std::memory_order_relaxed);
 }
@@ -429,28 +400,29 @@ inline const std::vector<Srq*>& PathServices::srqs() const { return e_.srqs_; }
 inline bool PathServices::tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status) {
   return e_.tm_sq_done(qp, e, index, status);
 }
-inline void PathServices::fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq) { e_.fail_recv(qp, status, cq); }
-inline WcStatus PathServices::resolve_active_recv(Qp& qp) { return e_.resolve_active_recv(qp); }
+inline void PathServices::fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq) { e_.placement_->fail_recv(qp, status, cq); }
+inline WcStatus PathServices::resolve_active_recv(Qp& qp) { return e_.placement_->resolve_active_recv(qp); }
 inline WcStatus PathServices::place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const {
-  return e_.place_message(w, pd, pieces);
+  return e_.placement_->place_message(w, pd, pieces);
 }
-inline RecvWqe* PathServices::next_recv_wqe(Qp& qp) { return e_.next_recv_wqe(qp); }
-inline RecvWqe& PathServices::take_recv_wqe(Qp& qp) { return e_.take_recv_wqe(qp); }
-inline RecvWqe& PathServices::active_recv_wqe(Qp& qp) { return e_.active_recv_wqe(qp); }
-inline void PathServices::retire_recv_wqe(Qp& qp) { e_.retire_recv_wqe(qp); }
+inline RecvWqe* PathServices::next_recv_wqe(Qp& qp) { return e_.placement_->next_recv_wqe(qp); }
+inline RecvWqe& PathServices::take_recv_wqe(Qp& qp) { return e_.placement_->take_recv_wqe(qp); }
+inline RecvWqe& PathServices::active_recv_wqe(Qp& qp) { return e_.placement_->active_recv_wqe(qp); }
+inline void PathServices::retire_recv_wqe(Qp& qp) { e_.placement_->retire_recv_wqe(qp); }
 inline WcStatus PathServices::resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const {
-  return e_.resolve_recv_sges(w, pd, need, host);
+  return e_.placement_->resolve_recv_sges(w, pd, need, host);
 }
-inline WcStatus PathServices::open_recv_message(Qp& qp) { return e_.open_recv_message(qp); }
+inline WcStatus PathServices::open_recv_message(Qp& qp) { return e_.placement_->open_recv_message(qp); }
 inline WcStatus PathServices::place_recv(Qp& qp, const uint8_t* src, uint64_t len) {
-  return e_.place_recv(qp, src, len);
+  return e_.placement_->place_recv(qp, src, len);
 }
 inline void PathServices::finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited) {
-  e_.finish_recv(qp, c, cq, solicited);
+  e_.placement_->finish_recv(qp, c, cq, solicited);
 }
 inline bool PathServices::alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes) {
-  return e_.alloc_recv_ring(q, max_wr, bytes);
+  return e_.placement_->alloc_recv_ring(q, max_wr, bytes);
 }
 inline void PathServices::release_recv_ring(void* slots, size_t bytes) { e_.arena_.release(slots, bytes); }
+inline core::Arena& PathServices::arena() { return e_.arena_; }
 
 }  // namespace softrdma::transport

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/arena.h"
 #include "core/cq.h"
 #include "core/mr.h"
 #include "core/stats.h"
@@ -116,7 +117,7 @@ class PathServices {
   void raise(const AsyncEvent& ev);
   void move_to_error(Qp& qp);
   void doorbell();
-  core::MrTable& keys();
+  core::MrTable& keys() const;
   // Peers have sent this context one-sided requests (Engine::serves_passive_).
   void serves_passive();
   // The engine lock, for a path's own entry points called from the verbs layer.
@@ -168,6 +169,7 @@ class PathServices {
   core::WcStatus place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const;
   bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes);
   void release_recv_ring(void* slots, size_t bytes);
+  core::Arena& arena();
 
  private:
   Engine& e_;

@@ -31,16 +31,16 @@ bool scatter_recv(const RecvWqe& w, uint8_t* const* host, uint64_t off, const ui
   });
 }
 
-WcStatus Engine::resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const {
+WcStatus Placement::resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const {
   if (need > w.length) return WcStatus::LocLenErr;
   for (uint32_t i = 0; i < w.num_sge; ++i)
-    if (mrs_.check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &host[i]) !=
+    if (keys().check_local(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, true, &host[i]) !=
         core::AccessResult::Ok)
       return WcStatus::LocProtErr;
   return WcStatus::Success;
 }
 
-WcStatus Engine::place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const {
+WcStatus Placement::place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const {
   uint64_t need = 0;
   for (const Bytes& b : pieces) need += b.len;
   uint8_t* host[core::DeviceLimits::kMaxSge] = {};
@@ -53,12 +53,12 @@ WcStatus Engine::place_message(const RecvWqe& w, uint32_t pd, std::initializer_l
   return WcStatus::Success;
 }
 
-WcStatus Engine::resolve_active_recv(Qp& qp) {
+WcStatus Placement::resolve_active_recv(Qp& qp) {
   // need 0: a message in pieces is checked against the WQE's length as each piece is placed.
   return resolve_recv_sges(active_recv_wqe(qp), receive_pd(qp), 0, qp.resp.recv_host);
 }
 
-WcStatus Engine::open_recv_message(Qp& qp) {
+WcStatus Placement::open_recv_message(Qp& qp) {
   // A message given up (UC, SRQ) left its WQE active: it serves this one.
   if (!qp.resp.recv_active) {
     take_recv_wqe(qp);
@@ -68,7 +68,7 @@ WcStatus Engine::open_recv_message(Qp& qp) {
   return resolve_active_recv(qp);
 }
 
-WcStatus Engine::place_recv(Qp& qp, const uint8_t* src, uint64_t len) {
+WcStatus Placement::place_recv(Qp& qp, const uint8_t* src, uint64_t len) {
   const RecvWqe& w = active_recv_wqe(qp);
   if (qp.resp.recv_offset + len > w.length) return WcStatus::LocLenErr;
   // The receive buffer's MR was deregistered while this message arrived.
@@ -77,14 +77,74 @@ WcStatus Engine::place_recv(Qp& qp, const uint8_t* src, uint64_t len) {
   return WcStatus::Success;
 }
 
-void Engine::finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited) {
+void Placement::finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited) {
   retire_recv_wqe(qp);
   qp.resp.recv_active = false;
   post_cqe(cq, c, solicited);
 }
 
-void Engine::fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq) {
+void Placement::fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq) {
   finish_recv(qp, wqe_cqe(qp.qpn, active_recv_wqe(qp).wr_id, status, core::WcOpcode::Recv), cq, false);
+}
+
+bool Placement::alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes) {
+  const uint32_t depth = std::max<uint32_t>(max_wr, 1);
+  *bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(depth);
+  auto* ring = static_cast<RecvWqe*>(arena().allocate(*bytes));
+  if (!ring) {
+    errno = ENOMEM;
+    return false;
+  }
+  q.init(ring, depth);
+  return true;
+}
+
+RecvWqe* Placement::next_recv_wqe(Qp& qp) {
+  if (qp.resp.srq_wqe_held) return &qp.resp.srq_wqe;  // taken by a message that was given up (UC): reused
+  WorkQueue<RecvWqe>& q = qp.recv_queue();
+  uint64_t t = q.tail.load(std::memory_order_relaxed);
+  return t == q.head.load(std::memory_order_acquire) ? nullptr : &q.at(t);
+}
+
+RecvWqe& Placement::take_recv_wqe(Qp& qp) {
+  if (!qp.srq) return qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
+  if (qp.resp.srq_wqe_held) return qp.resp.srq_wqe;
+  Srq& srq = *qp.srq;
+  uint64_t t = srq.rq.tail.load(std::memory_order_relaxed);
+  const RecvWqe& w = srq.rq.at(t);
+  qp.resp.srq_wqe.wr_id = w.wr_id;
+  qp.resp.srq_wqe.num_sge = w.num_sge;
+  qp.resp.srq_wqe.length = w.length;
+  std::memcpy(qp.resp.srq_wqe.sge, w.sge, sizeof(Sge) * w.num_sge);
+  srq.rq.tail.store(t + 1, std::memory_order_release);
+  qp.resp.srq_wqe_held = true;
+  // The low watermark (IBTA 11.2.3.2 / ibv_modify_srq(3)): once, then disarmed until set again.
+  if (srq.limit && srq.rq.count() < srq.limit) {
+    srq.limit = 0;
+    raise(AsyncEvent{AsyncEventType::SrqLimitReached, nullptr, nullptr, &srq});
+  }
+  return qp.resp.srq_wqe;
+}
+
+RecvWqe& Placement::active_recv_wqe(Qp& qp) {
+  return qp.srq ? qp.resp.srq_wqe : qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
+}
+
+void Placement::retire_recv_wqe(Qp& qp) {
+  if (qp.srq) {
+    qp.resp.srq_wqe_held = false;
+  } else {
+    qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    if (DirectEndpoint* d = direct()) d->publish_tails(qp);
+  }
+}
+
+void Placement::report_last_wqe(Qp& qp) {
+  // The QP is in error and its WQE in progress is flushed: it takes nothing more from the SRQ, whose
+  // remaining WQEs stay there for the other QPs (IBTA 11.6.3.1, 10.3.1).
+  if (!qp.srq || qp.resp.last_wqe_reached) return;
+  qp.resp.last_wqe_reached = true;
+  raise(AsyncEvent{AsyncEventType::QpLastWqeReached, &qp, nullptr});
 }
 
 }  // namespace softrdma::transport

@@ -29,7 +29,7 @@ Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t
   srq->xrcd = xrcd;
   srq->cq = cq;
   srq->max_sge = std::max<uint32_t>(max_sge, 1);
-  if (!alloc_recv_ring(srq->rq, max_wr, &srq->rq_bytes)) {
+  if (!placement_->alloc_recv_ring(srq->rq, max_wr, &srq->rq_bytes)) {
     delete srq;
     return nullptr;
   }
@@ -118,58 +118,6 @@ int Engine::post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
   return push_recv_wqes(srq->rq, wqes, n, srq->max_sge, bad, &head);
 }
 
-bool Engine::alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes) {
-  const uint32_t depth = std::max<uint32_t>(max_wr, 1);
-  *bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(depth);
-  auto* ring = static_cast<RecvWqe*>(arena_.allocate(*bytes));
-  if (!ring) {
-    errno = ENOMEM;
-    return false;
-  }
-  q.init(ring, depth);
-  return true;
-}
-
-RecvWqe* Engine::next_recv_wqe(Qp& qp) {
-  if (qp.resp.srq_wqe_held) return &qp.resp.srq_wqe;  // taken by a message that was given up (UC): reused
-  WorkQueue<RecvWqe>& q = qp.recv_queue();
-  uint64_t t = q.tail.load(std::memory_order_relaxed);
-  return t == q.head.load(std::memory_order_acquire) ? nullptr : &q.at(t);
-}
-
-RecvWqe& Engine::take_recv_wqe(Qp& qp) {
-  if (!qp.srq) return qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
-  if (qp.resp.srq_wqe_held) return qp.resp.srq_wqe;
-  Srq& srq = *qp.srq;
-  uint64_t t = srq.rq.tail.load(std::memory_order_relaxed);
-  const RecvWqe& w = srq.rq.at(t);
-  qp.resp.srq_wqe.wr_id = w.wr_id;
-  qp.resp.srq_wqe.num_sge = w.num_sge;
-  qp.resp.srq_wqe.length = w.length;
-  std::memcpy(qp.resp.srq_wqe.sge, w.sge, sizeof(Sge) * w.num_sge);
-  srq.rq.tail.store(t + 1, std::memory_order_release);
-  qp.resp.srq_wqe_held = true;
-  // The low watermark (IBTA 11.2.3.2 / ibv_modify_srq(3)): once, then disarmed until set again.
-  if (srq.limit && srq.rq.count() < srq.limit) {
-    srq.limit = 0;
-    async_events_.push(AsyncEvent{AsyncEventType::SrqLimitReached, nullptr, nullptr, &srq});
-  }
-  return qp.resp.srq_wqe;
-}
-
-RecvWqe& Engine::active_recv_wqe(Qp& qp) {
-  return qp.srq ? qp.resp.srq_wqe : qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
-}
-
-void Engine::retire_recv_wqe(Qp& qp) {
-  if (qp.srq) {
-    qp.resp.srq_wqe_held = false;
-  } else {
-    qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-    if (direct_) direct_->publish_tails(qp);
-  }
-}
-
 Verdict Responder::xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info) {
   // A message continues into the SRQ it started in: the same number in every packet.
   if (!info.first) {
@@ -189,14 +137,6 @@ Verdict Responder::xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo&
   qp.cfg.recv_cq = found->cq;
   qp.cfg.pd = found->pd;  // memory the request reaches is checked against the SRQ's PD
   return {};
-}
-
-void Engine::report_last_wqe(Qp& qp) {
-  // The QP is in error and its WQE in progress is flushed: it takes nothing more from the SRQ, whose
-  // remaining WQEs stay there for the other QPs (IBTA 11.6.3.1, 10.3.1).
-  if (!qp.srq || qp.resp.last_wqe_reached) return;
-  qp.resp.last_wqe_reached = true;
-  async_events_.push(AsyncEvent{AsyncEventType::QpLastWqeReached, &qp, nullptr});
 }
 
 }  // namespace softrdma::transport
