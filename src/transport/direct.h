@@ -3,7 +3,7 @@
 // mapped into this process, with the checks the peer's responder would make. A SEND (and the receive
 // half of WRITE_WITH_IMM) goes into an inbox in the peer's writable area, but only once the initiator
 // has seen a receive WQE there that will take it; the peer's engine places it into that WQE and writes
-// the CQE when its application polls, or when woken because the CQ is armed (direct_receive.cpp).
+// the CQE when its application polls, or when woken because the CQ is armed (direct_path.cpp).
 //
 // Each context (Engine) has one DirectEndpoint, which is what the engine sees of the path; its parts,
 // one job each:

@@ -21,6 +21,7 @@
 #include "net/registry.h"
 #include "transport/direct_share.h"
 #include "transport/datagram_path.h"
+#include "transport/direct_path.h"
 #include "transport/iwarp_path.h"
 #include "transport/rc_path.h"
 #include "transport/raw_path.h"
@@ -69,13 +70,15 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
       spin_ns_(opts_.spin_us * 1000ull) {
   placement_ = std::make_unique<Placement>(*this);
   rc_ = std::make_unique<RcPath>(*this);
+  direct_path_ = std::make_unique<DirectPath>(*this, *rc_);
   datagram_ = std::make_unique<DatagramPath>(*this);
   raw_ = std::make_unique<RawPath>(*this);
   iwarp_ = std::make_unique<IwarpPath>(*this);
   paths_[0] = raw_.get();
   paths_[1] = iwarp_.get();
   paths_[2] = rc_.get();
-  paths_[3] = datagram_.get();
+  paths_[3] = direct_path_.get();
+  paths_[4] = datagram_.get();
   if (!opts_.open_port)
     opts_.open_port = [](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
       return std::make_unique<net::UdpPort>(ip_be, port);
@@ -199,7 +202,7 @@ void Engine::progress_loop() {
         // A direct message for an armed CQ comes with a doorbell, or is placed by the arm itself
         // (arm_cq): one whose event only a wake-up without a doorbell raises was a lost wake-up.
         const uint64_t events = events_raised_;
-        direct_receive_all();
+        direct_path_->receive_inboxes(qp_list_);
         if (events_raised_ != events) count(nullptr, &core::Counters::direct_late_events, events_raised_ - events);
       }
       unrung = false;
@@ -292,7 +295,7 @@ bool Engine::progress_once() {
   bool did = false;
   // Placing direct messages is not work that keeps the progress thread spinning: the application's
   // own polls place them, and the thread would only take their core.
-  if (direct_) direct_receive_all();
+  if (direct_) direct_path_->receive_inboxes(qp_list_);
   receive_from(*port_, did);
   const uint64_t now = this->now();
   try_take_roce_port(now);
@@ -468,6 +471,8 @@ void Engine::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) {
     count(&qp, &core::Counters::drop_src_addr);
     return;
   }
+  // A request by packets comes after whatever its requester left in the inbox before it.
+  if (qp.direct.inbox) direct_path_->receive_inbox(qp);
   path_of(qp).deliver(qp, pkt, from);
 }
 
@@ -549,17 +554,6 @@ void Engine::resolve_destination(Qp& qp) {
   qp.dest_port = (ep && ep->ip_be == qp.dest_ip_be) ? ep->port : wire::kRoceUdpPort;
 }
 
-void Engine::attach_direct(Qp& qp) {
-  // An RC peer QP of another context on this host: the requester may use its memory directly.
-  // XRC QPs go by packets: the direct path knows no XRCETH.
-  if (!direct_ || qp.cfg.type != QpType::Rc || qp.cfg.xrc != XrcRole::None) return;
-  auto ep = net::Registry::instance().lookup(qp.dest_qpn);
-  if (ep && ep->ip_be == qp.dest_ip_be)
-    direct_->attach(qp, ep->pid, ep->port);
-  else
-    direct_->detach(qp);
-}
-
 int PathServices::watch(int fd, uint32_t events) {
   epoll_event ev{};
   ev.events = events;
@@ -593,7 +587,7 @@ void Engine::move_to_error(Qp& qp) {
 
 void Engine::flush_queues(Qp& qp) {
   // Messages an initiator left before the error are received, as an HCA did before it failed.
-  direct_receive(qp);
+  direct_path_->receive_inbox(qp);
   for (uint64_t i = qp.sq.tail.load(); i != qp.sq.head.load(std::memory_order_acquire); ++i) {
     SqEntry& e = qp.sq.at(i);
     if (tm_sq_done(qp, e, i, WcStatus::WrFlushErr)) {
@@ -843,7 +837,7 @@ void Engine::destroy_qp(Qp* qp) {
     stats_.detach_qp(qp->qpn);
     if (direct_) {
       direct_->qp_destroyed(*qp);
-      direct_receive(*qp);
+      direct_path_->receive_inbox(*qp);
       direct_->release_inbox(*qp);
     }
     qp->sq_credit->renew();  // its CQEs still in a CQ give nothing back to the slot's next QP
@@ -918,12 +912,11 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           if (qp->cfg.send_cq) qp->cfg.send_cq->discard_qp(qp->qpn, qp->srq != nullptr);
           if (qp->cfg.recv_cq && qp->cfg.recv_cq != qp->cfg.send_cq)
             qp->cfg.recv_cq->discard_qp(qp->qpn, qp->srq != nullptr);
-          if (direct_) direct_->detach(*qp);
           break;
         case QpState::Rtr:
           if (qp->cfg.type == QpType::Raw) break;  // no peer: frames carry their own addresses
           resolve_destination(*qp);
-          attach_direct(*qp);
+          direct_path_->join(*qp);
           if (!derive_wire_keys(*qp)) return ENOMEM;  // the QP stays where it was
           break;
         case QpState::Err:
@@ -1049,7 +1042,7 @@ bool Engine::lock_for_caller() {
 
 void Engine::place_direct() {
   if (!direct_ || !direct_active_.load(std::memory_order_relaxed) || !lock_for_caller()) return;
-  if (direct_receive_all()) count(nullptr, &core::Counters::direct_channel_wakes);
+  if (direct_path_->receive_inboxes(qp_list_)) count(nullptr, &core::Counters::direct_channel_wakes);
   lock_.unlock();
 }
 
@@ -1072,7 +1065,7 @@ void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
   // after the arm's fence, its CQE raises the event.
   if (!lock_for_caller()) return;
   for (Qp* qp : qp_list_)
-    if (qp->direct.inbox && qp->cfg.recv_cq == cq) direct_receive(*qp);
+    if (qp->direct.inbox && qp->cfg.recv_cq == cq) direct_path_->receive_inbox(*qp);
   lock_.unlock();
 }
 
@@ -1083,7 +1076,7 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     // an acknowledged message), so it is returned with what the ring held, as an HCA's CQ would hold
     // it. Otherwise a poll that found its own send CQE missed them, and the application could learn of
     // the peer's disconnect (or destroy the QP) before seeing completions of data sent before it.
-    const bool placed = direct_receive_all();
+    const bool placed = direct_path_->receive_inboxes(qp_list_);
     lock_.unlock();
     if (placed) got += cq->poll(out + got, n - got);
   } else if (got == 0 && lock_for_caller()) {
@@ -1092,7 +1085,7 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     // only every 1024th one goes on to the sockets and timers (syscalls and clock reads, ~1 us): the
     // progress thread handles packets too, and a spinning poller must see a direct message at once.
     if (!direct_active_.load(std::memory_order_relaxed) ||
-        (!direct_receive_all() && (++empty_polls_ & 1023) == 0)) {
+        (!direct_path_->receive_inboxes(qp_list_) && (++empty_polls_ & 1023) == 0)) {
       app_pass_ = true;
       progress_once();
       app_pass_ = false;

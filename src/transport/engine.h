@@ -97,6 +97,7 @@ inline EngineOptions context_options(const config::Settings& s) {
 }
 
 class RcPath;        // transport/rc_path.h
+class DirectPath;    // transport/direct_path.h
 class DatagramPath;  // transport/datagram_path.h
 class IwarpPath;     // transport/iwarp_path.h
 class RawPath;       // transport/raw_path.h
@@ -249,14 +250,6 @@ class Engine {
   bool open_protected(Qp& qp, const uint8_t*& data, uint32_t& len);
   std::vector<uint8_t> open_buf_;  // decrypted packets (Encrypt mode), one at a time
   void resolve_destination(Qp& qp);
-  void attach_direct(Qp& qp);
-  // The direct path's receive side (direct_receive.cpp): places what initiators left in the QP's inbox
-  // into its receive WQEs and writes the CQEs; true when anything was placed.
-  bool direct_receive(Qp& qp);
-  // A SEND of length bytes from the inbox entry slot (or the inbox's data ring) into w: the status of
-  // place_message; the ring's bytes are consumed either way.
-  WcStatus direct_place_send(Qp& qp, const DirectInboxEntry& slot, const RecvWqe& w, uint32_t length);
-  bool direct_receive_all();
   // Takes the engine lock for an application thread: when free, or, once a QP has a direct peer, after
   // waiting for it (posts and polls then do the direct path's work themselves).
   bool lock_for_caller();
@@ -284,11 +277,12 @@ class Engine {
   // UD/UC, raw packets) until an attach moves it to another (iWARP); path_of gives it.
   friend class PathServices;
   std::unique_ptr<RcPath> rc_;
+  std::unique_ptr<DirectPath> direct_path_;
   std::unique_ptr<DatagramPath> datagram_;
   std::unique_ptr<RawPath> raw_;
   std::unique_ptr<IwarpPath> iwarp_;
   std::unique_ptr<Placement> placement_;  // the receive WQEs and placement into them, for every path
-  Path* paths_[4] = {};  // in the order a progress pass looks at their own streams and ports
+  Path* paths_[5] = {};  // in the order a progress pass looks at their own streams and ports
   Path& path_of(const Qp& qp) const;
   void batch_done() {
     for (Path* p : paths_) p->batch_done();
@@ -395,7 +389,6 @@ inline void PathServices::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_
 }
 inline void PathServices::resolve_destination(Qp& qp) { e_.resolve_destination(qp); }
 inline DirectEndpoint* PathServices::direct() { return e_.direct_.get(); }
-inline bool PathServices::direct_receive(Qp& qp) { return e_.direct_receive(qp); }
 inline const std::vector<Srq*>& PathServices::srqs() const { return e_.srqs_; }
 inline bool PathServices::tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status) {
   return e_.tm_sq_done(qp, e, index, status);

@@ -144,10 +144,8 @@ class PathServices {
   void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                       uint16_t dest_port);
   void resolve_destination(Qp& qp);
-  // The intra-host direct path (nullptr when off), and the placing of what its initiators left in
-  // the QP's inbox (true when anything was placed).
+  // The intra-host direct path's endpoint (direct.h; nullptr when off).
   DirectEndpoint* direct();
-  bool direct_receive(Qp& qp);
   // Shared receive queues (the XRC target's lookup), and the SQ side of tag matching: an SQ entry at
   // index completed with status; true when it was the engine's own (tag_matching.cpp).
   const std::vector<Srq*>& srqs() const;

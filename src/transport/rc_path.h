@@ -33,8 +33,7 @@ class Requester : PathServices {
   void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
 
  private:
-  // requester_run's steps: the WQE done by the direct path (true), and the packets of a started WQE.
-  bool requester_try_direct(Qp& qp, SqEntry& e, uint64_t now_ns);
+  // requester_run's step: the packets of a started WQE.
   bool requester_send_packets(Qp& qp, SqEntry& e, uint64_t to_send, int& budget, uint64_t& now_ns);
 };
 

@@ -131,29 +131,6 @@ void Requester::arm_retransmit_timer(Qp& qp, uint64_t now) {
   qp.comp.timer_deadline_ns = us ? now + us * 1000 : 0;
 }
 
-// The intra-host direct path, for a one-sided WQE with nothing before it in flight (so order and
-// fences hold trivially); whatever it cannot do exactly goes by packets (false). A rendezvous FIN goes
-// by packets: behind the ACK that completed the sender's request. True: e is done and completed in order.
-bool Requester::requester_try_direct(Qp& qp, SqEntry& e, uint64_t now) {
-  if (!((qp.direct.peer || qp.direct.retry_ns) && qp.sq.tail.load(std::memory_order_relaxed) == qp.req.send_index &&
-        !(e.wqe.flags & kTmFin)))
-    return false;
-  if (direct()->execute(qp, e, now) == DirectEndpoint::Result::Done) {
-    e.started = true;
-    e.acked = true;
-    e.npkts = 0;
-    e.first_psn = qp.req.next_psn;
-    count(&qp, &core::Counters::direct_ops);
-    count(&qp, &core::Counters::direct_bytes, e.wqe.length);
-    ++qp.req.send_index;
-    qp.req.send_offset_pkts = 0;
-    complete_in_order(qp);
-    return true;
-  }
-  if (qp.direct.peer) count(&qp, &core::Counters::direct_fallbacks);  // not while still asking
-  return false;
-}
-
 // e's request packets from the send offset up to to_send, within the PSN window and the pass's budget;
 // the retransmit timer is armed with the first (now read from the clock if still 0). True: one was sent.
 bool Requester::requester_send_packets(Qp& qp, SqEntry& e, uint64_t to_send, int& budget, uint64_t& now) {
@@ -207,13 +184,7 @@ bool Requester::requester_run(Qp& qp, uint64_t now) {
         fail_in_order(qp, e);
         return true;
       }
-      if (requester_try_direct(qp, e, now)) {
-        did = true;
-        continue;
-      }
       if (wire::psn_diff(qp.req.next_psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
-      // By packets the peer's responder takes a receive WQE the direct path does not know of.
-      if (wr.consumes_receive) qp.direct.recv.valid = false;
       e.first_psn = qp.req.next_psn;
       qp.req.next_psn = wire::psn_add(qp.req.next_psn, e.npkts);
       e.started = true;

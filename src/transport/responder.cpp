@@ -304,8 +304,6 @@ void Responder::responder_receive(Qp& qp, const wire::Packet& pkt) {
     count(&qp, &core::Counters::drop_bad_state);
     return;
   }
-  // A request by packets comes after whatever its requester left in the inbox before it.
-  if (qp.direct.inbox) direct_receive(qp);
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   if (info.kind != wire::OpKind::Send) serves_passive();
   const int32_t d = wire::psn_diff(pkt.bth.psn, qp.resp.epsn);
