@@ -33,7 +33,7 @@ tests/unit/transport  transport core net wire config
 tests/unit/verbs      verbs core config
 tests/unit/cm         cm wire config
 tests/verbs           core verbs
-tests/faults          -
+tests/faults          verbs
 tests/hostile         wire net core verbs transport
 tests/rdmacm          -
 tests/compat          -
