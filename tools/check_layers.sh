@@ -34,7 +34,7 @@ tests/unit/verbs      verbs core config
 tests/unit/cm         cm wire config
 tests/verbs           core verbs
 tests/faults          verbs
-tests/hostile         wire net core verbs transport
+tests/hostile         wire net core verbs transport config
 tests/rdmacm          -
 tests/compat          -
 tests/interop         -
