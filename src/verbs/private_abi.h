@@ -89,9 +89,10 @@ struct ibv_context *softrdma_open_device(const char *name, uint32_t flags);
  * the process's settings (softrdma_set_option, then the environment) for this context only, and are
  * checked against the configuration table (src/config, `softrdma config`). A context takes the
  * variables it reads when it opens and keeps: SOFTRDMA_DIRECT, SOFTRDMA_IMPAIR, SOFTRDMA_SPIN_US,
- * SOFTRDMA_GSO and SOFTRDMA_COUNTERS. The others are the process's (softrdma_set_option), as are
- * SOFTRDMA_DIRECT_PEERS and SOFTRDMA_STATS_MODE, which the engine reads from the process's table when
- * the context opens, and SOFTRDMA_DIRECT where an iWARP QP's attach asks it (as librdmacm does).
+ * SOFTRDMA_GSO and SOFTRDMA_COUNTERS. The others are the process's: give them with softrdma_set_option
+ * (SOFTRDMA_DIRECT_PEERS and SOFTRDMA_STATS_MODE too: the engine takes them from the process's table).
+ * softrdma_iwarp_attach decides on the direct path by the process's table (SOFTRDMA_DIRECT,
+ * SOFTRDMA_IMPAIR), as librdmacm does, not by the context's.
  * NULL with errno set on failure: EINVAL (flags; settings not NAME=VALUE, a name not in the table or
  * not a context's, a value its type does not take), ENODEV (no such device). */
 struct ibv_context *softrdma_open_device_with(const char *name, uint32_t flags, const char *settings);
@@ -101,7 +102,7 @@ struct ibv_context *softrdma_open_device_with(const char *name, uint32_t flags, 
  * contexts opened after, the QPN registry and tuple table if not opened yet. NULL: the environment's
  * value again; "": the default. It does not reach librdmacm, which has its own table: a process that
  * uses rdma_cm calls librdmacm's softrdma_cm_set_option, which sets both. A process-wide setting,
- * like the environment it stands for: no context opened before changes, nothing else is undone.
+ * like the environment it stands for: contexts opened before keep theirs.
  * 0, or EINVAL (a name not in the table, a value its type does not take). Thread-safe. */
 int softrdma_set_option(const char *name, const char *value);
 
