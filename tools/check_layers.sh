@@ -33,8 +33,8 @@ tests/unit/transport  transport core net wire config
 tests/unit/verbs      verbs core config
 tests/unit/cm         cm wire config
 tests/verbs           core verbs
-tests/faults          -
-tests/hostile         wire net core verbs transport
+tests/faults          verbs
+tests/hostile         wire net core verbs transport config
 tests/rdmacm          -
 tests/compat          -
 tests/interop         -

@@ -1,8 +1,12 @@
 // The table of environment variables and its parser (config.h).
 #include "config/config.h"
 
+#include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 namespace softrdma::config {
 namespace {
@@ -10,12 +14,12 @@ namespace {
 constexpr Variable kTable[] = {
     // libibverbs: read when devices are listed, a context opens or a port opens.
     {"SOFTRDMA_TRANSPORT", Type::Choice, "roce", "libibverbs",
-     "devices offered: `roce`, `iwarp` (iWARP only, as a siw host) or `both` (RoCE first)"},
+     "devices offered: `roce`, `iwarp` (iWARP only, as a siw host) or `both` (RoCE first)", "roce iwarp both"},
     {"SOFTRDMA_DIRECT", Type::Bool, "1 (0 under SOFTRDMA_IMPAIR)", "libibverbs, librdmacm",
      "`0`: no intra-host direct path, every operation by packets or TCP; `1`: even under SOFTRDMA_IMPAIR"},
     {"SOFTRDMA_DIRECT_PEERS", Type::Choice, "user", "libibverbs",
      "whom a context's direct-path server answers: `user` (our uid or root), `group` (also our primary "
-     "group), `any`; refusals counted in `direct_refused` (docs/security.md)"},
+     "group), `any`; refusals counted in `direct_refused` (docs/security.md)", "user group any"},
     {"SOFTRDMA_IMPAIR", Type::Text, "", "libibverbs",
      "deterministic packet faults on the UDP ports, e.g. `seed=42,tx_drop=0.05,rx_dup=0.01` (keys in "
      "src/net/impairment.h)"},
@@ -35,7 +39,7 @@ constexpr Variable kTable[] = {
      "base path of the iWARP direct path's 4-tuple table (files `<base>-u<uid>`)"},
     {"SOFTRDMA_WIRE_PROTECT", Type::Choice, "off", "libibverbs, librdmacm",
      "protection of the RC/UC packets of connections the CM sets up: `off`, `auth` or `encrypt` "
-     "(docs/security.md)"},
+     "(docs/security.md)", "off auth encrypt"},
     {"SOFTRDMA_AUTH_KEY", Type::Text, "", "libibverbs, librdmacm",
      "the operator key for SOFTRDMA_WIRE_PROTECT, in hex (at least 16 bytes)"},
     {"SOFTRDMA_AUTH_KEY_FILE", Type::Path, "", "libibverbs, librdmacm",
@@ -116,6 +120,49 @@ DirectPeers peers_value(const char* v) {
   return DirectPeers::User;  // also for anything unknown: the safe choice
 }
 
+bool all_digits(std::string_view v, char last) {
+  for (char c : v)
+    if (c < '0' || c > last) return false;
+  return !v.empty();
+}
+
+bool is_choice(const char* choices, std::string_view v) {
+  std::string_view rest = choices ? choices : "";
+  while (!rest.empty()) {
+    const size_t end = rest.find(' ');
+    if (rest.substr(0, end) == v) return true;
+    if (end == std::string_view::npos) break;
+    rest.remove_prefix(end + 1);
+  }
+  return false;
+}
+
+// The process's options (set_option), and their lock: parse() reads them on any thread. Never
+// freed: exit-time code (a CM's farewell, a context closed by an atexit handler) still parses. A
+// process that never sets one never takes the lock (a child forked while another thread parsed
+// could not take it again).
+std::atomic<bool> any_options{false};
+std::mutex& options_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::map<std::string, std::string, std::less<>>& options() {
+  static auto* o = new std::map<std::string, std::string, std::less<>>;
+  return *o;
+}
+
+// A name's value: `first`'s, else the process's option, else the environment's. The caller holds
+// options_mutex() if `opts`.
+const char* process_value(const Assignments& first, bool opts, const char* name) {
+  for (auto it = first.rbegin(); it != first.rend(); ++it)  // the last of a name wins
+    if (it->first == name) return it->second.c_str();
+  if (opts) {
+    const auto& o = options();
+    if (auto it = o.find(std::string_view(name)); it != o.end()) return it->second.c_str();
+  }
+  return std::getenv(name);
+}
+
 }  // namespace
 
 const char* type_name(Type t) {
@@ -137,6 +184,54 @@ const Variable* find(std::string_view name) {
   for (const Variable& v : kTable)
     if (name == v.name) return &v;
   return nullptr;
+}
+
+bool accepts(const Variable& v, std::string_view value) {
+  if (value.empty()) return true;
+  switch (v.type) {
+    case Type::Bool: return value == "0" || value == "1";
+    case Type::Uint: {
+      if (!all_digits(value, '9')) return false;
+      const std::string s(value);
+      errno = 0;
+      std::strtoull(s.c_str(), nullptr, 10);
+      return errno != ERANGE;
+    }
+    case Type::Octal: return all_digits(value, '7') && octal_value(std::string(value).c_str()).has_value();
+    case Type::Choice: return is_choice(v.choices, value);
+    case Type::Flag:
+    case Type::Text:
+    case Type::Path: return true;
+  }
+  return false;
+}
+
+std::optional<Assignments> parse_assignments(std::string_view text) {
+  Assignments out;
+  while (!text.empty()) {
+    const size_t end = text.find(';');
+    const std::string_view item = text.substr(0, end);
+    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) return std::nullopt;
+    const Variable* v = find(item.substr(0, eq));
+    const std::string_view value = item.substr(eq + 1);
+    if (!v || !accepts(*v, value)) return std::nullopt;
+    out.emplace_back(v->name, value);
+  }
+  return out;
+}
+
+bool set_option(std::string_view name, const char* value) {
+  const Variable* v = find(name);
+  if (!v || (value && !accepts(*v, value))) return false;
+  std::lock_guard lock(options_mutex());
+  if (value)
+    options()[v->name] = value;
+  else
+    options().erase(v->name);
+  any_options.store(true);
+  return true;
 }
 
 Settings parse(const Lookup& lookup) {
@@ -166,8 +261,12 @@ Settings parse(const Lookup& lookup) {
   return s;
 }
 
-Settings parse() {
-  return parse([](const char* name) -> const char* { return std::getenv(name); });
+Settings parse() { return parse(Assignments{}); }
+
+Settings parse(const Assignments& first) {
+  if (!any_options.load()) return parse([&first](const char* name) { return process_value(first, false, name); });
+  std::lock_guard lock(options_mutex());
+  return parse([&first](const char* name) { return process_value(first, true, name); });
 }
 
 }  // namespace softrdma::config

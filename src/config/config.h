@@ -10,6 +10,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace softrdma::config {
 
@@ -30,11 +32,24 @@ struct Variable {
   const char* fallback;  // the default, as a user would write it ("" when unset means "none")
   const char* reader;    // who reads it: libibverbs, librdmacm, softrdma, tests, a script
   const char* help;
+  const char* choices = nullptr;  // a Choice's words, separated by spaces
 };
 
 // Every variable, in the order `softrdma config` and docs/debugging.md list them.
 std::span<const Variable> table();
 const Variable* find(std::string_view name);
+
+// Whether the variable's type takes `value`: "" (the default) always; a Bool 0 or 1, a Uint decimal
+// digits (64 bits), an Octal octal digits up to 0777, a Choice one of its words; a Flag, a Text and a
+// Path anything. The parser itself is more lenient (a value it does not take means the default); the
+// settings a program passes without the environment (below) are checked with this.
+bool accepts(const Variable& v, std::string_view value);
+
+// Settings written out, "SOFTRDMA_X=v;SOFTRDMA_Y=w" (a value cannot hold ';'; "" is none), as
+// (name, value) pairs in their order; nullopt when one is not NAME=VALUE, names no variable of the
+// table, or has a value its type does not take (accepts).
+using Assignments = std::vector<std::pair<std::string, std::string>>;
+std::optional<Assignments> parse_assignments(std::string_view text);
 
 enum class Transport { Roce = 0, Iwarp = 1, Both = 2 };  // also an index (verbs/device.cpp)
 enum class DirectPeers { User, Group, Any };
@@ -68,10 +83,20 @@ struct Settings {
 // A variable's value by name: nullptr when unset.
 using Lookup = std::function<const char*(const char* name)>;
 
-// The settings the lookup gives; parse() with no argument reads the process environment now.
-// Consumers call it when the code they configure starts (a context, a port, a connection), so a
-// process may open contexts with different settings.
+// The settings the lookup gives; parse() with no argument reads the process's settings now: its
+// options (set_option), then its environment. Consumers call it when the code they configure starts
+// (a context, a port, a connection), so a process may open contexts with different settings.
 Settings parse(const Lookup& lookup);
 Settings parse();
+// The settings of `first` (a context's own, parse_assignments), then the process's as parse().
+Settings parse(const Assignments& first);
+
+// The process's options: a value set here wins over the environment's in every parse() after, in
+// this copy of the module (each of softrdma's libraries links its own: their private ABIs,
+// softrdma_set_option and softrdma_cm_set_option, set it). For in-process tests, which so configure
+// the code they test without setenv. value nullptr: the environment's value again; "": the default,
+// whatever the environment says. false, and nothing changes, when the name is not in the table or the
+// type does not take the value (accepts). Thread-safe.
+bool set_option(std::string_view name, const char* value);
 
 }  // namespace softrdma::config

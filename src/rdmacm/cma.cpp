@@ -20,6 +20,7 @@
 
 #include "cm/cm.h"
 #include "cm/protect.h"
+#include "config/config.h"
 #include "verbs/private_abi.h"
 #include "rdmacm/ids.h"
 
@@ -1111,4 +1112,17 @@ SOFTRDMA_EXPORT int softrdma_cm_iwarp_stats(uint64_t* values, unsigned n) {
   const unsigned count = sizeof all / sizeof all[0];
   for (unsigned i = 0; values && i < n && i < count; ++i) values[i] = all[i];
   return static_cast<int>(count);
+}
+
+// softrdma's private ABI, for in-process tests: sets a SOFTRDMA_* variable of this process without
+// the environment, in librdmacm's table and in libibverbs' (softrdma_set_option), so that both
+// libraries see one setting as they see one environment. Every later read takes it: the CM's timers
+// and retries, iWARP's MPA settings, the device list (SOFTRDMA_TRANSPORT), contexts opened after.
+// NULL: the environment's value again; "": the default. 0, or EINVAL (a name not in the table, a
+// value its type does not take). Thread-safe.
+SOFTRDMA_EXPORT int softrdma_cm_set_option(const char* name, const char* value) {
+  const config::Variable* v = name ? config::find(name) : nullptr;
+  if (!v || (value && !config::accepts(*v, value))) return EINVAL;
+  if (int rc = softrdma_set_option(name, value)) return rc;
+  return config::set_option(name, value) ? 0 : EINVAL;
 }

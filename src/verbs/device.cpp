@@ -10,9 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <string_view>
 
 #include "config/config.h"
 #include "core/limits.h"
+#include "net/udp_port.h"
 #include "verbs/parent_domain.h"
 #include "verbs/private_abi.h"
 #include "verbs/soft_objects.h"
@@ -347,7 +350,14 @@ ibv_context* make_context(std::shared_ptr<ContextShared> shared, int cmd_fd) {
 
 namespace {
 
-ibv_context* open_context(SoftDevice* sd, transport::EngineOptions opts) {
+// A context's settings are read when it opens and kept: its engine's options, and its UDP ports,
+// the RoCE port included when the context takes it over later.
+ibv_context* open_context(SoftDevice* sd, const config::Settings& settings, uint32_t flags) {
+  transport::EngineOptions opts = transport::context_options(settings);
+  if (flags & SOFTRDMA_OPEN_PACKETS) opts.direct = false;
+  opts.open_port = [settings](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
+    return std::make_unique<net::UdpPort>(ip_be, port, settings);
+  };
   std::shared_ptr<ContextShared> shared;
   try {
     shared = std::make_shared<ContextShared>();
@@ -368,29 +378,50 @@ ibv_context* open_context(SoftDevice* sd, transport::EngineOptions opts) {
   return ctx;
 }
 
+// The variables a context reads when it opens and keeps (EngineOptions, its UDP ports): those
+// softrdma_open_device_with takes (private_abi.h). The others are read by the process (the device
+// list, the registry, librdmacm) or by the engine from the process's table.
+constexpr std::string_view kContextVariables[] = {"SOFTRDMA_DIRECT", "SOFTRDMA_IMPAIR", "SOFTRDMA_SPIN_US",
+                                                  "SOFTRDMA_GSO", "SOFTRDMA_COUNTERS"};
+
+bool context_variable(std::string_view name) {
+  for (std::string_view v : kContextVariables)
+    if (v == name) return true;
+  return false;
+}
+
 }  // namespace
 
 SOFTRDMA_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   // The context's settings are read now: a process may open contexts with different ones.
-  return open_context(reinterpret_cast<SoftDevice*>(dev), transport::context_options(config::parse()));
+  return open_context(reinterpret_cast<SoftDevice*>(dev), config::parse(), 0);
 }
 
-// Any device of ours, RoCE or iWARP, whatever SOFTRDMA_TRANSPORT selects (private_abi.h).
-SOFTRDMA_EXPORT ibv_context* softrdma_open_device(const char* name, uint32_t flags) {
-  if (!name || (flags & ~uint32_t{SOFTRDMA_OPEN_PACKETS})) {
+// Any device of ours, RoCE or iWARP, whatever SOFTRDMA_TRANSPORT selects, with settings of its own
+// over the process's (private_abi.h).
+SOFTRDMA_EXPORT ibv_context* softrdma_open_device_with(const char* name, uint32_t flags, const char* settings) {
+  std::optional<config::Assignments> own = config::parse_assignments(settings ? settings : "");
+  bool ok = name && !(flags & ~uint32_t{SOFTRDMA_OPEN_PACKETS}) && own;
+  for (size_t i = 0; ok && i < own->size(); ++i) ok = context_variable((*own)[i].first);
+  if (!ok) {
     errno = EINVAL;
     return nullptr;
   }
   for (int k = 0; k < 3; ++k)
     for (SoftDevice* sd : devices_of(static_cast<Selection>(k)))
-      if (!strcmp(sd->dev.name, name)) {
-        // The settings of the table (SOFTRDMA_DIRECT included), and packets only when the caller asks.
-        transport::EngineOptions opts = transport::context_options(config::parse());
-        if (flags & SOFTRDMA_OPEN_PACKETS) opts.direct = false;
-        return open_context(sd, std::move(opts));
-      }
+      if (!strcmp(sd->dev.name, name)) return open_context(sd, config::parse(*own), flags);
   errno = ENODEV;
   return nullptr;
+}
+
+// The table's settings (SOFTRDMA_DIRECT included), and packets only when the caller asks.
+SOFTRDMA_EXPORT ibv_context* softrdma_open_device(const char* name, uint32_t flags) {
+  return softrdma_open_device_with(name, flags, nullptr);
+}
+
+// The process's setting of a variable, over the environment (private_abi.h).
+SOFTRDMA_EXPORT int softrdma_set_option(const char* name, const char* value) {
+  return name && config::set_option(name, value) ? 0 : EINVAL;
 }
 
 SOFTRDMA_EXPORT int ibv_close_device(ibv_context* ctx) {

@@ -1,6 +1,8 @@
-/* softrdma's private ABI between its librdmacm.so.1 and libibverbs.so.1 (version node
- * SOFTRDMA_PRIVATE_1; not for applications). librdmacm's iWARP path runs TCP connect/accept and the
- * MPA exchange itself, then hands the connected socket to the QP (docs/iwarp.md). */
+/* softrdma's private ABI between its librdmacm.so.1 and libibverbs.so.1, and for its own tests (version
+ * node SOFTRDMA_PRIVATE_1; not for applications). librdmacm's iWARP path runs TCP connect/accept and the
+ * MPA exchange itself, then hands the connected socket to the QP (docs/iwarp.md). The tests open the
+ * device and path they want and give settings without the environment (softrdma_open_device_with,
+ * softrdma_set_option). */
 #ifndef SOFTRDMA_PRIVATE_ABI_H
 #define SOFTRDMA_PRIVATE_ABI_H
 
@@ -80,6 +82,29 @@ enum softrdma_open_flags {
  * direct path off here too); SOFTRDMA_OPEN_PACKETS turns it off whatever the table says.
  * NULL with errno set (EINVAL: flags; ENODEV: no such device) on failure. */
 struct ibv_context *softrdma_open_device(const char *name, uint32_t flags);
+
+/* softrdma_open_device with settings of this context's own, so that an in-process test configures
+ * each context it opens without setenv: `settings` is "SOFTRDMA_X=v;SOFTRDMA_Y=w" (NULL or "": none;
+ * a value holds no ';'; "SOFTRDMA_X=" is the default, whatever the environment says). They win over
+ * the process's settings (softrdma_set_option, then the environment) for this context only, and are
+ * checked against the configuration table (src/config, `softrdma config`). A context takes the
+ * variables it reads when it opens and keeps: SOFTRDMA_DIRECT, SOFTRDMA_IMPAIR, SOFTRDMA_SPIN_US,
+ * SOFTRDMA_GSO and SOFTRDMA_COUNTERS. The others are the process's: give them with softrdma_set_option
+ * (SOFTRDMA_DIRECT_PEERS and SOFTRDMA_STATS_MODE too: the engine takes them from the process's table).
+ * softrdma_iwarp_attach decides on the direct path by the process's table (SOFTRDMA_DIRECT,
+ * SOFTRDMA_IMPAIR), as librdmacm does, not by the context's.
+ * NULL with errno set on failure: EINVAL (flags; settings not NAME=VALUE, a name not in the table or
+ * not a context's, a value its type does not take), ENODEV (no such device). */
+struct ibv_context *softrdma_open_device_with(const char *name, uint32_t flags, const char *settings);
+
+/* Sets a SOFTRDMA_* variable of this process's libibverbs without the environment (for in-process
+ * tests): every later read of libibverbs takes `value` instead of the environment's -- device lists,
+ * contexts opened after, the QPN registry and tuple table if not opened yet. NULL: the environment's
+ * value again; "": the default. It does not reach librdmacm, which has its own table: a process that
+ * uses rdma_cm calls librdmacm's softrdma_cm_set_option, which sets both. A process-wide setting,
+ * like the environment it stands for: contexts opened before keep theirs.
+ * 0, or EINVAL (a name not in the table, a value its type does not take). Thread-safe. */
+int softrdma_set_option(const char *name, const char *value);
 
 #ifdef __cplusplus
 }

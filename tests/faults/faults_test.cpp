@@ -1,6 +1,7 @@
 // Fault tests (issue 3): RC traffic between two device contexts of this process over the loopback
 // device while the net layer drops, duplicates, reorders and corrupts datagrams (SOFTRDMA_IMPAIR, read
-// when ibv_open_device creates a context's UDP ports). Only the public verbs API is used.
+// when a context opens and creates its UDP ports). Each context is given its own SOFTRDMA_IMPAIR by
+// softrdma_open_device_with (verbs/private_abi.h); otherwise only the public verbs API is used.
 //
 // Reproduce a run with FAULT_SEED=<n> (the seed every test prints); the faults a port injected are
 // printed to stderr when its context closes.
@@ -21,6 +22,7 @@
 
 #include <gtest/gtest.h>
 #include "splitmix.h"
+#include "verbs/private_abi.h"
 
 namespace softrdma::faults {
 namespace {
@@ -49,14 +51,9 @@ struct Context {
   ibv_device_attr attr{};
   ibv_gid gid{};
   explicit Context(const char* impair) {
-    if (impair) setenv("SOFTRDMA_IMPAIR", impair, 1);
-    else unsetenv("SOFTRDMA_IMPAIR");
-    int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
-    for (int i = 0; list && i < n && !ctx; ++i)
-      if (std::strcmp(ibv_get_device_name(list[i]), "softrdma_lo") == 0) ctx = ibv_open_device(list[i]);
-    if (list) ibv_free_device_list(list);
-    unsetenv("SOFTRDMA_IMPAIR");
+    // The context's own SOFTRDMA_IMPAIR (none: "", the default, whatever the environment says).
+    const std::string settings = std::string("SOFTRDMA_IMPAIR=") + (impair ? impair : "");
+    ctx = softrdma_open_device_with("softrdma_lo", 0, settings.c_str());
     if (!ctx) return;
     pd = ibv_alloc_pd(ctx);
     if (ibv_query_device(ctx, &attr) || ibv_query_gid(ctx, kPort, 0, &gid) || !pd) {

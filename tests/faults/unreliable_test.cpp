@@ -1,7 +1,8 @@
 // The unreliable services under injected faults (SOFTRDMA_IMPAIR): UD loses datagrams but every one
 // delivered is intact, and UC loses whole messages only: every message received is complete and
 // correct, and a WRITE's target holds, byte for byte, either what was there or what was written.
-// Two device contexts of this process on the loopback device; only the public verbs API is used.
+// Two device contexts of this process on the loopback device, each given its own SOFTRDMA_IMPAIR by
+// softrdma_open_device_with (verbs/private_abi.h); otherwise only the public verbs API is used.
 // FAULT_SEED=<n> reproduces a run.
 #include <infiniband/verbs.h>
 
@@ -19,6 +20,7 @@
 
 #include <gtest/gtest.h>
 #include "splitmix.h"
+#include "verbs/private_abi.h"
 
 namespace softrdma::faults_unreliable {
 namespace {
@@ -78,14 +80,9 @@ struct Context {
   ibv_gid gid{};
   ibv_port_attr port{};
   explicit Context(const char* impair) {
-    if (impair) setenv("SOFTRDMA_IMPAIR", impair, 1);
-    else unsetenv("SOFTRDMA_IMPAIR");
-    int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
-    for (int i = 0; list && i < n && !ctx; ++i)
-      if (std::strcmp(ibv_get_device_name(list[i]), "softrdma_lo") == 0) ctx = ibv_open_device(list[i]);
-    if (list) ibv_free_device_list(list);
-    unsetenv("SOFTRDMA_IMPAIR");
+    // The context's own SOFTRDMA_IMPAIR (none: "", the default, whatever the environment says).
+    const std::string settings = std::string("SOFTRDMA_IMPAIR=") + (impair ? impair : "");
+    ctx = softrdma_open_device_with("softrdma_lo", 0, settings.c_str());
     if (!ctx) return;
     pd = ibv_alloc_pd(ctx);
     if (!pd || ibv_query_gid(ctx, kPort, 0, &gid) || ibv_query_port(ctx, kPort, &port)) {

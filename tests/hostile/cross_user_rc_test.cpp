@@ -21,6 +21,8 @@ constexpr uid_t kOtherUid = 61234;
 constexpr size_t kHalf = 1u << 20;
 constexpr uint32_t kSeedChild = 500, kSeedParent = 501;
 constexpr int kBound = 60;
+// Both sides' contexts: the direct path off, their own setting (Device(settings)).
+constexpr const char* kPackets = "SOFTRDMA_DIRECT=0";
 
 struct Facts {
   uint32_t qpn, psn, rkey;
@@ -36,7 +38,7 @@ int child_main(int sock) {
   if (setgroups(0, nullptr) != 0 || setresgid(kOtherUid, kOtherUid, kOtherUid) != 0 ||
       setresuid(kOtherUid, kOtherUid, kOtherUid) != 0)
     return 10;
-  Device dev;
+  Device dev(kPackets);
   if (!dev.ok()) return 11;
   Side s;
   if (!s.create(dev, QpConfig{})) return 12;
@@ -61,7 +63,6 @@ int child_main(int sock) {
 
 TEST(CrossUser, RcOverPacketsBetweenTwoUsers) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root (the peer runs as uid 61234)";
-  setenv("SOFTRDMA_DIRECT", "0", 1);  // read when a device opens: both sides go by packets
   int sock = -1;
   pid_t pid = fork_target(child_main, &sock);
   ASSERT_GE(pid, 0);
@@ -75,7 +76,7 @@ TEST(CrossUser, RcOverPacketsBetweenTwoUsers) {
     }
   } reaper{pid, sock};
 
-  Device dev;
+  Device dev(kPackets);
   ASSERT_TRUE(dev.ok());
   Side s;
   ASSERT_TRUE(s.create(dev, QpConfig{}));
@@ -118,7 +119,6 @@ TEST(CrossUser, RcOverPacketsBetweenTwoUsers) {
   ASSERT_TRUE(write_full(sock, &check, 1));
   ASSERT_TRUE(read_full(sock, &verdict, 1, kBound));
   EXPECT_EQ(verdict, 'y') << "WRITE into the other user's memory";
-  unsetenv("SOFTRDMA_DIRECT");
 }
 
 }  // namespace

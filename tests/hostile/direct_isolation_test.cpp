@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "transport/direct.h"  // the layout of the shared block and the inbox (header only)
+#include "verbs/private_abi.h"    // softrdma_set_option
 
 namespace softrdma::hostile_test {
 namespace {
@@ -38,6 +39,9 @@ using transport::DirectInbox;
 using transport::DirectShared;
 
 constexpr uid_t kAttackerId = 61234;
+// A context that serves the direct path whatever the environment says (also under the CI's second
+// pass, SOFTRDMA_DIRECT=0): its own setting (Device(settings), softrdma_open_device_with).
+constexpr const char* kDirect = "SOFTRDMA_DIRECT=1";
 
 // The direct-path protocol, as an attacker writes it (transport/direct.cpp).
 enum : uint32_t { kHello = 1, kQpDesc = 2, kMap = 3, kDoorbell = 4, kWake = 5 };
@@ -145,17 +149,13 @@ class DirectIsolation : public ::testing::Test {
  protected:
   void SetUp() override {
     // Both contexts of the pair serve the direct path (the default; also under the CI's second pass).
-    setenv("SOFTRDMA_DIRECT", "1", 1);
-    p = std::make_unique<Pair>();
+    p = std::make_unique<Pair>(kDirect);
     ASSERT_TRUE(p->up());
     // The legitimate peer a connects to b's server on its first WQE (b reached RTR after a): that one.
     p->sanity();
     sa = direct_address(p->ep, &sa_len);
   }
-  void TearDown() override {
-    p.reset();
-    unsetenv("SOFTRDMA_DIRECT");
-  }
+  void TearDown() override { p.reset(); }
   static bool root() { return geteuid() == 0; }
 
   std::unique_ptr<Pair> p;
@@ -779,10 +779,9 @@ TEST_F(DirectIsolation, RefusedIdleClientsDoNotShutOthersOut) {
 // The connection gate answers EAGAIN while the target QP is not yet in RTR towards the initiator; the
 // initiator asks again on a later WQE. Whichever side reaches RTR first, both end up on the direct path.
 TEST(DirectGate, EitherSideMayReachRtrFirst) {
-  setenv("SOFTRDMA_DIRECT", "1", 1);
   for (int first = 0; first < 2; ++first) {
     SCOPED_TRACE(first ? "b reaches RTR first" : "a reaches RTR first");
-    Device da, db;
+    Device da(kDirect), db(kDirect);
     ASSERT_TRUE(da.ok() && db.ok());
     Side a, b;
     ASSERT_TRUE(a.create(da, QpConfig{}) && b.create(db, QpConfig{}));
@@ -816,7 +815,6 @@ TEST(DirectGate, EitherSideMayReachRtrFirst) {
     abuf.reset();
     bbuf.reset();
   }
-  unsetenv("SOFTRDMA_DIRECT");
 }
 
 // Another process (of our own user) serving the abstract name of a target context that does not serve
@@ -824,10 +822,8 @@ TEST(DirectGate, EitherSideMayReachRtrFirst) {
 // connected to the real target QP, sends it nothing -- no hello naming the connection, no SEND -- and
 // its WRITE arrives by packets.
 TEST(DirectImpostor, InitiatorTalksOnlyToTheTargetsOwner) {
-  setenv("SOFTRDMA_DIRECT", "0", 1);
-  auto db = std::make_unique<Device>();
-  setenv("SOFTRDMA_DIRECT", "1", 1);
-  auto da = std::make_unique<Device>();
+  auto db = std::make_unique<Device>("SOFTRDMA_DIRECT=0");
+  auto da = std::make_unique<Device>(kDirect);
   ASSERT_TRUE(da->ok() && db->ok());
   Side a, b;
   ASSERT_TRUE(a.create(*da, QpConfig{}) && b.create(*db, QpConfig{}));
@@ -896,7 +892,6 @@ TEST(DirectImpostor, InitiatorTalksOnlyToTheTargetsOwner) {
   bbuf.reset();
   a.reset();
   b.reset();
-  unsetenv("SOFTRDMA_DIRECT");
 }
 
 // A cross-user RC pair on one host: the other user's initiator is refused the direct path (counted
@@ -912,8 +907,7 @@ gid_t g_peer_gid = kAttackerId;  // the gid the peer process takes (set before t
 
 int cross_user_main(int sock) {
   if (!drop_to_attacker(g_peer_gid)) return 2;
-  setenv("SOFTRDMA_DIRECT", "1", 1);
-  Device dev;
+  Device dev(kDirect);
   if (!dev.ok()) return 10;
   Side s;
   if (!s.create(dev, QpConfig{})) return 11;
@@ -948,7 +942,6 @@ class CrossUserPair : public ForkedTarget {
   CrossUserPair() : ForkedTarget(cross_user_main) {}
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root to run the peer as uid " << kAttackerId;
-    setenv("SOFTRDMA_DIRECT", "1", 1);
     g_peer_gid = kAttackerId;
     ForkedTarget::SetUp();
   }
@@ -957,12 +950,11 @@ class CrossUserPair : public ForkedTarget {
     s.reset();
     dev.reset();
     ForkedTarget::TearDown();  // says 'x', expects the peer's exit status 0
-    unsetenv("SOFTRDMA_DIRECT");
-    unsetenv("SOFTRDMA_DIRECT_PEERS");
+    softrdma_set_option("SOFTRDMA_DIRECT_PEERS", nullptr);
   }
   // Our side: a buffer whose first half the peer WRITEs and whose second half it READs.
   void connect_peer(uint64_t* peer_direct_ops) {
-    dev = std::make_unique<Device>();
+    dev = std::make_unique<Device>(kDirect);
     ASSERT_TRUE(dev->ok());
     ASSERT_TRUE(s.create(*dev, QpConfig{}));
     buf = s.buf(2 * kXLen);
@@ -988,8 +980,9 @@ class GroupPeerPair : public CrossUserPair {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root to run the peer as uid " << kAttackerId;
-    setenv("SOFTRDMA_DIRECT", "1", 1);
-    setenv("SOFTRDMA_DIRECT_PEERS", "group", 1);  // read when our device is opened
+    // The process's (the engine reads it from the process's table when our device is opened); the
+    // peer, forked after, inherits it as it did the environment.
+    ASSERT_EQ(softrdma_set_option("SOFTRDMA_DIRECT_PEERS", "group"), 0);
     g_peer_gid = getegid();
     ForkedTarget::SetUp();
   }

@@ -79,6 +79,9 @@ inline constexpr uint32_t kSanitySend = 4 * 1024;
 // Hostile packets go to b.
 class Pair {
  public:
+  Pair() = default;
+  // a's and b's contexts with these settings of their own (Device(settings)).
+  explicit Pair(const char* settings) : da(settings), db(settings) {}
   Device da, db;
   Side a, b;
   ConnConfig conn;

@@ -1,4 +1,4 @@
-// Hostile iWARP input at a live QP of an iWARP device (SOFTRDMA_TRANSPORT=iwarp, softrdma_iw_lo, its
+// Hostile iWARP input at a live QP of an iWARP device (softrdma_iw_lo, opened by name; its
 // progress thread running): the QP is attached through libibverbs' softrdma_iwarp_attach over a
 // loopback TCP connection whose other end is a plain socket of this test, which writes crafted FPDUs
 // (bad STag, TO out of bounds, bad CRC, bad MSN). Each gets one
@@ -44,12 +44,8 @@ bool tcp_pair(int fds[2]) {
 class IwarpHostile : public ::testing::TestWithParam<bool> {  // MPA CRC on or off
  protected:
   void SetUp() override {
-    setenv("SOFTRDMA_TRANSPORT", "iwarp", 1);
-    int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
-    for (int i = 0; list && i < n && !ctx_; ++i)
-      if (std::string(ibv_get_device_name(list[i])) == "softrdma_iw_lo") ctx_ = ibv_open_device(list[i]);
-    if (list) ibv_free_device_list(list);
+    // By name, whatever SOFTRDMA_TRANSPORT selects; the process's settings, as ibv_open_device.
+    ctx_ = softrdma_open_device("softrdma_iw_lo", 0);
     ASSERT_NE(ctx_, nullptr) << "no softrdma_iw_lo";
     pd_ = ibv_alloc_pd(ctx_);
     cq_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
@@ -91,7 +87,6 @@ class IwarpHostile : public ::testing::TestWithParam<bool> {  // MPA CRC on or o
     if (pd_) ibv_dealloc_pd(pd_);
     if (ctx_) ibv_close_device(ctx_);
     if (raw_ >= 0) close(raw_);
-    unsetenv("SOFTRDMA_TRANSPORT");
   }
 
   void send_ulpdu(const std::vector<uint8_t>& u, bool corrupt_crc = false) {

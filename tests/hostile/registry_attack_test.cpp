@@ -26,6 +26,7 @@
 
 #include <gtest/gtest.h>
 
+#include "config/config.h"
 #include "core/stats.h"
 #include "net/registry.h"
 #include "net/tuple_table.h"
@@ -375,8 +376,7 @@ TEST_F(RegistryAttack, ForgedFilesAndSymlinksUnderTheVictimsName) {
 }
 
 TEST_F(RegistryAttack, StatsPageIsOwnerOnly) {
-  unsetenv("SOFTRDMA_STATS_MODE");
-  core::StatsPage page("hostile");
+  core::StatsPage page("hostile", config::Settings{});  // SOFTRDMA_STATS_MODE unset: the default
   ASSERT_FALSE(page.path().empty());
   struct stat st{};
   ASSERT_EQ(stat(page.path().c_str(), &st), 0);
@@ -389,9 +389,9 @@ TEST_F(RegistryAttack, StatsPageIsOwnerOnly) {
   for (const auto& s : core::StatsPage::read_all()) root_sees |= s.pid == getpid() && s.device == "hostile";
   EXPECT_TRUE(root_sees);
 
-  setenv("SOFTRDMA_STATS_MODE", "0666", 1);  // widened, but never writable by others
-  core::StatsPage wide("hostile-wide");
-  unsetenv("SOFTRDMA_STATS_MODE");
+  config::Settings widened;
+  widened.stats_mode = 0666;  // SOFTRDMA_STATS_MODE=0666: widened, but never writable by others
+  core::StatsPage wide("hostile-wide", widened);
   ASSERT_EQ(stat(wide.path().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0644u);
   Other b(kAttacker, "open " + wide.path());

@@ -104,10 +104,7 @@ struct Lab {
         break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    // Plain UDP, one datagram per packet (no direct path, no segmentation offload), so that every
-    // packet the victims exchange is a packet an attacker could see and forge.
-    setenv("SOFTRDMA_DIRECT", "0", 1);
-    setenv("SOFTRDMA_GSO", "0", 1);
+    // The victims' Devices open the veth's device (tests/verbs/helpers.h), with kVictimSettings.
     setenv("VT_DEVICE", device.c_str(), 1);
     int xfd = open(("/run/netns/" + ns_x).c_str(), O_RDONLY | O_CLOEXEC);
     int vfd = open(("/run/netns/" + ns_v).c_str(), O_RDONLY | O_CLOEXEC);
@@ -167,7 +164,7 @@ struct Lab {
 };
 
 // True when this process runs this case and no other (ctest's way, or rerun_alone's child): only
-// then may it move into the namespaces and set the environment its devices read.
+// then may it move into the namespaces and name the device its victims open ($VT_DEVICE).
 bool alone_in_process() {
   if (std::getenv("SOFTRDMA_WIRE_ATTACK_ALONE")) return true;
   return ::testing::UnitTest::GetInstance()->test_to_run_count() == 1;
@@ -200,10 +197,14 @@ void rerun_alone() {
 inline constexpr size_t kLen = 64 * 1024;  // target MR
 inline constexpr uint32_t kPatternSeed = 21;
 
+// The victims' contexts: plain UDP, one datagram per packet (no direct path, no segmentation
+// offload), so that every packet the victims exchange is a packet an attacker could see and forge.
+constexpr const char* kVictimSettings = "SOFTRDMA_DIRECT=0;SOFTRDMA_GSO=0";
+
 // The victims: a (the requester) and b (the responder the attacker aims at), two contexts of this
 // process on the veth's device, one RC connection between them.
 struct Victim {
-  Device da, db;
+  Device da{kVictimSettings}, db{kVictimSettings};
   Side a, b;
   ConnConfig conn;
   std::unique_ptr<Buffer> target, guard, recv_buf, src_a;

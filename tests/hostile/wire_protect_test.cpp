@@ -5,8 +5,8 @@
 //   - those packets with one byte changed (headers, payload, counter, tag): refused (auth_fail);
 //   - forged trailers, and plain RoCEv2 requests with the right rkey: refused (auth_fail).
 // Nothing is accepted (auth_ok unchanged), no memory changes, no completion appears, and the pair
-// still carries a WRITE and a SEND byte for byte afterwards. The contexts run with SOFTRDMA_DIRECT=0,
-// so their own traffic is packets too.
+// still carries a WRITE and a SEND byte for byte afterwards. The contexts run with SOFTRDMA_DIRECT=0
+// (their own setting), so their own traffic is packets too.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -29,13 +29,8 @@ constexpr uint32_t kWrite = 16 * 1024, kSend = 4 * 1024;  // 16 + 4 packets at M
 class WireProtected : public ::testing::TestWithParam<wire::Protection> {
  protected:
   void SetUp() override {
-    const char* old = getenv("SOFTRDMA_DIRECT");
-    saved_ = old ? old : "";
-    had_ = old != nullptr;
-    setenv("SOFTRDMA_DIRECT", "0", 1);
-    da_ = std::make_unique<Device>();
-    db_ = std::make_unique<Device>();
-    if (had_) setenv("SOFTRDMA_DIRECT", saved_.c_str(), 1); else unsetenv("SOFTRDMA_DIRECT");
+    da_ = std::make_unique<Device>("SOFTRDMA_DIRECT=0");
+    db_ = std::make_unique<Device>("SOFTRDMA_DIRECT=0");
     ASSERT_TRUE(da_->ok() && db_->ok());
     QpConfig qc;
     ASSERT_TRUE(a_.create(*da_, qc));
@@ -134,8 +129,6 @@ class WireProtected : public ::testing::TestWithParam<wire::Protection> {
     return s;
   }
 
-  std::string saved_;
-  bool had_ = false;
   std::unique_ptr<Device> da_, db_;
   Side a_, b_;
   ConnConfig conn_;

@@ -1,7 +1,8 @@
 // The helpers of the rdma_cm tests, shared by tests/rdmacm/cm_test.cpp (RoCE) and
 // tests/rdmacm/iwarp/iwarp_cm_test.cpp (iWARP; the build puts this folder on its include path):
 // addresses, bounded event waits, and the cm ids with their verbs resources (Side, Listener,
-// Client). Only the public <rdma/rdma_cma.h> / <infiniband/verbs.h> API.
+// Client). Only the public <rdma/rdma_cma.h> / <infiniband/verbs.h> API, and librdmacm's private
+// softrdma_cm_set_option, which gives this process settings without the environment.
 #pragma once
 
 #include <arpa/inet.h>
@@ -15,7 +16,22 @@
 #include <string>
 #include <vector>
 
+// librdmacm's private ABI (version node SOFTRDMA_PRIVATE_1, src/rdmacm/cma.cpp): sets a SOFTRDMA_*
+// variable for this process's librdmacm and libibverbs, over the environment (nullptr: the
+// environment's value again; "": the default). 0 or EINVAL.
+extern "C" int softrdma_cm_set_option(const char* name, const char* value);
+
 namespace softrdma::cm_test {
+
+// One of the process's settings for a scope (softrdma_cm_set_option), the environment's after it.
+struct CmOption {
+  const char* name;
+  int rc;
+  CmOption(const char* n, const char* value) : name(n), rc(softrdma_cm_set_option(n, value)) {}
+  ~CmOption() { softrdma_cm_set_option(name, nullptr); }
+  CmOption(const CmOption&) = delete;
+  CmOption& operator=(const CmOption&) = delete;
+};
 
 inline constexpr int kWaitMs = 20000;  // bound on every wait: fail instead of hanging
 inline constexpr const char* kIp = "127.0.0.1";

@@ -280,9 +280,11 @@ TEST(RdmaCm, SilentPeerIsUnreachableAfterTheTimeout) {
   int st = 0;
   ASSERT_EQ(waitpid(P.pid, &st, WUNTRACED), P.pid);
   ASSERT_TRUE(WIFSTOPPED(st));
-  // No id of this process awaits an answer now, so the CM thread reads no environment meanwhile.
-  setenv("SOFTRDMA_CM_TIMEOUT_MS", "100", 1);
-  setenv("SOFTRDMA_CM_RETRIES", "2", 1);
+  // The process's settings. No id of this process awaits an answer now, so the CM thread reads
+  // neither meanwhile.
+  CmOption timeout("SOFTRDMA_CM_TIMEOUT_MS", "100"), retries("SOFTRDMA_CM_RETRIES", "2");
+  ASSERT_EQ(timeout.rc, 0);
+  ASSERT_EQ(retries.rc, 0);
   {
     Client C;
     ASSERT_TRUE(C.resolve(static_cast<uint16_t>(port)));
@@ -295,8 +297,6 @@ TEST(RdmaCm, SilentPeerIsUnreachableAfterTheTimeout) {
     EXPECT_EQ(ev->status, -ETIMEDOUT);
     rdma_ack_cm_event(ev);
   }
-  unsetenv("SOFTRDMA_CM_TIMEOUT_MS");
-  unsetenv("SOFTRDMA_CM_RETRIES");
 }
 
 // A connected peer process that goes away: the survivor gets DISCONNECTED, whether the peer exits

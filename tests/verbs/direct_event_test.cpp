@@ -5,7 +5,7 @@
 // RDMA_WRITE_WITH_IMMs; every wake-up must come from an event raised for a CQE: none may be lost and
 // left to a timer (docs/direct-path.md, "Wake-ups").
 //
-// The progress threads do not spin here (SOFTRDMA_SPIN_US=0, read when a context is opened), so a
+// The progress threads do not spin here (SOFTRDMA_SPIN_US=0, each side's contexts' own setting), so a
 // lost wake-up cannot be hidden by a spinning thread that happens to place the message: it waits for a
 // timer (counted by the engine as direct_late_events) or forever (the wait below gives up after
 // kLostWakeupMs and says so). Both are asserted zero, on both sides.
@@ -27,6 +27,8 @@ constexpr uint32_t kRoundTrips = 2000;
 constexpr int kLostWakeupMs = 2000;
 constexpr size_t kBufLen = 4096;
 constexpr uint64_t kWrIdSend = 1, kWrIdRecv = 2;
+// Both processes' contexts: progress threads that never spin.
+constexpr const char* kNoSpin = "SOFTRDMA_SPIN_US=0";
 
 struct Info {
   uint32_t qpn, psn, rkey;
@@ -136,7 +138,7 @@ struct Endpoint {
 
 // The target: connects, then runs the ping-pongs it is told to, answering each with its Tally.
 int target_main(int sock) {
-  Device dev;
+  Device dev(kNoSpin);
   if (!dev.ok()) return 10;
   Endpoint ep;
   if (!ep.open(dev)) return 11;
@@ -176,19 +178,7 @@ int target_main(int sock) {
 
 class DirectEvents : public ForkedTarget {
  protected:
-  // Set before SetUp forks the target, so that both processes' contexts read it.
-  DirectEvents() : ForkedTarget(target_main) {
-    const char* old = getenv("SOFTRDMA_SPIN_US");
-    if (old) old_spin_ = old;
-    had_spin_ = old != nullptr;
-    setenv("SOFTRDMA_SPIN_US", "0", 1);
-  }
-  ~DirectEvents() override {
-    if (had_spin_)
-      setenv("SOFTRDMA_SPIN_US", old_spin_.c_str(), 1);
-    else
-      unsetenv("SOFTRDMA_SPIN_US");
-  }
+  DirectEvents() : ForkedTarget(target_main) {}
 
   void TearDown() override {
     ep.close();
@@ -199,7 +189,7 @@ class DirectEvents : public ForkedTarget {
   }
 
   void connect() {
-    dev = std::make_unique<Device>();
+    dev = std::make_unique<Device>(kNoSpin);
     ASSERT_TRUE(dev->ok());
     ASSERT_TRUE(ep.open(*dev));
     ASSERT_NO_FATAL_FAILURE(
@@ -249,10 +239,6 @@ class DirectEvents : public ForkedTarget {
   std::unique_ptr<Device> dev;
   Endpoint ep;
   Info peer{};
-
- private:
-  std::string old_spin_;
-  bool had_spin_ = false;
 };
 
 TEST_F(DirectEvents, SendPingPongOnOneCqNeverWaitsForATimer) { round_trips(IBV_WR_SEND); }

@@ -14,7 +14,7 @@
 #include <random>
 
 #include "two_process.h"       // my_counter: the stats page
-#include "verbs/private_abi.h"  // softrdma_open_device, softrdma_iwarp_attach
+#include "verbs/private_abi.h"  // softrdma_open_device_with, softrdma_set_option, softrdma_iwarp_attach
 
 namespace softrdma::verbs_test {
 
@@ -71,21 +71,26 @@ const char* path_name(Path p) {
   return "?";
 }
 
-ibv_context* open_loopback_device(Path path) {
-  if (std::getenv("VT_DEVICE")) return path == Path::Direct ? open_loopback_device() : nullptr;
+ibv_context* open_loopback_device(Path path, const char* settings) {
+  if (const char* name = std::getenv("VT_DEVICE")) {
+    if (path != Path::Direct) return nullptr;
+    return settings ? softrdma_open_device_with(name, 0, settings) : open_loopback_device();
+  }
   switch (path) {
-    case Path::Direct: return softrdma_open_device("softrdma_lo", 0);
-    case Path::Packets: return softrdma_open_device("softrdma_lo", SOFTRDMA_OPEN_PACKETS);
-    case Path::Iwarp: return softrdma_open_device("softrdma_iw_lo", SOFTRDMA_OPEN_PACKETS);
+    case Path::Direct: return softrdma_open_device_with("softrdma_lo", 0, settings);
+    case Path::Packets: return softrdma_open_device_with("softrdma_lo", SOFTRDMA_OPEN_PACKETS, settings);
+    case Path::Iwarp: return softrdma_open_device_with("softrdma_iw_lo", SOFTRDMA_OPEN_PACKETS, settings);
   }
   return nullptr;
 }
 
 Device::Device() { open(Path::Direct); }
 
-bool Device::open(Path path) {
+Device::Device(const char* settings) { open(Path::Direct, settings); }
+
+bool Device::open(Path path, const char* settings) {
   close();
-  ctx = open_loopback_device(path);
+  ctx = open_loopback_device(path, settings);
   if (!ctx) return false;
   if (ibv_query_device(ctx, &attr) || ibv_query_port(ctx, kPort, &port) ||
       ibv_query_gid(ctx, kPort, sgid_index(), &gid)) {
@@ -101,6 +106,12 @@ void Device::close() {
 }
 
 Device::~Device() { close(); }
+
+ScopedOption::ScopedOption(const char* n, const char* value) : name(n) {
+  EXPECT_EQ(softrdma_set_option(n, value), 0) << n << "=" << value;
+}
+
+ScopedOption::~ScopedOption() { softrdma_set_option(name.c_str(), nullptr); }
 
 Buffer::Buffer(size_t len_) : len(len_) {
   // Always map at least one page so zero-length buffers still have a valid address.

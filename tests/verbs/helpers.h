@@ -42,8 +42,10 @@ enum class Path { Direct, Packets, Iwarp };
 const char* path_name(Path p);
 inline void PrintTo(Path p, std::ostream* os) { *os << path_name(p); }  // gtest's parameter printer
 // Opens the loopback device for `path`; nullptr if none. With $VT_DEVICE (another provider) only
-// Direct applies: that device, as open_loopback_device.
-ibv_context* open_loopback_device(Path path);
+// Direct applies: that device, as open_loopback_device. `settings` are the context's own, over the
+// process's ("SOFTRDMA_DIRECT=0;SOFTRDMA_SPIN_US=0": softrdma_open_device_with, verbs/private_abi.h);
+// with $VT_DEVICE they apply to that device, which must then be one of softrdma's.
+ibv_context* open_loopback_device(Path path, const char* settings = nullptr);
 
 // Owns an opened device context (closed on destruction).
 struct Device {
@@ -52,15 +54,28 @@ struct Device {
   ibv_port_attr port{};
   ibv_gid gid{};
   Device();  // the loopback device, Path::Direct
+  explicit Device(const char* settings);  // the same with settings of its own (open_loopback_device)
   struct Later {};
   explicit Device(Later) {}  // opened by open()
   ~Device();
   // Opens the loopback device for `path` (closing any context held); false if there is none.
-  bool open(Path path);
+  bool open(Path path, const char* settings = nullptr);
   void close();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
   bool ok() const { return ctx != nullptr; }
+};
+
+// Sets a variable of the process's libibverbs for a scope (softrdma_set_option, verbs/private_abi.h:
+// what the device list, contexts opened meanwhile and the iWARP attach read), without the
+// environment; value "" is the default. On leaving, the environment's value again: one per name at a
+// time. A setting of one context is better given to it (Device(settings)).
+struct ScopedOption {
+  std::string name;
+  ScopedOption(const char* name, const char* value);
+  ~ScopedOption();
+  ScopedOption(const ScopedOption&) = delete;
+  ScopedOption& operator=(const ScopedOption&) = delete;
 };
 
 // Page-aligned anonymous memory, optionally registered.

@@ -2,6 +2,8 @@
 // attributes an RNIC reports (as siw), the verbs an iWARP QP refuses, and softrdma_iwarp_attach --
 // validation, and a QP pair over a loopback TCP connection moved to RTS by it, byte-verified SEND,
 // WRITE and READ on the intra-host direct path (and on the engine's TCP path where it exists).
+// Contexts are opened by name (softrdma_open_device); the process's settings, which the device list
+// and the attach read, are given by softrdma_set_option (ScopedOption), not the environment.
 #include "two_process.h"
 #include "verbs/private_abi.h"
 
@@ -22,27 +24,6 @@
 namespace softrdma::verbs_test {
 namespace {
 
-// Sets an environment variable for one scope (the device list follows SOFTRDMA_TRANSPORT per call).
-struct ScopedEnv {
-  std::string name, old;
-  bool had;
-  ScopedEnv(const char* n, const char* v) : name(n) {
-    const char* o = getenv(n);
-    had = o != nullptr;
-    if (o) old = o;
-    if (v)
-      setenv(n, v, 1);
-    else
-      unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
-
 std::vector<std::string> device_names() {
   std::vector<std::string> out;
   int n = 0;
@@ -50,16 +31,6 @@ std::vector<std::string> device_names() {
   for (int i = 0; list && i < n; ++i) out.emplace_back(ibv_get_device_name(list[i]));
   if (list) ibv_free_device_list(list);
   return out;
-}
-
-ibv_context* open_named(const std::string& name) {
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  ibv_context* ctx = nullptr;
-  for (int i = 0; list && i < n && !ctx; ++i)
-    if (name == ibv_get_device_name(list[i])) ctx = ibv_open_device(list[i]);
-  if (list) ibv_free_device_list(list);
-  return ctx;
 }
 
 // One end: PD, CQs and an RC QP in INIT on an iWARP context.
@@ -108,12 +79,12 @@ softrdma_iwarp_conn conn_of(int fd, uint32_t peer_qpn, uint32_t rtr) {
   return c;
 }
 
+// The device whatever SOFTRDMA_TRANSPORT selects, with the process's settings (as ibv_open_device).
 class IwarpVerbs : public ::testing::Test {
  protected:
-  ScopedEnv transport{"SOFTRDMA_TRANSPORT", "iwarp"};
   ibv_context* ctx = nullptr;
   void SetUp() override {
-    ctx = open_named("softrdma_iw_lo");
+    ctx = softrdma_open_device("softrdma_iw_lo", 0);
     ASSERT_NE(ctx, nullptr) << "no softrdma_iw_lo device";
   }
   void TearDown() override {
@@ -124,15 +95,15 @@ class IwarpVerbs : public ::testing::Test {
 TEST(IwarpDevices, SelectedBySoftrdmaTransport) {
   std::vector<std::string> roce, iw, both;
   {
-    ScopedEnv e("SOFTRDMA_TRANSPORT", nullptr);
+    ScopedOption e("SOFTRDMA_TRANSPORT", "");  // the default, whatever the environment says
     roce = device_names();
   }
   {
-    ScopedEnv e("SOFTRDMA_TRANSPORT", "iwarp");
+    ScopedOption e("SOFTRDMA_TRANSPORT", "iwarp");
     iw = device_names();
   }
   {
-    ScopedEnv e("SOFTRDMA_TRANSPORT", "both");
+    ScopedOption e("SOFTRDMA_TRANSPORT", "both");
     both = device_names();
   }
   ASSERT_FALSE(roce.empty());
@@ -148,7 +119,7 @@ TEST(IwarpDevices, SelectedBySoftrdmaTransport) {
   EXPECT_EQ(both, expect) << "both: RoCE devices first, then iWARP";
 
   // Node and transport types, and uverbsN numbered in list order.
-  ScopedEnv e("SOFTRDMA_TRANSPORT", "both");
+  ScopedOption e("SOFTRDMA_TRANSPORT", "both");
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   ASSERT_NE(list, nullptr);
@@ -406,8 +377,7 @@ TEST_F(IwarpVerbs, AttachValidation) {
 
   // A QP of a RoCE device is not attached.
   {
-    ScopedEnv both("SOFTRDMA_TRANSPORT", "both");
-    ibv_context* roce = open_named("softrdma_lo");
+    ibv_context* roce = softrdma_open_device("softrdma_lo", 0);
     ASSERT_NE(roce, nullptr);
     {
       End r;
@@ -434,7 +404,7 @@ class IwarpVerbsPair : public IwarpVerbs {
   void SetUp() override {
     IwarpVerbs::SetUp();
     if (HasFatalFailure()) return;
-    ctx2 = open_named("softrdma_iw_lo");
+    ctx2 = softrdma_open_device("softrdma_iw_lo", 0);
     ASSERT_NE(ctx2, nullptr);
     a = std::make_unique<End>();
     b = std::make_unique<End>();
@@ -562,7 +532,7 @@ TEST_F(IwarpVerbsPair, DirectPathSendWriteRead) {
 
 // SOFTRDMA_DIRECT=0 (or no local peer): the engine's iWARP data path over TCP (iw-transport).
 TEST_F(IwarpVerbsPair, TcpPathSendWriteRead) {
-  ScopedEnv nodirect("SOFTRDMA_DIRECT", "0");
+  ScopedOption nodirect("SOFTRDMA_DIRECT", "0");  // the process's: the attach reads it, as librdmacm does
   const uint64_t ops_before = my_counter(&core::Counters::direct_ops);
   const uint64_t fpdus_before = my_counter(&core::Counters::iw_tx_fpdus);
   int rc = attach(true);
@@ -596,9 +566,10 @@ TEST_F(IwarpVerbsPair, TcpPathSendWriteRead) {
 // the QPs on the direct path the engine had off.
 class IwarpVerbsPairImpaired : public IwarpVerbsPair {
  protected:
-  // Set before SetUp opens the contexts. Faults on the UDP ports only: the TCP stream is untouched.
-  ScopedEnv impair{"SOFTRDMA_IMPAIR", "seed=26,tx_drop=0.01"};
-  ScopedEnv direct{"SOFTRDMA_DIRECT", nullptr};
+  // The process's, set before SetUp opens the contexts, and read again by the attach. Faults on the
+  // UDP ports only: the TCP stream is untouched.
+  ScopedOption impair{"SOFTRDMA_IMPAIR", "seed=26,tx_drop=0.01"};
+  ScopedOption direct{"SOFTRDMA_DIRECT", ""};  // the default, whatever the environment says
 };
 
 TEST_F(IwarpVerbsPairImpaired, PeerQpnGivenStillTakesTheTcpStream) {

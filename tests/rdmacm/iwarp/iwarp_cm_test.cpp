@@ -2,7 +2,8 @@
 // private data both ways, reject, refused and silent peers, disconnect from either side, IRD/ORD and
 // RTR negotiation checked on the wire against a hand-written TCP peer, and hostile TCP clients at a
 // listener; data between two local QPs (the direct path). Runs with SOFTRDMA_TRANSPORT=iwarp.
-// Only the public rdma_cm API, plus softrdma_cm_iwarp_stats (librdmacm's private ABI) for counters.
+// Only the public rdma_cm API, plus librdmacm's private ABI: softrdma_cm_iwarp_stats for counters and
+// softrdma_cm_set_option (cm_helpers.h) for the process's settings.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -25,12 +26,10 @@ extern "C" int softrdma_cm_iwarp_stats(uint64_t* values, unsigned n);
 
 namespace {
 
-// Before any rdma_* call: the CM reads these when it opens devices and arms MPA timers.
-const bool env_set = [] {
-  setenv("SOFTRDMA_TRANSPORT", "iwarp", 1);
-  setenv("SOFTRDMA_MPA_TIMEOUT_MS", "1500", 1);
-  return true;
-}();
+// Before any rdma_* call: the CM reads these when it opens devices and arms MPA timers. The
+// process's settings (librdmacm's and libibverbs'), not the environment.
+const int options_rc = softrdma_cm_set_option("SOFTRDMA_TRANSPORT", "iwarp") |
+                       softrdma_cm_set_option("SOFTRDMA_MPA_TIMEOUT_MS", "1500");
 
 namespace cmt = softrdma::cm_test;  // the helpers shared with tests/rdmacm/cm_test.cpp
 using cmt::addr;
@@ -189,6 +188,17 @@ rdma_cm_id* connect_pair(Listener& L, Client& C, Side& ss, rdma_conn_param cp, r
   rdma_ack_cm_event(ev);
   if (!ss.setup(child) || rdma_accept(child, &ap)) return nullptr;
   return child;
+}
+
+// The process's settings above were taken, and the devices librdmacm lists are iWARP ones.
+TEST(IwarpCm, ProcessSettings) {
+  EXPECT_EQ(options_rc, 0);
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  ASSERT_NE(list, nullptr);
+  ASSERT_GT(n, 0);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(list[i]->transport_type, IBV_TRANSPORT_IWARP) << list[i]->name;
+  ibv_free_device_list(list);
 }
 
 TEST(IwarpCm, ConnectAcceptPrivateDataBothWays) {

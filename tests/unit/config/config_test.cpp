@@ -1,7 +1,10 @@
 // The configuration table (config/config.h): each variable parsed from a given lookup (no setenv),
-// the defaults taken from the table, and the one definition of the direct path's switch.
+// the defaults taken from the table, and the one definition of the direct path's switch; the values
+// each type takes, settings written out ("SOFTRDMA_X=v;..."), and the process's options over the
+// environment (the one case that sets it: what it tests is that reading).
 #include "config/config.h"
 
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -108,6 +111,81 @@ TEST(ConfigTable, DirectPathIsOffUnderImpairUnlessAskedFor) {
   EXPECT_FALSE(parse_of({{"SOFTRDMA_IMPAIR", "seed=1,tx_drop=0.1"}}).direct);
   EXPECT_TRUE(parse_of({{"SOFTRDMA_IMPAIR", "seed=1,tx_drop=0.1"}, {"SOFTRDMA_DIRECT", "1"}}).direct);
   EXPECT_FALSE(parse_of({{"SOFTRDMA_IMPAIR", "seed=1"}, {"SOFTRDMA_DIRECT", "0"}}).direct);
+}
+
+// A choice names its words, and its default is one of them.
+TEST(ConfigTable, ChoicesNameTheirWords) {
+  for (const Variable& v : table()) {
+    if (v.type != Type::Choice) continue;
+    ASSERT_NE(v.choices, nullptr) << v.name;
+    EXPECT_TRUE(accepts(v, v.fallback)) << v.name << "'s default " << v.fallback;
+  }
+  EXPECT_TRUE(accepts(*find("SOFTRDMA_TRANSPORT"), "both"));
+  EXPECT_TRUE(accepts(*find("SOFTRDMA_WIRE_PROTECT"), "encrypt"));
+  EXPECT_TRUE(accepts(*find("SOFTRDMA_DIRECT_PEERS"), "any"));
+  EXPECT_FALSE(accepts(*find("SOFTRDMA_TRANSPORT"), "roc"));
+  EXPECT_FALSE(accepts(*find("SOFTRDMA_TRANSPORT"), "roce iwarp"));
+  EXPECT_FALSE(accepts(*find("SOFTRDMA_DIRECT_PEERS"), "everyone"));
+}
+
+TEST(ConfigTable, AcceptsWhatEachTypeTakes) {
+  const Variable& b = *find("SOFTRDMA_DIRECT");
+  const Variable& u = *find("SOFTRDMA_SPIN_US");
+  const Variable& o = *find("SOFTRDMA_STATS_MODE");
+  for (const Variable* v : {&b, &u, &o, find("SOFTRDMA_TRANSPORT"), find("SOFTRDMA_COUNTERS")})
+    EXPECT_TRUE(accepts(*v, "")) << v->name << ": empty is the default";
+  EXPECT_TRUE(accepts(b, "0"));
+  EXPECT_TRUE(accepts(b, "1"));
+  EXPECT_FALSE(accepts(b, "yes"));
+  EXPECT_FALSE(accepts(b, "2"));
+  EXPECT_TRUE(accepts(u, "0"));
+  EXPECT_TRUE(accepts(u, "18446744073709551615"));
+  EXPECT_FALSE(accepts(u, "18446744073709551616")) << "past 64 bits";
+  EXPECT_FALSE(accepts(u, "-1"));
+  EXPECT_FALSE(accepts(u, "10ms"));
+  EXPECT_TRUE(accepts(o, "0640"));
+  EXPECT_TRUE(accepts(o, "777"));
+  EXPECT_FALSE(accepts(o, "01777"));
+  EXPECT_FALSE(accepts(o, "0680"));
+  EXPECT_TRUE(accepts(*find("SOFTRDMA_COUNTERS"), "anything"));
+  EXPECT_TRUE(accepts(*find("SOFTRDMA_IMPAIR"), "seed=1,tx_drop=0.1"));
+}
+
+TEST(ConfigAssignments, NameEqualsValueSeparatedBySemicolons) {
+  auto a = parse_assignments("SOFTRDMA_IMPAIR=seed=1,tx_drop=0.1;SOFTRDMA_DIRECT=1;SOFTRDMA_GSO=");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(*a, (Assignments{{"SOFTRDMA_IMPAIR", "seed=1,tx_drop=0.1"}, {"SOFTRDMA_DIRECT", "1"}, {"SOFTRDMA_GSO", ""}}));
+  EXPECT_EQ(parse_assignments(""), Assignments{});
+  EXPECT_EQ(parse_assignments("SOFTRDMA_SPIN_US=0;"), (Assignments{{"SOFTRDMA_SPIN_US", "0"}}));
+  EXPECT_FALSE(parse_assignments("SOFTRDMA_NO_SUCH=1")) << "a name not in the table";
+  EXPECT_FALSE(parse_assignments("softrdma_direct=0")) << "names are exact";
+  EXPECT_FALSE(parse_assignments("SOFTRDMA_DIRECT")) << "no value";
+  EXPECT_FALSE(parse_assignments("SOFTRDMA_DIRECT=0;;SOFTRDMA_GSO=0")) << "an empty item";
+  EXPECT_FALSE(parse_assignments("SOFTRDMA_DIRECT=off")) << "a value its type does not take";
+  EXPECT_FALSE(parse_assignments("SOFTRDMA_GSO=0;SOFTRDMA_SPIN_US=fast"));
+}
+
+// parse() reads a context's own settings, then the process's options, then the environment; an option
+// set to "" is the default whatever the environment says, and nullptr gives the environment back.
+TEST(ConfigOptions, WinOverTheEnvironmentUntilCleared) {
+  ASSERT_EQ(setenv("SOFTRDMA_SPIN_US", "7", 1), 0);
+  EXPECT_EQ(parse().spin_us, 7u);
+  ASSERT_TRUE(set_option("SOFTRDMA_SPIN_US", "9"));
+  EXPECT_EQ(parse().spin_us, 9u);
+  EXPECT_EQ(parse(Assignments{{"SOFTRDMA_SPIN_US", "11"}}).spin_us, 11u) << "a context's own wins";
+  EXPECT_EQ(parse(Assignments{{"SOFTRDMA_GSO", "0"}}).spin_us, 9u) << "and names only what it names";
+  ASSERT_TRUE(set_option("SOFTRDMA_SPIN_US", ""));
+  EXPECT_EQ(parse().spin_us, Settings{}.spin_us);
+  EXPECT_FALSE(set_option("SOFTRDMA_SPIN_US", "fast"));
+  EXPECT_EQ(parse().spin_us, Settings{}.spin_us) << "a refused value changes nothing";
+  EXPECT_FALSE(set_option("SOFTRDMA_NO_SUCH", "1"));
+  ASSERT_TRUE(set_option("SOFTRDMA_SPIN_US", nullptr));
+  EXPECT_EQ(parse().spin_us, 7u);
+  ASSERT_EQ(unsetenv("SOFTRDMA_SPIN_US"), 0);
+  EXPECT_EQ(parse().spin_us, Settings{}.spin_us);
+  ASSERT_TRUE(set_option("SOFTRDMA_TRANSPORT", "iwarp"));
+  EXPECT_EQ(parse().transport, Transport::Iwarp);
+  ASSERT_TRUE(set_option("SOFTRDMA_TRANSPORT", nullptr));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "user_files_fixture.h"
 
+#include "config/config.h"
 #include "net/user_files.h"
 
 namespace softrdma::net {
@@ -274,14 +275,14 @@ TEST_F(RegistryTest, IncompatibleFileIsRejected) {
   EXPECT_THROW(Registry r(path_), std::runtime_error);
 }
 
-TEST_F(RegistryTest, InstanceHonoursEnvironmentOverride) {
-  const char* old = std::getenv("SOFTRDMA_REGISTRY");
-  std::string saved = old ? old : "";
-  unsetenv("SOFTRDMA_REGISTRY");
+// SOFTRDMA_REGISTRY as the process's setting (config::set_option, over the environment; that the
+// environment reaches the table is config_test's).
+TEST_F(RegistryTest, InstanceHonoursSoftrdmaRegistry) {
+  ASSERT_TRUE(config::set_option("SOFTRDMA_REGISTRY", ""));  // the default, whatever the environment says
   EXPECT_EQ(Registry::default_path(), "/dev/shm/softrdma-registry-" + std::to_string(netns_inode()));
-  setenv("SOFTRDMA_REGISTRY", path_.substr(std::string("/dev/shm/").size()).c_str(), 1);
+  ASSERT_TRUE(config::set_option("SOFTRDMA_REGISTRY", path_.substr(std::string("/dev/shm/").size()).c_str()));
   EXPECT_EQ(Registry::default_path(), path_);
-  setenv("SOFTRDMA_REGISTRY", path_.c_str(), 1);
+  ASSERT_TRUE(config::set_option("SOFTRDMA_REGISTRY", path_.c_str()));
   EXPECT_EQ(Registry::default_path(), path_);
   Registry& inst = Registry::instance();  // the only test that opens the singleton
   EXPECT_EQ(inst.path(), path_);
@@ -289,7 +290,7 @@ TEST_F(RegistryTest, InstanceHonoursEnvironmentOverride) {
   uint32_t q = inst.allocate_qpn(kLo, 3);
   EXPECT_TRUE(Registry(path_).lookup(q));
   inst.release_qpn(q);
-  if (old) setenv("SOFTRDMA_REGISTRY", saved.c_str(), 1); else unsetenv("SOFTRDMA_REGISTRY");
+  config::set_option("SOFTRDMA_REGISTRY", nullptr);
 }
 
 // ---- per-user files (net/user_files.h): what a reader accepts as another user's file ----
