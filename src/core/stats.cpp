@@ -32,16 +32,15 @@ const std::vector<const char*>& counter_names() {
 }
 
 namespace {
-mode_t stats_mode(const config::Settings& settings) {
+mode_t stats_mode(std::optional<uint32_t> m) {
   // Owner only unless widened: counters reveal QPNs, peers and traffic volumes.
-  const std::optional<uint32_t> m = settings.stats_mode;  // nullopt: unset or not a mode
   if (!m) return 0600;
   // No write bits for anyone else, nothing beyond rwx: a page others could write would lie to readers.
   return static_cast<mode_t>((*m & 0644) | 0600);
 }
 }  // namespace
 
-StatsPage::StatsPage(const std::string& device, const config::Settings& settings) {
+StatsPage::StatsPage(const std::string& device, std::optional<uint32_t> mode) {
   path_ = std::string(kDir) + "/" + kPrefix + std::to_string(getpid()) + "-" + std::to_string(g_serial++);
   // O_EXCL | O_NOFOLLOW: a file or symlink planted under our name must not be written through. A
   // leftover of our own (an earlier process with this pid) is removed first; anyone else's stays, and
@@ -54,7 +53,7 @@ StatsPage::StatsPage(const std::string& device, const config::Settings& settings
       fd = open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     }
   }
-  if (fd >= 0 && fchmod(fd, stats_mode(settings)) != 0) {
+  if (fd >= 0 && fchmod(fd, stats_mode(mode)) != 0) {
     close(fd);
     unlink(path_.c_str());
     fd = -1;

@@ -80,7 +80,10 @@ class StatsPage {
   // Creates /dev/shm/softrdma-stats-<pid>-<n>, mode 0600 (owner and root only; SOFTRDMA_STATS_MODE, in
   // octal, widens it to at most 0644); falls back to private memory if that fails. settings: from the
   // environment when the page is created unless given.
-  explicit StatsPage(const std::string& device, const config::Settings& settings = config::parse());
+  explicit StatsPage(const std::string& device, const config::Settings& settings = config::parse())
+      : StatsPage(device, settings.stats_mode) {}
+  // mode: SOFTRDMA_STATS_MODE's value (nullopt: owner only).
+  StatsPage(const std::string& device, std::optional<uint32_t> mode);
   ~StatsPage();
   StatsPage(const StatsPage&) = delete;
   StatsPage& operator=(const StatsPage&) = delete;

@@ -43,9 +43,10 @@ class DirectEndpoint {
   // doorbell_fd: the engine's eventfd; the server thread writes it when an initiator rings (kRing) for a
   // SEND it left for an armed CQ (initiators never get it).
   // counters: the context's device counters (the server thread adds direct_refused there, atomically).
+  // peers: who may connect (SOFTRDMA_DIRECT_PEERS).
   DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port, int doorbell_fd,
-                 core::Counters* counters)
-      : gate_(counters), target_(arena, keys, gate_), initiator_(gate_),
+                 core::Counters* counters, DirectGate::PeerPolicy peers)
+      : gate_(counters, peers), target_(arena, keys, gate_), initiator_(gate_),
         server_(gate_, target_, keys, ip_be, port, doorbell_fd) {}
   DirectEndpoint(const DirectEndpoint&) = delete;
   DirectEndpoint& operator=(const DirectEndpoint&) = delete;

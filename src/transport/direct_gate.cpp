@@ -14,8 +14,6 @@
 
 namespace softrdma::transport {
 
-DirectGate::PeerPolicy DirectGate::peer_policy() { return config::parse().direct_peers; }
-
 bool DirectGate::credentials_pass(int fd, int32_t* pid) const {
   ucred cred{};
   socklen_t cl = sizeof cred;

@@ -22,9 +22,8 @@ namespace softrdma::transport {
 
 class DirectGate {
  public:
-  // Who may talk to our server at all (SOFTRDMA_DIRECT_PEERS, read per context).
+  // Who may talk to our server at all (SOFTRDMA_DIRECT_PEERS, the context's option).
   using PeerPolicy = config::DirectPeers;
-  static PeerPolicy peer_policy();
 
   // One QP connection a client proved: our QP's descriptor, its QPN and the client's QPN (a descriptor
   // reused by another QP is not that connection).
@@ -34,7 +33,7 @@ class DirectGate {
   using Conns = std::vector<Conn>;
 
   // counters: the context's device counters (direct_refused is added there atomically).
-  explicit DirectGate(core::Counters* counters) : counters_(counters), policy_(peer_policy()) {}
+  DirectGate(core::Counters* counters, PeerPolicy policy) : counters_(counters), policy_(policy) {}
   DirectGate(const DirectGate&) = delete;
   DirectGate& operator=(const DirectGate&) = delete;
 

@@ -66,7 +66,7 @@ bool cpus_oversubscribed() {
 
 Engine::Engine(const net::Interface& iface, EngineOptions opts)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
-      clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname),
+      clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname, opts_.stats_mode),
       spin_ns_(opts_.spin_us * 1000ull) {
   placement_ = std::make_unique<Placement>(*this);
   rc_ = std::make_unique<RcPath>(*this);
@@ -111,7 +111,7 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   if (opts_.direct) {
     try {
       direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, port_->port(), doorbell_fd_,
-                                                 &stats_.device());
+                                                 &stats_.device(), opts_.direct_peers);
     } catch (const std::system_error&) {
       direct_.reset();  // this context is reached by packets only
     }

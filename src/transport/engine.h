@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -85,6 +86,8 @@ struct EngineOptions {
   // How long the progress thread keeps spinning after its last piece of work before it blocks.
   uint64_t spin_us = config::Settings{}.spin_us;  // SOFTRDMA_SPIN_US
   bool dump_counters = false;   // print the context's counters to stderr when it closes (SOFTRDMA_COUNTERS)
+  config::DirectPeers direct_peers = config::Settings{}.direct_peers;  // SOFTRDMA_DIRECT_PEERS
+  std::optional<uint32_t> stats_mode;  // the counters page's file mode (SOFTRDMA_STATS_MODE)
 };
 
 // A device context's options from the configuration table's settings.
@@ -93,6 +96,8 @@ inline EngineOptions context_options(const config::Settings& s) {
   o.direct = s.direct;
   o.spin_us = s.spin_us;
   o.dump_counters = s.counters;
+  o.direct_peers = s.direct_peers;
+  o.stats_mode = s.stats_mode;
   return o;
 }
 

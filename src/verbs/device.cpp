@@ -380,9 +380,10 @@ ibv_context* open_context(SoftDevice* sd, const config::Settings& settings, uint
 
 // The variables a context reads when it opens and keeps (EngineOptions, its UDP ports): those
 // softrdma_open_device_with takes (private_abi.h). The others are read by the process (the device
-// list, the registry, librdmacm) or by the engine from the process's table.
+// list, the registry, librdmacm).
 constexpr std::string_view kContextVariables[] = {"SOFTRDMA_DIRECT", "SOFTRDMA_IMPAIR", "SOFTRDMA_SPIN_US",
-                                                  "SOFTRDMA_GSO", "SOFTRDMA_COUNTERS"};
+                                                  "SOFTRDMA_GSO", "SOFTRDMA_COUNTERS", "SOFTRDMA_DIRECT_PEERS",
+                                                  "SOFTRDMA_STATS_MODE"};
 
 bool context_variable(std::string_view name) {
   for (std::string_view v : kContextVariables)

@@ -89,8 +89,8 @@ struct ibv_context *softrdma_open_device(const char *name, uint32_t flags);
  * the process's settings (softrdma_set_option, then the environment) for this context only, and are
  * checked against the configuration table (src/config, `softrdma config`). A context takes the
  * variables it reads when it opens and keeps: SOFTRDMA_DIRECT, SOFTRDMA_IMPAIR, SOFTRDMA_SPIN_US,
- * SOFTRDMA_GSO and SOFTRDMA_COUNTERS. The others are the process's: give them with softrdma_set_option
- * (SOFTRDMA_DIRECT_PEERS and SOFTRDMA_STATS_MODE too: the engine takes them from the process's table).
+ * SOFTRDMA_GSO, SOFTRDMA_COUNTERS, SOFTRDMA_DIRECT_PEERS and SOFTRDMA_STATS_MODE. The others are the
+ * process's: give them with softrdma_set_option.
  * softrdma_iwarp_attach decides on the direct path by the process's table (SOFTRDMA_DIRECT,
  * SOFTRDMA_IMPAIR), as librdmacm does, not by the context's.
  * NULL with errno set on failure: EINVAL (flags; settings not NAME=VALUE, a name not in the table or
