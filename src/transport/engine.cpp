@@ -69,6 +69,8 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
       clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname, opts_.stats_mode),
       spin_ns_(opts_.spin_us * 1000ull) {
   placement_ = std::make_unique<Placement>(*this);
+  srq_table_ = std::make_unique<SrqTable>(*this);
+  protection_ = std::make_unique<WireProtection>(*this);
   rc_ = std::make_unique<RcPath>(*this);
   direct_path_ = std::make_unique<DirectPath>(*this, *rc_);
   datagram_ = std::make_unique<DatagramPath>(*this);
@@ -166,10 +168,7 @@ Engine::~Engine() {
     arena_.release(qp->rq.slots, qp->rq_bytes);
     delete qp;
   }
-  for (Srq* srq : srqs_) {
-    arena_.release(srq->rq.slots, srq->rq_bytes);
-    delete srq;
-  }
+  srq_table_.reset();  // its rings are in the arena
   close(doorbell_fd_);
   mcast_close_all();
   close(epoll_fd_);
@@ -391,7 +390,7 @@ void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
       count(sealed, &core::Counters::drop_src_addr);
       return;
     }
-    if (!open_protected(*sealed, data, len)) return;
+    if (!protection_->open(*sealed, data, len)) return;
   }
   wire::Packet pkt;
   wire::ParseError perr = wire::parse_packet(data, len, pkt);
@@ -590,7 +589,7 @@ void Engine::flush_queues(Qp& qp) {
   direct_path_->receive_inbox(qp);
   for (uint64_t i = qp.sq.tail.load(); i != qp.sq.head.load(std::memory_order_acquire); ++i) {
     SqEntry& e = qp.sq.at(i);
-    if (tm_sq_done(qp, e, i, WcStatus::WrFlushErr)) {
+    if (srq_table_->tm_sq_done(qp, e, i, WcStatus::WrFlushErr)) {
       qp.sq.tail.store(i + 1, std::memory_order_release);
       continue;
     }
@@ -832,7 +831,7 @@ void Engine::destroy_qp(Qp* qp) {
     mcast_forget_qp(qp);  // a destroyed QP leaves its multicast groups
     path_of(*qp).release(*qp);  // an iWARP QP's socket is closed with it
     mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
-    tm_drop_sq(*qp);
+    srq_table_->tm_drop_sq(*qp);
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
     if (direct_) {
@@ -902,9 +901,9 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
       switch (m.state) {
         case QpState::Reset:
           path_of(*qp).reset(*qp);  // an iWARP connection ends; the QP may connect again
-          tm_drop_sq(*qp);
+          srq_table_->tm_drop_sq(*qp);
           reset_transport_state(*qp);
-          forget_wire_keys(*qp);
+          WireProtection::forget_keys(*qp);
           // Its completions not yet polled go too (IBTA allows either; mlx4/mlx5 clean them, and
           // rdma-core's tests count on it: a QP recovered through RESET must not return the flush
           // errors of its previous life). Receive CQEs of an SRQ's WQEs stay: those WQEs were the
@@ -917,7 +916,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           if (qp->cfg.type == QpType::Raw) break;  // no peer: frames carry their own addresses
           resolve_destination(*qp);
           direct_path_->join(*qp);
-          if (!derive_wire_keys(*qp)) return ENOMEM;  // the QP stays where it was
+          if (!protection_->derive_keys(*qp)) return ENOMEM;  // the QP stays where it was
           break;
         case QpState::Err:
           move_to_error(*qp);
@@ -957,7 +956,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     };
     if (whole_batch) {
       // Polling only frees slots, so room found now is still there below.
-      uint64_t used = tm_app_sq_used(*qp, head);
+      uint64_t used = SrqTable::tm_app_sq_used(*qp, head);
       uint64_t room = used >= qp->sq.max_wr ? 0 : qp->sq.max_wr - used;
       for (int i = 0; i < n; ++i) {
         if (is_bad(wqes[i]) || static_cast<uint64_t>(i) >= room) {
@@ -970,7 +969,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
       const SendWqe& w = wqes[i];
       bool bad_wqe = is_bad(w);
       // A slot is free once its completion (or a later one) was polled, whatever path completed it.
-      if (bad_wqe || tm_app_sq_used(*qp, head) >= qp->sq.max_wr) {
+      if (bad_wqe || SrqTable::tm_app_sq_used(*qp, head) >= qp->sq.max_wr) {
         *bad = i;
         rc = bad_wqe ? EINVAL : ENOMEM;
         break;

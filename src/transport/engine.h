@@ -31,6 +31,7 @@
 #include "transport/iwarp.h"
 #include "transport/path.h"
 #include "transport/placement.h"
+#include "transport/protect.h"
 #include "transport/qp.h"
 #include "transport/raw.h"
 #include "transport/rc_path.h"
@@ -146,12 +147,8 @@ class Engine {
   Qp* create_qp(const QpConfig& cfg);
   void destroy_qp(Qp* qp);
   int modify_qp(Qp* qp, const QpModify& m);
-  // Wire protection (transport/protect.cpp): installs the connection secret (16 or 32 bytes) an RC or UC
-  // QP in RESET or INIT protects its packets with from RTR on (mode Off: none). 0, or EINVAL (length,
-  // mode, state, QP type: UD, XRC, raw and iWARP QPs carry no protection).
-  int set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, size_t len);
-  // The CM refused a connection of this device for a protection mismatch (auth_cm_reject).
-  void count_wire_reject();
+  // Wire protection of RC and UC QPs' packets (protect.h).
+  WireProtection& protection() { return *protection_; }
   // iWARP: moves an RC QP in INIT to RTS over a connected TCP socket (the iWARP path, iwarp_qp.cpp).
   // 0 or an errno.
   int iwarp_attach(Qp* qp, const IwarpAttach& a);
@@ -162,20 +159,8 @@ class Engine {
   int post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_batch = false);
   int post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad);
 
-  // Shared receive queues (srq.cpp). create_srq returns nullptr (errno set) on failure; the others
-  // return 0 or an errno. destroy_srq is refused (EBUSY) while QPs are attached.
-  // An XRC SRQ has an XRC domain (xrcd != 0) and the CQ its receive completions go to.
-  Srq* create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd = 0,
-                  core::CompletionQueue* cq = nullptr);
-  int destroy_srq(Srq* srq);
-  int modify_srq(Srq* srq, int mask, uint32_t max_wr, uint32_t limit);
-  void query_srq(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit);
-  int post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad);
-  // Tag matching (tag_matching.cpp). enable_tag_matching makes a new SRQ, before any QP attaches, an
-  // IBV_SRQT_TM one whose list operations and tag-matching receives complete into cq. post_srq_op
-  // executes one list operation (ADD sets op.handle); 0 or an errno (nothing done).
-  int enable_tag_matching(Srq* srq, uint32_t max_num_tags, core::CompletionQueue* cq);
-  int post_srq_op(Srq* srq, tm::Op& op);
+  // Shared receive queues and their tag matching (srq.h).
+  SrqTable& srq_table() { return *srq_table_; }
   // ibv_poll_cq: when the CQ is empty, drives progress inline (no wake-up of the progress thread needed).
   int poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n);
   // ibv_req_notify_cq: arms the CQ, then places what intra-host initiators left for it while it was
@@ -201,16 +186,8 @@ class Engine {
   // Returns 0 or an errno.
   int attach_mcast(Qp* qp, uint32_t group_ip_be);
   int detach_mcast(Qp* qp, uint32_t group_ip_be);
-  // RAW_PACKET flow steering (the raw path, raw.cpp): the QP receives the frames some rule of its
-  // matches. 0 or an errno.
-  int attach_flow(Qp* qp, const net::FrameRule& rule, uint32_t* handle);
-  int detach_flow(Qp* qp, uint32_t handle);
-  // Receive work queues for RSS QPs (raw.cpp). create_wq returns nullptr (errno set) on failure;
-  // destroy_wq needs the WQ to be in no indirection table any more (the verbs layer counts).
-  Wq* create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, uint32_t max_sge);
-  int modify_wq(Wq* wq, WqState state);
-  void destroy_wq(Wq* wq);
-  int post_wq_recv(Wq* wq, const RecvWqe* wqes, int n, int* bad);
+  // RAW_PACKET flow steering and receive work queues (the raw path, raw_path.h).
+  RawPath& raw() { return *raw_; }
 
  private:
   // port_state.cpp: reads the link monitor; a change of the port's state raises PORT_ERR/PORT_ACTIVE.
@@ -247,13 +224,6 @@ class Engine {
   void try_take_roce_port(uint64_t now_ns);
   uint64_t next_deadline_ns();
   void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
-  // protect.cpp: at RTR, the direction keys from the secret (false: none could be set up); on RESET, all
-  // forgotten. open_protected verifies a packet of a protected QP (ICRC already checked), counts the
-  // verdict, and on success points data/len at the packet without its trailer, decrypted.
-  bool derive_wire_keys(Qp& qp);
-  static void forget_wire_keys(Qp& qp);
-  bool open_protected(Qp& qp, const uint8_t*& data, uint32_t& len);
-  std::vector<uint8_t> open_buf_;  // decrypted packets (Encrypt mode), one at a time
   void resolve_destination(Qp& qp);
   // Takes the engine lock for an application thread: when free, or, once a QP has a direct peer, after
   // waiting for it (posts and polls then do the direct path's work themselves).
@@ -269,14 +239,6 @@ class Engine {
   // RoCEv2 packets out of the context's port: to the QP's peer (send_packet), or to any address (UD).
   void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                       uint16_t dest_port);
-  // An SQ entry at index completed (or was flushed) with status: true when it was the engine's own
-  // (kTmRead, kTmFin), whose completion is a tag-matching CQE or nothing, never an SQ CQE.
-  bool tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status);
-  // The QP's SQ is dropped without completions (reset, destroy): its rendezvous entries are released.
-  void tm_drop_sq(Qp& qp);
-  // The application's share of the SQ in use (under sq.producer_lock): the engine's own WQEs whose
-  // slots are not given back yet do not count.
-  static uint64_t tm_app_sq_used(Qp& qp, uint64_t head);
 
   // The paths (path.h). A QP is on the path of its type from its creation (RoCE RC and XRC, RoCE
   // UD/UC, raw packets) until an attach moves it to another (iWARP); path_of gives it.
@@ -286,7 +248,9 @@ class Engine {
   std::unique_ptr<DatagramPath> datagram_;
   std::unique_ptr<RawPath> raw_;
   std::unique_ptr<IwarpPath> iwarp_;
-  std::unique_ptr<Placement> placement_;  // the receive WQEs and placement into them, for every path
+  std::unique_ptr<Placement> placement_;
+  std::unique_ptr<SrqTable> srq_table_;
+  std::unique_ptr<WireProtection> protection_;  // the receive WQEs and placement into them, for every path
   Path* paths_[5] = {};  // in the order a progress pass looks at their own streams and ports
   Path& path_of(const Qp& qp) const;
   void batch_done() {
@@ -306,8 +270,6 @@ class Engine {
   std::mutex lock_;                          // the engine lock
   std::unordered_map<uint32_t, Qp*> qps_;
   std::vector<Qp*> qp_list_;
-  std::vector<Srq*> srqs_;
-  uint32_t next_srqn_ = 1;
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
   // Under lock_: the pass is an application's poll; 4791's last look found datagrams; looks skipped.
@@ -394,9 +356,13 @@ inline void PathServices::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_
 }
 inline void PathServices::resolve_destination(Qp& qp) { e_.resolve_destination(qp); }
 inline DirectEndpoint* PathServices::direct() { return e_.direct_.get(); }
-inline const std::vector<Srq*>& PathServices::srqs() const { return e_.srqs_; }
+inline const std::vector<Srq*>& PathServices::srqs() const { return e_.srq_table_->list(); }
+inline const std::vector<Qp*>& PathServices::qps() const { return e_.qp_list_; }
+inline void PathServices::forget_events_of(const Srq* srq) {
+  e_.async_events_.discard_if([srq](const AsyncEvent& ev) { return ev.srq == srq; });
+}
 inline bool PathServices::tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status) {
-  return e_.tm_sq_done(qp, e, index, status);
+  return e_.srq_table_->tm_sq_done(qp, e, index, status);
 }
 inline void PathServices::fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq) { e_.placement_->fail_recv(qp, status, cq); }
 inline WcStatus PathServices::resolve_active_recv(Qp& qp) { return e_.placement_->resolve_active_recv(qp); }

@@ -149,6 +149,9 @@ class PathServices {
   // Shared receive queues (the XRC target's lookup), and the SQ side of tag matching: an SQ entry at
   // index completed with status; true when it was the engine's own (tag_matching.cpp).
   const std::vector<Srq*>& srqs() const;
+  // The context's QPs, and dropping the async events not yet read that name an SRQ going away.
+  const std::vector<Qp*>& qps() const;
+  void forget_events_of(const Srq* srq);
   bool tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, core::WcStatus status);
   // Receive WQEs (srq.cpp) and their buffers.
   RecvWqe* next_recv_wqe(Qp& qp);

@@ -1,6 +1,9 @@
-// Wire protection of a QP's packets (wire/protect.h, docs/security.md): the secret an application or
-// librdmacm installs, the direction keys derived from it at RTR, and the receive-side check: tag, then
-// replay window, before the packet is parsed. The send side seals in Engine::send_packet_to.
+// Wire protection of a QP's packets (protect.h, wire/protect.h, docs/security.md): the secret an
+// application or librdmacm installs, the direction keys derived from it at RTR, and the receive-side
+// check: tag, then replay window, before the packet is parsed. The send side seals in
+// Engine::send_packet_to.
+#include "transport/protect.h"
+
 #include <openssl/crypto.h>
 
 #include <cerrno>
@@ -12,16 +15,16 @@
 
 namespace softrdma::transport {
 
-int Engine::set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, size_t len) {
+int WireProtection::set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, size_t len) {
   if (mode != wire::Protection::Off && mode != wire::Protection::Auth && mode != wire::Protection::Encrypt)
     return EINVAL;
   if (mode != wire::Protection::Off && (!secret || (len != 16 && len != 32))) return EINVAL;
-  std::lock_guard lock(lock_);
+  std::lock_guard lock(engine_lock());
   if (qp->cfg.type != QpType::Rc && qp->cfg.type != QpType::Uc) return EINVAL;
   if (qp->cfg.xrc != XrcRole::None || qp->on_path()) return EINVAL;  // iWARP
   const QpState st = qp->state.load(std::memory_order_relaxed);
   if (st != QpState::Reset && st != QpState::Init) return EINVAL;
-  forget_wire_keys(*qp);
+  forget_keys(*qp);
   if (mode == wire::Protection::Off) return 0;
   qp->prot.mode = mode;
   std::memcpy(qp->prot.secret, secret, len);
@@ -29,21 +32,21 @@ int Engine::set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* secret, s
   return 0;
 }
 
-void Engine::count_wire_reject() {
-  std::lock_guard lock(lock_);
+void WireProtection::count_wire_reject() {
+  std::lock_guard lock(engine_lock());
   count(nullptr, &core::Counters::auth_cm_reject);
 }
 
-bool Engine::derive_wire_keys(Qp& qp) {
+bool WireProtection::derive_keys(Qp& qp) {
   if (qp.prot.mode == wire::Protection::Off || qp.prot.tx) return true;
   wire::DirectionKey out{}, in{};
   auto tx = std::make_unique<wire::PacketCipher>();
   auto rx = std::make_unique<wire::PacketCipher>();
   const bool ok =
-      wire::derive_direction_key(qp.prot.secret, qp.prot.secret_len, qp.prot.mode, iface_.ip_be, qp.qpn,
+      wire::derive_direction_key(qp.prot.secret, qp.prot.secret_len, qp.prot.mode, iface().ip_be, qp.qpn,
                                  qp.dest_ip_be, qp.dest_qpn, &out) &&
       wire::derive_direction_key(qp.prot.secret, qp.prot.secret_len, qp.prot.mode, qp.dest_ip_be, qp.dest_qpn,
-                                 iface_.ip_be, qp.qpn, &in) &&
+                                 iface().ip_be, qp.qpn, &in) &&
       tx->init(qp.prot.mode, out, true) && rx->init(qp.prot.mode, in, false);
   OPENSSL_cleanse(&out, sizeof out);
   OPENSSL_cleanse(&in, sizeof in);
@@ -55,7 +58,7 @@ bool Engine::derive_wire_keys(Qp& qp) {
   return true;
 }
 
-void Engine::forget_wire_keys(Qp& qp) {
+void WireProtection::forget_keys(Qp& qp) {
   OPENSSL_cleanse(qp.prot.secret, sizeof qp.prot.secret);
   qp.prot.secret_len = 0;
   qp.prot.mode = wire::Protection::Off;
@@ -65,7 +68,7 @@ void Engine::forget_wire_keys(Qp& qp) {
   qp.prot.replay = {};
 }
 
-bool Engine::open_protected(Qp& qp, const uint8_t*& data, uint32_t& len) {
+bool WireProtection::open(Qp& qp, const uint8_t*& data, uint32_t& len) {
   const wire::OpcodeInfo& info = wire::opcode_info(data[0]);
   const uint32_t hdr = info.header_len;
   if (!info.valid || len < hdr + wire::kProtectTrailerLen + wire::kIcrcLen) {

@@ -398,7 +398,7 @@ struct Qp {
   } direct;
 
   // Wire protection (wire/protect.h, transport/protect.cpp): the connection's secret, installed before
-  // RTR (Engine::set_wire_key); at RTR the two direction keys are derived from it and both ends'
+  // RTR (WireProtection::set_wire_key); at RTR the two direction keys are derived from it and both ends'
   // address and QPN. tx_counter is the nonce of the next packet sent: it only grows, retransmissions
   // included, so no nonce repeats under the key. RESET forgets all of it (a new connection, a new key).
   struct WireProtect {

@@ -140,29 +140,6 @@ bool raw_has_flows(const Qp& qp) {
   return s && !s->flows.empty();
 }
 
-int Engine::attach_flow(Qp* qp, const net::FrameRule& rule, uint32_t* handle) {
-  std::lock_guard lock(lock_);
-  return raw_->attach_flow(*qp, rule, handle);
-}
-
-int Engine::detach_flow(Qp* qp, uint32_t handle) {
-  std::lock_guard lock(lock_);
-  return raw_->detach_flow(*qp, handle);
-}
-
-Wq* Engine::create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, uint32_t max_sge) {
-  return raw_->create_wq(pd, cq, max_wr, max_sge);
-}
-
-int Engine::modify_wq(Wq* wq, WqState state) {
-  std::lock_guard lock(lock_);
-  return raw_->modify_wq(*wq, state);
-}
-
-void Engine::destroy_wq(Wq* wq) { raw_->destroy_wq(wq); }
-
-int Engine::post_wq_recv(Wq* wq, const RecvWqe* wqes, int n, int* bad) { return raw_->post_wq_recv(*wq, wqes, n, bad); }
-
 int RawPath::join(Qp& qp) {
   auto st = std::make_unique<RawState>();
   try {
@@ -187,6 +164,7 @@ void RawPath::release(Qp& qp) {
 bool RawPath::carries(const Qp&, const SendWqe& w) const { return work_request(w.op, QpType::Raw).allowed; }
 
 int RawPath::attach_flow(Qp& qp, const net::FrameRule& rule, uint32_t* handle) {
+  std::lock_guard lock(engine_lock());
   if (qp.on_path() != this) return EOPNOTSUPP;
   RawState& raw = state(qp);
   std::vector<net::FrameRule> rules;
@@ -200,6 +178,7 @@ int RawPath::attach_flow(Qp& qp, const net::FrameRule& rule, uint32_t* handle) {
 }
 
 int RawPath::detach_flow(Qp& qp, uint32_t handle) {
+  std::lock_guard lock(engine_lock());
   if (qp.on_path() != this) return EINVAL;
   RawState& raw = state(qp);
   auto it = std::find_if(raw.flows.begin(), raw.flows.end(), [&](const auto& f) { return f.first == handle; });
@@ -238,6 +217,7 @@ void RawPath::flush_wq(Wq& wq) {
 }
 
 int RawPath::modify_wq(Wq& wq, WqState state) {
+  std::lock_guard lock(engine_lock());
   switch (state) {
     case WqState::Reset:
       // Back to empty: what was posted is dropped without completions (as a QP's reset does).

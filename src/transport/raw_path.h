@@ -32,10 +32,12 @@ class RawPath final : public Path, private PathServices {
   // A RAW_PACKET QP being created joins the path: its AF_PACKET port on the device's interface, which
   // needs CAP_NET_RAW. 0 or an errno (EPERM).
   int join(Qp& qp);
-  // The Engine's entry points of the same names (engine.h), which take the engine lock first, except
-  // create_wq, destroy_wq and post_wq_recv, which take it themselves.
+  // The verbs layer's RAW_PACKET calls (Engine::raw()); each takes the engine lock where it needs it.
+  // Flow steering: the QP receives the frames some rule of its matches. 0 or an errno.
   int attach_flow(Qp& qp, const net::FrameRule& rule, uint32_t* handle);
   int detach_flow(Qp& qp, uint32_t handle);
+  // Receive work queues for RSS QPs. create_wq returns nullptr (errno set) on failure; destroy_wq
+  // needs the WQ to be in no indirection table any more (the verbs layer counts).
   Wq* create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, uint32_t max_sge);
   int modify_wq(Wq& wq, WqState state);
   void destroy_wq(Wq* wq);

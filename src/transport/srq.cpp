@@ -1,6 +1,6 @@
-// Shared receive queues (IBTA 10.2.9, 11.2.3) and the receive-WQE bookkeeping every responder uses,
-// whether a QP receives from its own RQ or from an SRQ: the limit event (IBV_EVENT_SRQ_LIMIT_REACHED)
-// and the Last WQE Reached event of a QP leaving an SRQ in error (IBTA 11.6.3.1).
+// Shared receive queues (IBTA 10.2.9, 11.2.3): the context's SrqTable (create, destroy, resize, post),
+// and the responder's XRC stage that picks the SRQ an XRCETH names (IBTA 10.2.10). Taking receive
+// WQEs off an SRQ, with its limit event and the Last WQE Reached event, is placement's (placement.cpp).
 #include "transport/srq.h"
 
 #include <algorithm>
@@ -13,8 +13,14 @@
 
 namespace softrdma::transport {
 
-Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd,
-                        core::CompletionQueue* cq) {
+SrqTable::~SrqTable() {
+  for (Srq* srq : srqs_) {
+    release_recv_ring(srq->rq.slots, srq->rq_bytes);
+    delete srq;
+  }
+}
+
+Srq* SrqTable::create(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd, core::CompletionQueue* cq) {
   using L = core::DeviceLimits;
   if (max_wr > L::kMaxSrqWr || max_sge > L::kMaxSrqSge) {
     errno = EINVAL;
@@ -29,13 +35,13 @@ Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t
   srq->xrcd = xrcd;
   srq->cq = cq;
   srq->max_sge = std::max<uint32_t>(max_sge, 1);
-  if (!placement_->alloc_recv_ring(srq->rq, max_wr, &srq->rq_bytes)) {
+  if (!alloc_recv_ring(srq->rq, max_wr, &srq->rq_bytes)) {
     delete srq;
     return nullptr;
   }
-  std::lock_guard lock(lock_);
+  std::lock_guard lock(engine_lock());
   if (srqs_.size() >= L::kMaxSrq) {
-    arena_.release(srq->rq.slots, srq->rq_bytes);
+    release_recv_ring(srq->rq.slots, srq->rq_bytes);
     delete srq;
     errno = ENOMEM;
     return nullptr;
@@ -53,14 +59,14 @@ Srq* Engine::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t
   return srq;
 }
 
-int Engine::destroy_srq(Srq* srq) {
+int SrqTable::destroy(Srq* srq) {
   {
-    std::lock_guard lock(lock_);
+    std::lock_guard lock(engine_lock());
     if (srq->qp_refs) return EBUSY;
     srqs_.erase(std::remove(srqs_.begin(), srqs_.end(), srq), srqs_.end());
     // XRC targets that delivered into it forget it; a message in progress into it fails at its next
     // packet (xrc_target_srq), its WQE with the SRQ.
-    for (Qp* qp : qp_list_) {
+    for (Qp* qp : qps()) {
       if (qp->cfg.xrc != XrcRole::Recv || qp->srq != srq) continue;
       qp->srq = nullptr;
       qp->shared_rq = nullptr;
@@ -68,18 +74,18 @@ int Engine::destroy_srq(Srq* srq) {
       qp->resp.srq_wqe_held = false;
       qp->resp.recv_active = false;
     }
-    arena_.release(srq->rq.slots, srq->rq_bytes);
+    release_recv_ring(srq->rq.slots, srq->rq_bytes);
   }
-  async_events_.discard_if([srq](const AsyncEvent& e) { return e.srq == srq; });
+  forget_events_of(srq);
   delete srq;
   return 0;
 }
 
-int Engine::modify_srq(Srq* srq, int mask, uint32_t max_wr, uint32_t limit) {
+int SrqTable::modify(Srq* srq, int mask, uint32_t max_wr, uint32_t limit) {
   if (mask & ~(kSrqModMaxWr | kSrqModLimit)) return EINVAL;
   // Producer lock first, as post_srq_recv then the engine: the ring may be replaced below.
   std::lock_guard producer(srq->rq.producer_lock);
-  std::lock_guard lock(lock_);
+  std::lock_guard lock(engine_lock());
   WorkQueue<RecvWqe>& q = srq->rq;
   uint32_t new_max = q.max_wr;
   if (mask & kSrqModMaxWr) {
@@ -90,12 +96,12 @@ int Engine::modify_srq(Srq* srq, int mask, uint32_t max_wr, uint32_t limit) {
   if ((mask & kSrqModLimit) && limit > new_max) return EINVAL;
   if (new_max != q.max_wr) {
     size_t bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(new_max);
-    auto* ring = static_cast<RecvWqe*>(arena_.allocate(bytes));
+    auto* ring = static_cast<RecvWqe*>(arena().allocate(bytes));
     if (!ring) return ENOMEM;
     uint32_t new_mask = WorkQueue<RecvWqe>::capacity_for(new_max) - 1;
     // Head and tail are running counters: each WQE keeps its index, only its slot moves.
     for (uint64_t i = q.tail.load(); i != q.head.load(); ++i) ring[i & new_mask] = q.at(i);
-    arena_.release(q.slots, srq->rq_bytes);
+    release_recv_ring(q.slots, srq->rq_bytes);
     q.slots = ring;
     q.mask = new_mask;
     q.max_wr = new_max;
@@ -105,14 +111,14 @@ int Engine::modify_srq(Srq* srq, int mask, uint32_t max_wr, uint32_t limit) {
   return 0;
 }
 
-void Engine::query_srq(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit) {
-  std::lock_guard lock(lock_);
+void SrqTable::query(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit) {
+  std::lock_guard lock(engine_lock());
   max_wr = srq->rq.max_wr;
   max_sge = srq->max_sge;
   limit = srq->limit;
 }
 
-int Engine::post_srq_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
+int SrqTable::post_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
   std::lock_guard lock(srq->rq.producer_lock);
   uint64_t head;
   return push_recv_wqes(srq->rq, wqes, n, srq->max_sge, bad, &head);

@@ -7,6 +7,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/cq.h"
+#include "transport/path.h"
 #include "transport/qp.h"
 
 namespace softrdma::transport {
@@ -81,6 +83,44 @@ struct Srq {
   uint32_t xrcd = 0;
   core::CompletionQueue* cq = nullptr;
   std::unique_ptr<tm::State> tm;  // IBV_SRQT_TM: its matching list (engine lock)
+};
+
+// The context's shared receive queues (srq.cpp) and their tag matching (tag_matching.cpp): the verbs
+// layer's SRQ calls, under the engine lock where they touch what the engine reads. Each returns 0 or
+// an errno unless said otherwise.
+class SrqTable : PathServices {
+ public:
+  explicit SrqTable(Engine& e) : PathServices(e) {}
+  ~SrqTable();  // the engine's lock held: every SRQ left is freed
+  // nullptr (errno set) on failure. An XRC SRQ has an XRC domain (xrcd != 0) and the CQ its receive
+  // completions go to.
+  Srq* create(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd = 0,
+              core::CompletionQueue* cq = nullptr);
+  // Refused (EBUSY) while QPs are attached.
+  int destroy(Srq* srq);
+  int modify(Srq* srq, int mask, uint32_t max_wr, uint32_t limit);
+  void query(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& limit);
+  int post_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad);
+  // Makes a new SRQ, before any QP attaches, an IBV_SRQT_TM one whose list operations and
+  // tag-matching receives complete into cq.
+  int enable_tag_matching(Srq* srq, uint32_t max_num_tags, core::CompletionQueue* cq);
+  // One list operation (ADD sets op.handle); 0 or an errno (nothing done).
+  int post_op(Srq* srq, tm::Op& op);
+  const std::vector<Srq*>& list() const { return srqs_; }
+
+  // The send-queue side of tag matching: an SQ entry at index completed (or was flushed) with status:
+  // true when it was the engine's own (kTmRead, kTmFin), whose completion is a tag-matching CQE or
+  // nothing, never an SQ CQE.
+  bool tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, core::WcStatus status);
+  // The QP's SQ is dropped without completions (reset, destroy): its rendezvous entries are released.
+  void tm_drop_sq(Qp& qp);
+  // The application's share of the SQ in use (under sq.producer_lock): the engine's own WQEs whose
+  // slots are not given back yet do not count.
+  static uint64_t tm_app_sq_used(Qp& qp, uint64_t head);
+
+ private:
+  std::vector<Srq*> srqs_;
+  uint32_t next_srqn_ = 1;
 };
 
 }  // namespace softrdma::transport

@@ -55,20 +55,20 @@ core::CompletionQueue* receive_cq(const Qp& qp) {
   return qp.srq && qp.srq->tm ? qp.srq->tm->cq : qp.cfg.recv_cq;
 }
 
-int Engine::enable_tag_matching(Srq* srq, uint32_t max_num_tags, core::CompletionQueue* cq) {
+int SrqTable::enable_tag_matching(Srq* srq, uint32_t max_num_tags, core::CompletionQueue* cq) {
   if (max_num_tags == 0 || max_num_tags > tm::kMaxNumTags || !cq) return EINVAL;
   auto st = std::make_unique<tm::State>();
   st->cq = cq;
   st->max_num_tags = max_num_tags;
   st->tags.resize(max_num_tags);
-  std::lock_guard lock(lock_);
+  std::lock_guard lock(engine_lock());
   if (srq->qp_refs || srq->tm) return EINVAL;
   srq->tm = std::move(st);
   return 0;
 }
 
-int Engine::post_srq_op(Srq* srq, tm::Op& op) {
-  std::lock_guard lock(lock_);
+int SrqTable::post_op(Srq* srq, tm::Op& op) {
+  std::lock_guard lock(engine_lock());
   if (!srq->tm) return EINVAL;  // not a tag-matching SRQ
   tm::State& st = *srq->tm;
   if (op.flags & ~uint32_t{tm::kOpSignaled | tm::kOpSync}) return EINVAL;
@@ -117,7 +117,7 @@ int Engine::post_srq_op(Srq* srq, tm::Op& op) {
   return 0;
 }
 
-uint64_t Engine::tm_app_sq_used(Qp& qp, uint64_t head) {
+uint64_t SrqTable::tm_app_sq_used(Qp& qp, uint64_t head) {
   const uint64_t polled = qp.sq_credit->polled();
   std::vector<uint64_t>& v = qp.tm_sq_internal;
   size_t given_back = 0;
@@ -250,7 +250,7 @@ Verdict Responder::tm_rendezvous(Qp& qp, tm::Tag& t, const wire::Packet& pkt, ui
   return {};
 }
 
-void Engine::tm_drop_sq(Qp& qp) {
+void SrqTable::tm_drop_sq(Qp& qp) {
   if (!qp.srq || !qp.srq->tm) return;
   // Rendezvous READs that will never complete (the QP is reset or destroyed): their entries are free.
   std::vector<tm::Tag>& tags = qp.srq->tm->tags;
@@ -260,7 +260,7 @@ void Engine::tm_drop_sq(Qp& qp) {
   }
 }
 
-bool Engine::tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status) {
+bool SrqTable::tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status) {
   if (!(e.wqe.flags & (kTmRead | kTmFin))) return false;
   if ((e.wqe.flags & kTmRead) && qp.srq && qp.srq->tm) {
     tm::State& st = *qp.srq->tm;

@@ -9,6 +9,7 @@
 
 #include "core/limits.h"
 #include "transport/raw.h"
+#include "transport/raw_path.h"
 #include "verbs/soft_objects.h"
 
 using namespace softrdma;
@@ -158,7 +159,7 @@ ibv_flow* create_flow(ibv_qp* qp, ibv_flow_attr* attr) {
     return nullptr;
   }
   uint32_t handle = 0;
-  if (int rc = engine_of(qp->context).attach_flow(q->tqp, rule, &handle)) {
+  if (int rc = engine_of(qp->context).raw().attach_flow(*q->tqp, rule, &handle)) {
     delete f;
     errno = rc;
     return nullptr;
@@ -171,7 +172,7 @@ ibv_flow* create_flow(ibv_qp* qp, ibv_flow_attr* attr) {
 
 int destroy_flow(ibv_flow* flow) {
   auto* f = reinterpret_cast<SoftFlow*>(flow);
-  int rc = engine_of(flow->context).detach_flow(f->qp->tqp, flow->handle);
+  int rc = engine_of(flow->context).raw().detach_flow(*f->qp->tqp, flow->handle);
   delete f;
   return rc;
 }
@@ -197,7 +198,7 @@ int post_wq_recv(ibv_wq* wq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       r.length += cur->sg_list[i].length;
     }
     int b = 0;
-    if (int rc = eng.post_wq_recv(w->twq, &r, 1, &b)) {
+    if (int rc = eng.raw().post_wq_recv(*w->twq, &r, 1, &b)) {
       *bad = cur;
       return rc;
     }
@@ -220,7 +221,7 @@ ibv_wq* create_wq(ibv_context* ctx, ibv_wq_init_attr* a) {
     errno = ENOMEM;
     return nullptr;
   }
-  w->twq = engine_of(ctx).create_wq(a->pd->handle, to_cq(a->cq)->queue.get(), a->max_wr, a->max_sge);
+  w->twq = engine_of(ctx).raw().create_wq(a->pd->handle, to_cq(a->cq)->queue.get(), a->max_wr, a->max_sge);
   if (!w->twq) {
     delete w;
     return nullptr;
@@ -254,7 +255,7 @@ int modify_wq(ibv_wq* wq, ibv_wq_attr* a) {
   // RESET -> RDY -> ERR, and back to RESET from anywhere; ERR is left only through RESET.
   const bool ok = next == IBV_WQS_RESET || next == IBV_WQS_ERR || (next == IBV_WQS_RDY && cur != IBV_WQS_ERR);
   if (!ok) return EINVAL;
-  if (int rc = engine_of(wq->context).modify_wq(w->twq, static_cast<transport::WqState>(next))) return rc;
+  if (int rc = engine_of(wq->context).raw().modify_wq(*w->twq, static_cast<transport::WqState>(next))) return rc;
   wq->state = next;
   return 0;
 }
@@ -262,7 +263,7 @@ int modify_wq(ibv_wq* wq, ibv_wq_attr* a) {
 int destroy_wq(ibv_wq* wq) {
   SoftWq* w = to_wq(wq);
   if (w->ind_refs.load()) return EBUSY;
-  engine_of(wq->context).destroy_wq(w->twq);
+  engine_of(wq->context).raw().destroy_wq(w->twq);
   --to_pd(wq->pd)->users;
   --to_cq(wq->cq)->qp_refs;
   delete w;

@@ -31,7 +31,7 @@ ibv_srq* create(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr, SoftXrcd* xrc
     return nullptr;
   }
   s->tsrq = engine_of(pd->context)
-                .create_srq(pd->handle, attr.max_wr, attr.max_sge, xrcd ? xrcd->id : 0, cq ? cq->queue.get() : nullptr);
+                .srq_table().create(pd->handle, attr.max_wr, attr.max_sge, xrcd ? xrcd->id : 0, cq ? cq->queue.get() : nullptr);
   if (!s->tsrq) {
     int e = errno;
     pd_delete(pd, s, kResourceSrq);
@@ -40,7 +40,7 @@ ibv_srq* create(ibv_pd* pd, void* srq_context, ibv_srq_attr& attr, SoftXrcd* xrc
   }
   s->tsrq->user = &s->srq;
   uint32_t limit = 0;
-  engine_of(pd->context).query_srq(s->tsrq, attr.max_wr, attr.max_sge, limit);
+  engine_of(pd->context).srq_table().query(s->tsrq, attr.max_wr, attr.max_sge, limit);
   ++to_pd(pd)->users;
   if (xrcd) {
     s->xrcd = xrcd;
@@ -108,7 +108,7 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       w.length += cur->sg_list[i].length;
     }
     int b = 0;
-    if (int rc = eng.post_srq_recv(s, &w, 1, &b)) {
+    if (int rc = eng.srq_table().post_recv(s, &w, 1, &b)) {
       *bad = cur;
       return rc;
     }
@@ -123,16 +123,16 @@ SOFTRDMA_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
 }
 
 SOFTRDMA_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
-  return engine_of(srq->context).modify_srq(to_srq(srq)->tsrq, mask, attr->max_wr, attr->srq_limit);
+  return engine_of(srq->context).srq_table().modify(to_srq(srq)->tsrq, mask, attr->max_wr, attr->srq_limit);
 }
 
 SOFTRDMA_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
-  engine_of(srq->context).query_srq(to_srq(srq)->tsrq, attr->max_wr, attr->max_sge, attr->srq_limit);
+  engine_of(srq->context).srq_table().query(to_srq(srq)->tsrq, attr->max_wr, attr->max_sge, attr->srq_limit);
   return 0;
 }
 
 SOFTRDMA_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
-  if (int rc = engine_of(srq->context).destroy_srq(to_srq(srq)->tsrq)) return rc;
+  if (int rc = engine_of(srq->context).srq_table().destroy(to_srq(srq)->tsrq)) return rc;
   SoftSrq* s = to_srq(srq);
   if (s->xrcd) --s->xrcd->users;
   if (s->cq) --s->cq->qp_refs;

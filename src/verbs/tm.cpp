@@ -58,7 +58,7 @@ ibv_srq* create_tm_srq(ibv_context* ctx, ibv_srq_init_attr_ex* a) {
   ibv_srq* srq = ibv_create_srq(a->pd, &init);
   if (!srq) return nullptr;
   SoftCq* cq = to_cq(a->cq);
-  if (int rc = engine_of(ctx).enable_tag_matching(to_srq(srq)->tsrq, a->tm_cap.max_num_tags, cq->queue.get())) {
+  if (int rc = engine_of(ctx).srq_table().enable_tag_matching(to_srq(srq)->tsrq, a->tm_cap.max_num_tags, cq->queue.get())) {
     ibv_destroy_srq(srq);
     errno = rc;
     return nullptr;
@@ -98,7 +98,7 @@ int post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad) {
         op.length += s.length;
       }
     }
-    if (int rc = eng.post_srq_op(to_srq(srq)->tsrq, op)) {
+    if (int rc = eng.srq_table().post_op(to_srq(srq)->tsrq, op)) {
       *bad = cur;
       return rc;
     }

@@ -15,9 +15,10 @@ SOFTRDMA_EXPORT int softrdma_qp_set_wire_key(ibv_qp* qp, uint32_t mode, const vo
   SoftQp* q = to_qp(qp);
   if (q->opened_of) return EINVAL;  // an XRC target handle
   return engine_of(qp->context)
+      .protection()
       .set_wire_key(q->tqp, static_cast<wire::Protection>(mode), static_cast<const uint8_t*>(secret), len);
 }
 
 SOFTRDMA_EXPORT void softrdma_count_wire_reject(ibv_context* ctx) {
-  if (ctx) engine_of(ctx).count_wire_reject();
+  if (ctx) engine_of(ctx).protection().count_wire_reject();
 }

@@ -38,7 +38,7 @@ class Protected : public ::testing::TestWithParam<wire::Protection> {
     p_.mtu = 1024;
     p_.timeout = 8;
     p_.before_rtr = [protection = GetParam()](End& e) {
-      ASSERT_EQ(0, e.engine().set_wire_key(e.qp, protection, kSecret, 16));
+      ASSERT_EQ(0, e.engine().protection().set_wire_key(e.qp, protection, kSecret, 16));
     };
   }
   void TearDown() override {
@@ -231,7 +231,7 @@ TEST(ProtectedMismatch, OneSideProtectedDeliversNothing) {
   p.retry_cnt = 2;
   p.before_rtr = [&](End& e) {
     if (e.host == &hb) {
-      ASSERT_EQ(0, e.engine().set_wire_key(e.qp, wire::Protection::Auth, kSecret, 32));
+      ASSERT_EQ(0, e.engine().protection().set_wire_key(e.qp, wire::Protection::Auth, kSecret, 32));
     }
   };
   RcPair r = connect_rc(f, ha, hb, p);
@@ -259,16 +259,16 @@ TEST(ProtectedKey, RefusedWhereItCannotApply) {
   RcParams p;
   RcPair r = connect_rc(f, ha, hb, p);
   Engine& e = r.a.engine();
-  EXPECT_EQ(EINVAL, e.set_wire_key(r.a.qp, wire::Protection::Auth, kSecret, 16)) << "in RTS";
+  EXPECT_EQ(EINVAL, e.protection().set_wire_key(r.a.qp, wire::Protection::Auth, kSecret, 16)) << "in RTS";
   QpModify m;
   m.mask = kModState;
   m.state = QpState::Reset;
   ASSERT_EQ(0, e.modify_qp(r.a.qp, m));
-  EXPECT_EQ(EINVAL, e.set_wire_key(r.a.qp, wire::Protection::Auth, kSecret, 20)) << "length";
-  EXPECT_EQ(EINVAL, e.set_wire_key(r.a.qp, wire::Protection::Auth, nullptr, 16));
-  EXPECT_EQ(EINVAL, e.set_wire_key(r.a.qp, static_cast<wire::Protection>(7), kSecret, 16));
-  EXPECT_EQ(0, e.set_wire_key(r.a.qp, wire::Protection::Encrypt, kSecret, 32));
-  EXPECT_EQ(0, e.set_wire_key(r.a.qp, wire::Protection::Off, nullptr, 0));
+  EXPECT_EQ(EINVAL, e.protection().set_wire_key(r.a.qp, wire::Protection::Auth, kSecret, 20)) << "length";
+  EXPECT_EQ(EINVAL, e.protection().set_wire_key(r.a.qp, wire::Protection::Auth, nullptr, 16));
+  EXPECT_EQ(EINVAL, e.protection().set_wire_key(r.a.qp, static_cast<wire::Protection>(7), kSecret, 16));
+  EXPECT_EQ(0, e.protection().set_wire_key(r.a.qp, wire::Protection::Encrypt, kSecret, 32));
+  EXPECT_EQ(0, e.protection().set_wire_key(r.a.qp, wire::Protection::Off, nullptr, 0));
   destroy(r.a);
   destroy(r.b);
 }
