@@ -24,6 +24,7 @@
 #include "transport/direct_path.h"
 #include "transport/iwarp_path.h"
 #include "transport/rc_path.h"
+#include "transport/roce_ports.h"
 #include "transport/raw_path.h"
 #include "transport/srq.h"
 #include "transport/work_request.h"
@@ -40,13 +41,6 @@ namespace {
 // The arena is a sparse memfd: only the pages that rings and tables touch cost memory.
 constexpr size_t kArenaBytes = size_t{1} << 30;
 
-// A packet the 4791 holder hands to another local process carries, after its ICRC, the original
-// source and the IPv4 identification the holder found it was sent with: IPv4 address (4), UDP port (2,
-// big-endian), identification (2, big-endian), flags (1), then this magic (4). The receiver checks the
-// ICRC again with them, at full strength: the hop is no way around the check.
-constexpr uint32_t kForwardTrailerLen = 13;
-constexpr uint8_t kForwardMagic[4] = {'S', 'R', 'F', 'W'};
-constexpr uint32_t kMaxDatagram = 8192;  // far above MTU 4096 plus every header
 
 // True when more threads are runnable than there are CPUs (/proc/stat procs_running, which counts
 // us). Spinning then only steals the core from the thread that would produce our next packet: a
@@ -85,18 +79,17 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
     opts_.open_port = [](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
       return std::make_unique<net::UdpPort>(ip_be, port);
     };
-  port_ = opts_.open_port(iface_.ip_be, 0);
   doorbell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (doorbell_fd_ < 0 || epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
   quiet_epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (quiet_epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
-  for (int fd : {port_->fd(), doorbell_fd_}) {
-    if (fd < 0) continue;
+  ports_ = std::make_unique<RocePorts>(*this, opts_.open_port, opts_.take_roce_port);
+  {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    ev.data.fd = doorbell_fd_;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, doorbell_fd_, &ev);
   }
   {
     // While an application thread spins in poll_cq it drives the engine; the progress thread then
@@ -109,10 +102,10 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   if (opts_.link_monitor) start_link_monitor();
   sq_credits_ = std::make_unique<SqCredit[]>(core::DeviceLimits::kMaxQp);
   for (uint32_t i = core::DeviceLimits::kMaxQp; i-- > 0;) free_credits_.push_back(i);
-  try_take_roce_port(0);
+  ports_->try_take_roce_port(0);
   if (opts_.direct) {
     try {
-      direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, port_->port(), doorbell_fd_,
+      direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, ports_->port(), doorbell_fd_,
                                                  &stats_.device(), opts_.direct_peers);
     } catch (const std::system_error&) {
       direct_.reset();  // this context is reached by packets only
@@ -125,23 +118,6 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   pthread_sigmask(SIG_SETMASK, &all, &old);
   if (opts_.progress_thread) thread_ = std::thread([this] { progress_loop(); });
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
-}
-
-void Engine::try_take_roce_port(uint64_t now) {
-  // One process of the host holds UDP 4791 for an address and forwards what is not its own; when it
-  // exits, the next one to try takes over. Tried at most once a second.
-  if (!opts_.take_roce_port || roce_port_ || now < next_roce_try_ns_) return;
-  next_roce_try_ns_ = now + 1000000000ull;
-  try {
-    roce_port_ = opts_.open_port(iface_.ip_be, wire::kRoceUdpPort);
-  } catch (const std::system_error&) {
-    return;  // held by another process: our peers reach us through it, or on port_ directly
-  }
-  if (roce_port_->fd() < 0) return;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = roce_port_->fd();
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, roce_port_->fd(), &ev);
 }
 
 Engine::~Engine() {
@@ -170,7 +146,6 @@ Engine::~Engine() {
   }
   srq_table_.reset();  // its rings are in the arena
   close(doorbell_fd_);
-  mcast_close_all();
   close(epoll_fd_);
   close(quiet_epoll_fd_);
 }
@@ -239,7 +214,8 @@ void Engine::progress_loop() {
       std::lock_guard lock(lock_);
       did = progress_once();
       deadline = next_deadline_ns();
-      if (!roce_port_ && (!deadline || next_roce_try_ns_ < deadline)) deadline = next_roce_try_ns_;
+      const uint64_t roce_try = ports_->next_roce_try();
+      if (roce_try && (!deadline || roce_try < deadline)) deadline = roce_try;
     }
     if (!did) {
       epoll_event evs[4];
@@ -295,21 +271,8 @@ bool Engine::progress_once() {
   // Placing direct messages is not work that keeps the progress thread spinning: the application's
   // own polls place them, and the thread would only take their core.
   if (direct_) direct_path_->receive_inboxes(qp_list_);
-  receive_from(*port_, did);
+  if (ports_->receive(app_pass_)) did = true;
   const uint64_t now = this->now();
-  try_take_roce_port(now);
-  if (roce_port_) {
-    // Softrdma peers move to our own port after their first packets (peer_port_learned), so an empty
-    // 4791 is looked at again only every 8th pass of a polling application: a system call saved on
-    // most of its polls. The progress thread looks every pass.
-    if (!app_pass_ || roce_busy_ || (++roce_skips_ & 7) == 0) {
-      bool got = false;
-      receive_from(*roce_port_, got);
-      roce_busy_ = got;
-      did |= got;
-    }
-  }
-  if (!mcast_.empty()) mcast_receive(did);
   // The paths' own streams and ports (raw frames, iWARP's TCP streams), as the ports' datagrams above.
   for (Path* p : paths_)
     if (p->receiving())
@@ -328,8 +291,7 @@ bool Engine::progress_once() {
     if (p.transmit(*qp, now)) did = true;
   }
   batch_done();
-  port_->flush();
-  if (roce_port_) roce_port_->flush();
+  ports_->flush();
   return did;
 }
 
@@ -341,109 +303,6 @@ bool Engine::step() {
 uint64_t Engine::next_deadline() {
   std::lock_guard lock(lock_);
   return next_deadline_ns();
-}
-
-void Engine::receive_from(net::PacketPort& port, bool& did) {
-  net::Datagram dgrams[net::PacketPort::kBatch];
-  size_t n = port.receive(dgrams, net::PacketPort::kBatch);
-  for (size_t i = 0; i < n; ++i)
-    handle_packet(dgrams[i].data, dgrams[i].len, dgrams[i].peer_ip_be, dgrams[i].peer_port, port.port(),
-                  dgrams[i].segment);
-  if (n) {
-    did = true;
-    batch_done();
-  }
-}
-
-void Engine::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
-                           uint16_t local_port, uint32_t segment) {
-  count(nullptr, &core::Counters::rx_packets);
-  count(nullptr, &core::Counters::rx_bytes, len);
-  // Forwarded by this host's 4791 holder, which checked the ICRC against the original addresses and
-  // appended them (UD receivers report the sender's address in the GRH).
-  bool forwarded = peer_ip == iface_.ip_be && peer_port == wire::kRoceUdpPort && local_port != wire::kRoceUdpPort;
-  // Segment k of a segmented send carried identification k (net/gso.h).
-  wire::Ipv4UdpAddr addr{peer_ip, iface_.ip_be, peer_port, local_port, static_cast<uint16_t>(segment)};
-  if (forwarded && len >= kForwardTrailerLen && std::memcmp(data + len - 4, kForwardMagic, 4) == 0) {
-    len -= kForwardTrailerLen;
-    const uint8_t* t = data + len;
-    std::memcpy(&peer_ip, t, 4);
-    peer_port = static_cast<uint16_t>(t[4] << 8 | t[5]);
-    addr = {peer_ip, iface_.ip_be, peer_port, wire::kRoceUdpPort, static_cast<uint16_t>(t[6] << 8 | t[7]), t[8]};
-  } else {
-    forwarded = false;
-  }
-  wire::IpIdent ident{addr.ip_id, addr.ip_flags};
-  // A protected QP's packets carry a trailer before the ICRC (wire/protect.h): the ICRC is checked
-  // over all of it, then the tag and the replay window, then the packet without it is parsed.
-  Qp* sealed = nullptr;
-  bool local_qp = false;
-  if (len >= wire::kBthLen) {
-    auto sit = qps_.find(uint32_t{data[5]} << 16 | uint32_t{data[6]} << 8 | data[7]);
-    local_qp = sit != qps_.end();
-    if (local_qp && sit->second->prot.rx) sealed = sit->second;
-  }
-  if (sealed) {
-    if (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident)) return;
-    // The cheap source check (below, for every connected QP) before any cryptography.
-    if (sealed->dest_ip_be != 0 && peer_ip != sealed->dest_ip_be) {
-      count(sealed, &core::Counters::drop_src_addr);
-      return;
-    }
-    if (!protection_->open(*sealed, data, len)) return;
-  }
-  wire::Packet pkt;
-  wire::ParseError perr = wire::parse_packet(data, len, pkt);
-  // For a QP of another process here (forwarded below), which may be protected: the headers are what
-  // matters, and a trailer makes a packet without payload look too long.
-  if (perr != wire::ParseError::Ok && !local_qp && roce_port_ && local_port == wire::kRoceUdpPort &&
-      len >= wire::kProtectTrailerLen + wire::kBthLen + wire::kIcrcLen)
-    perr = wire::parse_packet(data, len - static_cast<uint32_t>(wire::kProtectTrailerLen), pkt);
-  if (perr != wire::ParseError::Ok) {
-    count(nullptr, &core::Counters::drop_malformed);
-    return;
-  }
-  if (!sealed && (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident))) return;
-  // A single P_Key (the default, full or limited member) is all a softrdma port has.
-  if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
-    count(nullptr, &core::Counters::drop_pkey);
-    return;
-  }
-  if (pkt.bth.dest_qp == wire::kGsiQpn) {
-    handle_gsi(data, len, peer_ip, local_port);
-    return;
-  }
-  auto it = qps_.find(pkt.bth.dest_qp);
-  if (it == qps_.end() && local_port == wire::kRoceUdpPort && roce_port_ &&
-      forward_to_owner(data, len, pkt.bth.dest_qp, peer_ip, peer_port, ident))
-    return;
-  if (it == qps_.end()) {
-    count(nullptr, &core::Counters::drop_unknown_qp);
-    return;
-  }
-  deliver(*it->second, pkt, Arrival{peer_ip, peer_port, iface_.ip_be, len});
-}
-
-bool Engine::forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_qpn, uint32_t peer_ip,
-                              uint16_t peer_port, const wire::IpIdent& ident) {
-  // From another host, for a QP of another process here: hand it over (docs/architecture.md,
-  // "Devices and addressing").
-  auto ep = net::Registry::instance().lookup(dest_qpn);
-  if (!ep || ep->ip_be != iface_.ip_be || ep->port == port_->port() || len > kMaxDatagram - kForwardTrailerLen)
-    return false;
-  // The original source address travels in a trailer after the ICRC.
-  uint8_t fwd[kMaxDatagram];
-  std::memcpy(fwd, data, len);
-  std::memcpy(fwd + len, &peer_ip, 4);
-  fwd[len + 4] = static_cast<uint8_t>(peer_port >> 8);
-  fwd[len + 5] = static_cast<uint8_t>(peer_port);
-  fwd[len + 6] = static_cast<uint8_t>(ident.ip_id >> 8);
-  fwd[len + 7] = static_cast<uint8_t>(ident.ip_id);
-  fwd[len + 8] = ident.ip_flags;
-  std::memcpy(fwd + len + 9, kForwardMagic, 4);
-  roce_port_->send(fwd, len + kForwardTrailerLen, ep->ip_be, ep->port);
-  count(nullptr, &core::Counters::forwarded);
-  return true;
 }
 
 void Engine::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) {
@@ -486,71 +345,6 @@ Path& Engine::path_of(const Qp& qp) const {
     default:
       return *rc_;
   }
-}
-
-bool Engine::icrc_accepts(const wire::Ipv4UdpAddr& addr, const uint8_t* data, uint32_t len, wire::IpIdent* ident) {
-  switch (icrc_gate_.check(addr, data, len, now(), ident)) {
-    case IcrcGate::Verdict::Exact:
-      return true;
-    case IcrcGate::Verdict::Segment:
-      count(nullptr, &core::Counters::icrc_moved_segment);
-      return true;
-    case IcrcGate::Verdict::Solved:
-      count(nullptr, &core::Counters::icrc_solved_ip_id);
-      return true;
-    case IcrcGate::Verdict::OutOfWindow:
-      count(nullptr, &core::Counters::drop_icrc_ip_id);
-      return false;
-    case IcrcGate::Verdict::Bad:
-      break;
-  }
-  count(nullptr, &core::Counters::drop_icrc);
-  return false;
-}
-
-void Engine::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
-  pkt.bth.dest_qp = qp.dest_qpn;
-  // XRC QPs send the XRC form of the RC opcode (requests with the XRCETH in pkt.xrc_srqn).
-  if (qp.cfg.xrc != XrcRole::None) pkt.bth.opcode |= wire::kXrcClassBits;
-  send_packet_to(qp, pkt, payload, len, qp.dest_ip_be, qp.dest_port);
-}
-
-void Engine::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
-                            uint16_t dest_port) {
-  if ((ntohl(dest_ip_be) >> 28) == 0xE && !mcast_if_set_) {
-    // Multicast (UD) leaves through the device's own interface, not the default route's.
-    in_addr ifa{};
-    ifa.s_addr = iface_.ip_be;
-    setsockopt(port_->fd(), IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
-    mcast_if_set_ = true;
-  }
-  pkt.bth.pkey = wire::kDefaultPkey;
-  pkt.bth.pad_count = wire::pad_for(len);
-  const uint32_t hdr = wire::opcode_info(pkt.bth.opcode).header_len;
-  wire::PacketCipher* seal = qp.prot.tx.get();  // protected QP: a trailer before the ICRC
-  const uint32_t n = hdr + len + pkt.bth.pad_count + (seal ? uint32_t{wire::kProtectTrailerLen} : 0) + wire::kIcrcLen;
-  // Written in place into the port's send buffer. Packets to a softrdma context (not to 4791, where
-  // RoCE stacks listen) may travel as segments of one send; the ICRC covers the identification that
-  // segment gets on the wire.
-  uint16_t ip_id = 0;
-  uint8_t* buf = port_->reserve(n, dest_ip_be, dest_port, dest_port != wire::kRoceUdpPort, &ip_id);
-  if (!buf) return;
-  wire::write_headers(pkt, buf);
-  if (len) std::memcpy(buf + hdr, payload, len);
-  for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[hdr + len + i] = 0;
-  // Every packet takes the next counter, a retransmission too: a nonce is never used twice.
-  if (seal && !seal->seal(buf, hdr, len + pkt.bth.pad_count, qp.prot.tx_counter++)) return;
-  wire::Ipv4UdpAddr addr{iface_.ip_be, dest_ip_be, port_->port(), dest_port, ip_id};
-  wire::append_icrc(addr, buf, n - wire::kIcrcLen);
-  port_->commit();
-  count(&qp, &core::Counters::tx_packets);
-  count(&qp, &core::Counters::tx_bytes, n);
-}
-
-void Engine::resolve_destination(Qp& qp) {
-  // A QP of a process on this host is reached at that process's own port; any other at 4791.
-  auto ep = net::Registry::instance().lookup(qp.dest_qpn);
-  qp.dest_port = (ep && ep->ip_be == qp.dest_ip_be) ? ep->port : wire::kRoceUdpPort;
 }
 
 int PathServices::watch(int fd, uint32_t events) {
@@ -798,7 +592,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
       return nullptr;
     }
   }
-  qp->qpn = net::Registry::instance().allocate_qpn(iface_.ip_be, port_->port());
+  qp->qpn = net::Registry::instance().allocate_qpn(iface_.ip_be, ports_->port());
   if (qp->qpn == 0) {
     arena_.release(qp->rq.slots, qp->rq_bytes);
     errno = ENOSPC;
@@ -828,7 +622,7 @@ void Engine::destroy_qp(Qp* qp) {
     std::lock_guard lock(lock_);
     qps_.erase(qp->qpn);
     qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
-    mcast_forget_qp(qp);  // a destroyed QP leaves its multicast groups
+    ports_->forget_qp(qp);  // a destroyed QP leaves its multicast groups
     path_of(*qp).release(*qp);  // an iWARP QP's socket is closed with it
     mrs_.unbind_windows_of_qp(qp->qpn);  // before its QPN can be handed out again
     srq_table_->tm_drop_sq(*qp);
@@ -914,7 +708,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           break;
         case QpState::Rtr:
           if (qp->cfg.type == QpType::Raw) break;  // no peer: frames carry their own addresses
-          resolve_destination(*qp);
+          ports_->resolve_destination(*qp);
           direct_path_->join(*qp);
           if (!protection_->derive_keys(*qp)) return ENOMEM;  // the QP stays where it was
           break;
@@ -998,7 +792,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     // together, segmented, in one system call. A lone request leaves at once.
     const bool pipelined = qp->cfg.type == QpType::Rc && qp->req.next_psn != qp->comp.acked_psn;
     if (qp->state.load() == QpState::Rts) path_of(*qp).transmit(*qp, 0);
-    if (!pipelined) port_->flush();
+    if (!pipelined) ports_->flush_own();
     lock_.unlock();
     // Everything done here (the direct path completes at once): no need to wake the progress thread.
     if (qp->sq.count() == 0) return rc;
@@ -1027,9 +821,9 @@ int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
 void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port,
                              uint16_t local_port) {
   std::lock_guard lock(lock_);
-  handle_packet(data, len, peer_ip_be, peer_port, local_port ? local_port : port_->port());
+  ports_->handle_packet(data, len, peer_ip_be, peer_port, local_port ? local_port : ports_->port());
   batch_done();
-  port_->flush();
+  ports_->flush_own();
 }
 
 bool Engine::lock_for_caller() {

@@ -35,6 +35,7 @@
 #include "transport/qp.h"
 #include "transport/raw.h"
 #include "transport/rc_path.h"
+#include "transport/roce_ports.h"
 #include "transport/datagram_path.h"
 #include "transport/srq.h"
 #include "wire/headers.h"
@@ -177,15 +178,13 @@ class Engine {
   uint64_t now() const { return clock_->now_ns(); }
 
   // The UDP port this context receives on (the registry's endpoint for its QPNs).
-  uint16_t udp_port() const { return port_->port(); }
+  uint16_t udp_port() const { return ports_->port(); }
   // Feeds one datagram through the receive path as if it had arrived on local_port (0: udp_port()) from
   // (peer_ip_be, peer_port): for fuzzing and hostile-input tests.
   void inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port,
                        uint16_t local_port = 0);
-  // UD multicast (datagram.cpp): the QP joins/leaves the IPv4 group on this device's interface.
-  // Returns 0 or an errno.
-  int attach_mcast(Qp* qp, uint32_t group_ip_be);
-  int detach_mcast(Qp* qp, uint32_t group_ip_be);
+  // The context's RoCEv2 ports, whose multicast groups UD QPs join (roce_ports.h).
+  RocePorts& ports() { return *ports_; }
   // RAW_PACKET flow steering and receive work queues (the raw path, raw_path.h).
   RawPath& raw() { return *raw_; }
 
@@ -206,25 +205,11 @@ class Engine {
   // Lock held: operations in flight drop their host pointers into the region's pages (deregistration,
   // or a rereg that moves it), so a late packet finds an error instead of memory no longer its own.
   void forget_pointers_into(const core::MrRegion& region);
-  void receive_from(net::PacketPort& port, bool& did);
-  void handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
-                     uint16_t local_port, uint32_t segment = 0);
-  // A datagram for a QP of another process of this host, arrived at 4791 from another host: handed to
-  // that process with its original source in a trailer; false when no such process here takes it.
-  bool forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_qpn, uint32_t peer_ip, uint16_t peer_port,
-                        const wire::IpIdent& ident);
   // A packet for one of our QPs, past the port's checks: the QP's own (service class, XRC direction,
   // source address, state), then to its completer, responder, or UD/UC receive.
   void deliver(Qp& qp, wire::Packet& pkt, const Arrival& from);
-  // gsi.cpp: a datagram for QP1 (CM MADs): routed to the process it belongs to.
-  void handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port);
-  // The ICRC check of a datagram as the socket saw it (icrc_gate.h); counts what it drops.
-  bool icrc_accepts(const wire::Ipv4UdpAddr& addr, const uint8_t* data, uint32_t len, wire::IpIdent* ident);
   void doorbell();
-  void try_take_roce_port(uint64_t now_ns);
   uint64_t next_deadline_ns();
-  void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
-  void resolve_destination(Qp& qp);
   // Takes the engine lock for an application thread: when free, or, once a QP has a direct peer, after
   // waiting for it (posts and polls then do the direct path's work themselves).
   bool lock_for_caller();
@@ -236,9 +221,6 @@ class Engine {
     stats_.device().*field += n;
     if (qp && qp->stats) qp->stats->*field += n;
   }
-  // RoCEv2 packets out of the context's port: to the QP's peer (send_packet), or to any address (UD).
-  void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
-                      uint16_t dest_port);
 
   // The paths (path.h). A QP is on the path of its type from its creation (RoCE RC and XRC, RoCE
   // UD/UC, raw packets) until an attach moves it to another (iWARP); path_of gives it.
@@ -250,7 +232,8 @@ class Engine {
   std::unique_ptr<IwarpPath> iwarp_;
   std::unique_ptr<Placement> placement_;
   std::unique_ptr<SrqTable> srq_table_;
-  std::unique_ptr<WireProtection> protection_;  // the receive WQEs and placement into them, for every path
+  std::unique_ptr<WireProtection> protection_;
+  std::unique_ptr<RocePorts> ports_;  // the receive WQEs and placement into them, for every path
   Path* paths_[5] = {};  // in the order a progress pass looks at their own streams and ports
   Path& path_of(const Qp& qp) const;
   void batch_done() {
@@ -260,22 +243,15 @@ class Engine {
   net::Interface iface_;
   core::Arena arena_;
   core::MrTable mrs_;
-  IcrcGate icrc_gate_;
   core::EventQueue<AsyncEvent> async_events_;
   EngineOptions opts_;
   const net::Clock* clock_;
-  std::unique_ptr<net::PacketPort> port_;       // ephemeral port: this context's address in the registry
-  std::unique_ptr<net::PacketPort> roce_port_;  // UDP 4791, when this process holds it
-  uint64_t next_roce_try_ns_ = 0;
   std::mutex lock_;                          // the engine lock
   std::unordered_map<uint32_t, Qp*> qps_;
   std::vector<Qp*> qp_list_;
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
-  // Under lock_: the pass is an application's poll; 4791's last look found datagrams; looks skipped.
-  bool app_pass_ = false;
-  bool roce_busy_ = false;
-  uint32_t roce_skips_ = 0;
+  bool app_pass_ = false;  // under lock_: the pass is an application's poll
   uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
   const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
   // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
@@ -305,17 +281,6 @@ class Engine {
   std::unique_ptr<net::LinkMonitor> link_;
   std::atomic<uint32_t> port_link_{7};
   uint64_t link_checked_ns_ = 0;
-  // Multicast groups some QP of this context joined: a socket bound to group:4791 each.
-  struct McastGroup {
-    uint32_t group_ip_be;
-    int fd;
-    std::vector<Qp*> members;
-  };
-  std::vector<McastGroup> mcast_;
-  bool mcast_if_set_ = false;  // port_ sends multicast out of the device's interface
-  void mcast_receive(bool& did);
-  void mcast_forget_qp(Qp* qp);
-  void mcast_close_all();
 };
 
 uint64_t now_ns();
@@ -348,13 +313,20 @@ inline void PathServices::fail_in_order(Qp& qp, SqEntry& e) { completer().fail_i
 inline void PathServices::complete_in_order(Qp& qp) { completer().complete_in_order(qp); }
 inline void PathServices::requester_error(Qp& qp, WcStatus status) { completer().requester_error(qp, status); }
 inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
-  e_.send_packet(qp, pkt, payload, len);
+  e_.ports_->send_packet(qp, pkt, payload, len);
 }
 inline void PathServices::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
                                          uint32_t dest_ip_be, uint16_t dest_port) {
-  e_.send_packet_to(qp, pkt, payload, len, dest_ip_be, dest_port);
+  e_.ports_->send_packet_to(qp, pkt, payload, len, dest_ip_be, dest_port);
 }
-inline void PathServices::resolve_destination(Qp& qp) { e_.resolve_destination(qp); }
+inline void PathServices::resolve_destination(Qp& qp) { e_.ports_->resolve_destination(qp); }
+inline Qp* PathServices::find_qp(uint32_t qpn) const {
+  auto it = e_.qps_.find(qpn);
+  return it == e_.qps_.end() ? nullptr : it->second;
+}
+inline void PathServices::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) { e_.deliver(qp, pkt, from); }
+inline void PathServices::batch_done() { e_.batch_done(); }
+inline WireProtection& PathServices::protection() { return *e_.protection_; }
 inline DirectEndpoint* PathServices::direct() { return e_.direct_.get(); }
 inline const std::vector<Srq*>& PathServices::srqs() const { return e_.srq_table_->list(); }
 inline const std::vector<Qp*>& PathServices::qps() const { return e_.qp_list_; }

@@ -26,11 +26,12 @@
 #include "cm/cm.h"
 #include "net/registry.h"
 #include "transport/engine.h"
+#include "transport/roce_ports.h"
 #include "wire/cm_mad.h"
 
 namespace softrdma::transport {
 
-void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port) {
+void RocePorts::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port) {
   const uint8_t* mad = wire::gsi_mad(data, len);
   wire::MadHeader h;
   // Only the 4791 holder routes; our ephemeral port never receives MADs.
@@ -40,7 +41,7 @@ void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uin
   }
   auto reply = [&](const uint8_t* out_mad) {
     uint8_t pkt[wire::kGsiPacketLen];
-    size_t n = wire::build_gsi_packet(iface_.ip_be, peer_ip, wire::kRoceUdpPort, wire::kRoceUdpPort, 0, out_mad, pkt);
+    size_t n = wire::build_gsi_packet(iface().ip_be, peer_ip, wire::kRoceUdpPort, wire::kRoceUdpPort, 0, out_mad, pkt);
     roce_port_->send(pkt, static_cast<uint32_t>(n), peer_ip, wire::kRoceUdpPort);
   };
   const auto attr = static_cast<wire::CmAttr>(h.attr_id);
@@ -48,7 +49,7 @@ void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uin
     uint64_t sid = wire::cm_service_id(mad, h.attr_id);
     uint16_t port = static_cast<uint16_t>(sid & 0xFFFF);
     if (wire::is_ip_service_id(sid) && port && net::udp_port_bound(port)) {
-      roce_port_->send(data, len, iface_.ip_be, port);
+      roce_port_->send(data, len, iface().ip_be, port);
       count(nullptr, &core::Counters::forwarded);
       return;
     }
@@ -73,7 +74,7 @@ void Engine::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uin
   uint32_t comm_id = wire::cm_destination_comm_id(mad, h.attr_id);
   auto ep = net::Registry::instance().lookup(comm_id & 0xFFFFFF);
   if (ep && ep->port && !(kill(ep->pid, 0) != 0 && errno == ESRCH)) {
-    roce_port_->send(data, len, iface_.ip_be, ep->port);
+    roce_port_->send(data, len, iface().ip_be, ep->port);
     count(nullptr, &core::Counters::forwarded);
     return;
   }

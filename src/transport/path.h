@@ -53,6 +53,7 @@ class DirectEndpoint;
 class Requester;
 class Completer;
 class Responder;
+class WireProtection;
 template <typename Slot>
 struct WorkQueue;
 
@@ -141,6 +142,11 @@ class PathServices {
   // RoCEv2 packets out of the context's port (engine.cpp): to the QP's peer, or to any address and
   // port (UD). resolve_destination looks the peer's port up again (it may have moved).
   void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
+  // The ports' side (roce_ports.h): a packet past the port's checks to its QP (Engine::deliver), the
+  // end of a batch received, and the protected QPs' keys.
+  void deliver(Qp& qp, wire::Packet& pkt, const Arrival& from);
+  void batch_done();
+  WireProtection& protection();
   void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                       uint16_t dest_port);
   void resolve_destination(Qp& qp);
@@ -149,8 +155,10 @@ class PathServices {
   // Shared receive queues (the XRC target's lookup), and the SQ side of tag matching: an SQ entry at
   // index completed with status; true when it was the engine's own (tag_matching.cpp).
   const std::vector<Srq*>& srqs() const;
-  // The context's QPs, and dropping the async events not yet read that name an SRQ going away.
+  // The context's QPs (by number: nullptr when none), and dropping the async events not yet read that
+  // name an SRQ going away.
   const std::vector<Qp*>& qps() const;
+  Qp* find_qp(uint32_t qpn) const;
   void forget_events_of(const Srq* srq);
   bool tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, core::WcStatus status);
   // Receive WQEs (srq.cpp) and their buffers.

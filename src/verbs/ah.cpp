@@ -120,11 +120,11 @@ int mcast_group(const ibv_qp* qp, const ibv_gid* gid, uint32_t* ip_be) {
 SOFTRDMA_EXPORT int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
   uint32_t ip = 0;
   if (int rc = mcast_group(qp, gid, &ip)) return rc;
-  return engine_of(qp->context).attach_mcast(to_qp(qp)->tqp, ip);
+  return engine_of(qp->context).ports().attach_mcast(to_qp(qp)->tqp, ip);
 }
 
 SOFTRDMA_EXPORT int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
   uint32_t ip = 0;
   if (int rc = mcast_group(qp, gid, &ip)) return rc;
-  return engine_of(qp->context).detach_mcast(to_qp(qp)->tqp, ip);
+  return engine_of(qp->context).ports().detach_mcast(to_qp(qp)->tqp, ip);
 }
