@@ -199,7 +199,7 @@ void Completer::check_timers(Qp& qp, uint64_t now) {
     rewind_to(qp, from);
     break;
   }
-  arm_retransmit_timer(qp, now);
+  requester().arm_retransmit_timer(qp, now);
 }
 
 // A response to a PSN never sent or already fully acknowledged, or a NAK for a PSN before the oldest
@@ -271,7 +271,7 @@ void Completer::completer_rnr_nak(Qp& qp, const wire::Packet& pkt, uint64_t now)
   }
   qp.comp.rnr_resume_ns = now + uint64_t{wire::rnr_timer_us(wire::aeth_value(pkt.aeth.syndrome))} * 1000;
   rewind_to(qp, psn);
-  arm_retransmit_timer(qp, qp.comp.rnr_resume_ns);
+  requester().arm_retransmit_timer(qp, qp.comp.rnr_resume_ns);
 }
 
 // NAK: a PSN sequence error resends from the PSN the responder expects (spending a retry); any other
@@ -298,7 +298,7 @@ void Completer::completer_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
     --qp.comp.retries_left;
     qp.req.cwnd = std::max(kMinCwnd, qp.req.cwnd / 2);  // a loss: resend less at once
     rewind_to(qp, psn);
-    arm_retransmit_timer(qp, now);
+    requester().arm_retransmit_timer(qp, now);
     return;
   }
   WcStatus st = code == wire::kNakRemoteAccess ? WcStatus::RemAccessErr
@@ -398,7 +398,7 @@ void Completer::completer_receive(Qp& qp, const wire::Packet& pkt) {
   if (tail == qp.req.send_index && qp.req.send_offset_pkts == 0)
     qp.comp.timer_deadline_ns = 0;
   else
-    arm_retransmit_timer(qp, now);  // progress: restart the timer for what remains
+    requester().arm_retransmit_timer(qp, now);  // progress: restart the timer for what remains
 }
 
 }  // namespace softrdma::transport

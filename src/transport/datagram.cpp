@@ -116,13 +116,13 @@ bool DatagramPath::transmit(Qp& qp, uint64_t) {
     if (!e.started && work_request(e.wqe.op, qp.cfg.type).local) {
       // Bind MW, Local Invalidate (UC): executed in order, as on RC.
       did = true;
-      if (!execute_local_wqe(qp, e)) return true;
+      if (!requester().execute_local_wqe(qp, e)) return true;
       continue;
     }
     if (!e.started) {
-      if (!prepare_wqe(qp, e)) {
+      if (!requester().prepare_wqe(qp, e)) {
         e.started = true;
-        fail_in_order(qp, e);
+        completer().fail_in_order(qp, e);
         return true;
       }
       e.started = true;
@@ -133,7 +133,7 @@ bool DatagramPath::transmit(Qp& qp, uint64_t) {
     }
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered between two passes: it completes in error.
-      fail_in_order(qp, e);
+      completer().fail_in_order(qp, e);
       return true;
     }
     if (ud) {
@@ -141,7 +141,7 @@ bool DatagramPath::transmit(Qp& qp, uint64_t) {
       --budget;
     } else {
       while (qp.req.send_offset_pkts < e.npkts && budget > 0) {
-        send_request_packet(qp, e, qp.req.send_offset_pkts);
+        requester().send_request_packet(qp, e, qp.req.send_offset_pkts);
         ++qp.req.send_offset_pkts;
         --budget;
       }
@@ -155,7 +155,7 @@ bool DatagramPath::transmit(Qp& qp, uint64_t) {
     ++qp.req.send_index;
     qp.req.send_offset_pkts = 0;
     did = true;
-    complete_in_order(qp);
+    completer().complete_in_order(qp);
   }
   return did;
 }
@@ -166,17 +166,17 @@ void DatagramPath::datagram_receive(Qp& qp, const wire::Packet& pkt, const Arriv
     count(&qp, &core::Counters::ud_drop_qkey);
     return;
   }
-  if (!next_recv_wqe(qp)) {
+  if (!placement().next_recv_wqe(qp)) {
     // No receive WQE: UD has no RNR, the datagram is lost.
     count(&qp, &core::Counters::ud_drop_no_recv);
     return;
   }
-  RecvWqe& w = take_recv_wqe(qp);
+  RecvWqe& w = placement().take_recv_wqe(qp);
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   // The message is the GRH area, then the payload.
   uint8_t grh[kGrhLen];
   build_grh(grh, from.peer_ip_be, from.local_ip_be, from.len);
-  const WcStatus st = place_message(w, receive_pd(qp), {{grh, kGrhLen}, {pkt.payload, pkt.payload_len}});
+  const WcStatus st = placement().place_message(w, receive_pd(qp), {{grh, kGrhLen}, {pkt.payload, pkt.payload_len}});
   core::Cqe c = wqe_cqe(qp.qpn, w.wr_id, st, core::WcOpcode::Recv);
   if (c.status == WcStatus::Success) {
     c.byte_len = kGrhLen + pkt.payload_len;
@@ -188,7 +188,7 @@ void DatagramPath::datagram_receive(Qp& qp, const wire::Packet& pkt, const Arriv
       c.imm_or_inv = pkt.imm_data_be;
     }
   }
-  finish_recv(qp, c, qp.cfg.recv_cq, pkt.bth.solicited);
+  placement().finish_recv(qp, c, qp.cfg.recv_cq, pkt.bth.solicited);
   // A local error on the receive side (buffer too small or not writable) leaves the QP in error.
   if (c.status != WcStatus::Success) move_to_error(qp);
 }
@@ -213,7 +213,7 @@ void uc_abandon(Qp& qp) {
 void DatagramPath::uc_refuse(Qp& qp, const Verdict& v, const wire::OpcodeInfo& info) {
   if (v.kind == Verdict::Rnr) count(&qp, &core::Counters::ud_drop_no_recv);
   if (v.status == WcStatus::LocProtErr || v.status == WcStatus::LocLenErr) {
-    fail_recv(qp, v.status, qp.cfg.recv_cq);
+    placement().fail_recv(qp, v.status, qp.cfg.recv_cq);
     uc_abandon(qp);
     move_to_error(qp);
     return;

@@ -26,7 +26,7 @@ bool DirectPath::receive_inbox(Qp& qp) {
     const uint32_t op = slot.op, length = slot.length, imm_be = slot.imm_be;
     const bool solicited = slot.solicited != 0;
     const bool send = op == DirectInbox::kSend || op == DirectInbox::kSendImm;
-    RecvWqe* w = next_recv_wqe(qp);
+    RecvWqe* w = placement().next_recv_wqe(qp);
     ++qp.direct.inbox_tail;
     did = true;
     if ((!send && op != DirectInbox::kWriteImm) || (send && length > DirectInbox::kMaxMessage) || !w) {
@@ -37,11 +37,11 @@ bool DirectPath::receive_inbox(Qp& qp) {
       if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
       return true;
     }
-    take_recv_wqe(qp);
+    placement().take_recv_wqe(qp);
     core::Cqe c = connected_receive_cqe(qp, w->wr_id, send ? core::WcOpcode::Recv : core::WcOpcode::RecvRdmaWithImm,
                                         length, op != DirectInbox::kSend, imm_be);
     if (send) c.status = place_send(qp, slot, *w, length);
-    retire_recv_wqe(qp);  // publishes the RQ's and the inbox's consumer indices together
+    placement().retire_recv_wqe(qp);  // publishes the RQ's and the inbox's consumer indices together
     qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
     post_cqe(qp.cfg.recv_cq, c, solicited);
     if (c.status != WcStatus::Success) {
@@ -55,13 +55,13 @@ bool DirectPath::receive_inbox(Qp& qp) {
 WcStatus DirectPath::place_send(Qp& qp, const DirectInboxEntry& slot, const RecvWqe& w, uint32_t length) {
   DirectInbox* in = qp.direct.inbox;
   // A short message is in its entry; a longer one in the inbox's data ring, from its tail on.
-  if (length <= DirectInboxEntry::kInlineBytes) return place_message(w, qp.cfg.pd, {{slot.inline_data, length}});
+  if (length <= DirectInboxEntry::kInlineBytes) return placement().place_message(w, qp.cfg.pd, {{slot.inline_data, length}});
   const uint64_t pos = in->data_tail.load(std::memory_order_relaxed);
   const uint64_t at = pos % DirectInbox::kDataBytes;
   const uint64_t first = std::min<uint64_t>(length, DirectInbox::kDataBytes - at);
   // The initiator checked this WQE against the key table; it can only have changed since by an
   // ibv_dereg_mr racing with the message, which fails it as the responder would.
-  const WcStatus st = place_message(w, qp.cfg.pd, {{in->data + at, first}, {in->data, length - first}});
+  const WcStatus st = placement().place_message(w, qp.cfg.pd, {{in->data + at, first}, {in->data, length - first}});
   in->data_tail.store(pos + length, std::memory_order_release);  // consumed, placed or not
   return st;
 }
@@ -127,13 +127,13 @@ bool DirectPath::transmit_direct(Qp& qp, uint64_t now) {
     const WorkRequest wr = work_request(e.wqe.op, qp.cfg.type);
     if (wr.local) {
       did = true;
-      if (!execute_local_wqe(qp, e)) break;
+      if (!requester().execute_local_wqe(qp, e)) break;
       continue;
     }
-    if (!prepare_wqe(qp, e)) {
+    if (!requester().prepare_wqe(qp, e)) {
       // Reported in order by the completer; nothing after it is sent.
       e.started = true;
-      fail_in_order(qp, e);
+      completer().fail_in_order(qp, e);
       return true;
     }
     if (wr.read_or_atomic() && qp.req.reads_outstanding >= qp.max_rd_atomic) break;
@@ -149,7 +149,7 @@ bool DirectPath::transmit_direct(Qp& qp, uint64_t now) {
     count(&qp, &core::Counters::direct_bytes, e.wqe.length);
     ++qp.req.send_index;
     qp.req.send_offset_pkts = 0;
-    complete_in_order(qp);
+    completer().complete_in_order(qp);
     did = true;
   }
   return did;

@@ -1,7 +1,8 @@
-// The progress engine of one device context: the software HCA. It owns the packet ports, the key
-// table, the QPs of the context, the path objects of the wires that are not RoCE (path.h) and a
-// background progress thread (docs/architecture.md, "The engine"). Requester, responder and completer
-// (requester.cpp, responder.cpp, completer.cpp) and the paths run under its lock, one at a time, so
+// The progress engine of one device context: the software HCA (docs/architecture.md, "The engine").
+// It keeps the context's QP table, key table, CQs, counters, timers and a background progress thread,
+// and owns the objects that do the rest: the RoCE ports (roce_ports.h), one path object per wire
+// (path.h: RoCE RC with its requester, completer and responder, UD/UC, direct, iWARP, raw), receive
+// placement, the SRQ table and wire protection. All of them run under its lock, one at a time, so
 // transport state needs no finer locking; applications only fill queue rings and poll CQ rings.
 #pragma once
 #include <atomic>
@@ -303,15 +304,6 @@ inline std::mutex& PathServices::engine_lock() { return e_.lock_; }
 inline Requester& PathServices::requester() { return e_.rc_->requester(); }
 inline Completer& PathServices::completer() { return e_.rc_->completer(); }
 inline Responder& PathServices::responder() { return e_.rc_->responder(); }
-inline bool PathServices::prepare_wqe(Qp& qp, SqEntry& e) { return requester().prepare_wqe(qp, e); }
-inline bool PathServices::execute_local_wqe(Qp& qp, SqEntry& e) { return requester().execute_local_wqe(qp, e); }
-inline void PathServices::send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index) {
-  requester().send_request_packet(qp, e, pkt_index);
-}
-inline void PathServices::arm_retransmit_timer(Qp& qp, uint64_t now_ns) { requester().arm_retransmit_timer(qp, now_ns); }
-inline void PathServices::fail_in_order(Qp& qp, SqEntry& e) { completer().fail_in_order(qp, e); }
-inline void PathServices::complete_in_order(Qp& qp) { completer().complete_in_order(qp); }
-inline void PathServices::requester_error(Qp& qp, WcStatus status) { completer().requester_error(qp, status); }
 inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
   e_.ports_->send_packet(qp, pkt, payload, len);
 }
@@ -336,29 +328,8 @@ inline void PathServices::forget_events_of(const Srq* srq) {
 inline bool PathServices::tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, WcStatus status) {
   return e_.srq_table_->tm_sq_done(qp, e, index, status);
 }
-inline void PathServices::fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq) { e_.placement_->fail_recv(qp, status, cq); }
-inline WcStatus PathServices::resolve_active_recv(Qp& qp) { return e_.placement_->resolve_active_recv(qp); }
-inline WcStatus PathServices::place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const {
-  return e_.placement_->place_message(w, pd, pieces);
-}
-inline RecvWqe* PathServices::next_recv_wqe(Qp& qp) { return e_.placement_->next_recv_wqe(qp); }
-inline RecvWqe& PathServices::take_recv_wqe(Qp& qp) { return e_.placement_->take_recv_wqe(qp); }
-inline RecvWqe& PathServices::active_recv_wqe(Qp& qp) { return e_.placement_->active_recv_wqe(qp); }
-inline void PathServices::retire_recv_wqe(Qp& qp) { e_.placement_->retire_recv_wqe(qp); }
-inline WcStatus PathServices::resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const {
-  return e_.placement_->resolve_recv_sges(w, pd, need, host);
-}
-inline WcStatus PathServices::open_recv_message(Qp& qp) { return e_.placement_->open_recv_message(qp); }
-inline WcStatus PathServices::place_recv(Qp& qp, const uint8_t* src, uint64_t len) {
-  return e_.placement_->place_recv(qp, src, len);
-}
-inline void PathServices::finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited) {
-  e_.placement_->finish_recv(qp, c, cq, solicited);
-}
-inline bool PathServices::alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes) {
-  return e_.placement_->alloc_recv_ring(q, max_wr, bytes);
-}
 inline void PathServices::release_recv_ring(void* slots, size_t bytes) { e_.arena_.release(slots, bytes); }
 inline core::Arena& PathServices::arena() { return e_.arena_; }
+inline Placement& PathServices::placement() { return *e_.placement_; }
 
 }  // namespace softrdma::transport

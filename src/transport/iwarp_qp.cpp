@@ -221,16 +221,16 @@ bool IwarpPath::iwarp_requester_fill(Qp& qp) {
     if ((e.wqe.flags & kFence) && qp.sq.tail.load(std::memory_order_relaxed) != qp.req.send_index) return false;
     if (wr.read && s.reads.size() >= s.ord) return false;
     if (wr.local) {
-      execute_local_wqe(qp, e);
+      requester().execute_local_wqe(qp, e);
       return true;
     }
     e.first_psn = 0;
     e.npkts = 0;
     if (!iwarp_carries(e.wqe)) e.status = WcStatus::LocQpOpErr;
-    if (e.status != WcStatus::Success || !prepare_wqe(qp, e)) {
+    if (e.status != WcStatus::Success || !requester().prepare_wqe(qp, e)) {
       // Reported in order; nothing after it is sent.
       e.started = true;
-      fail_in_order(qp, e);
+      completer().fail_in_order(qp, e);
       return true;
     }
     e.started = true;
@@ -238,7 +238,7 @@ bool IwarpPath::iwarp_requester_fill(Qp& qp) {
   }
   if (e.status != WcStatus::Success) {
     // Its memory was deregistered while it was being sent: it completes in error, in order.
-    fail_in_order(qp, e);
+    completer().fail_in_order(qp, e);
     return true;
   }
   const SendWqe& w = e.wqe;
@@ -366,7 +366,7 @@ bool IwarpPath::iwarp_transmit(Qp& qp) {
       if (completes) {
         // SEND and WRITE are complete once the socket has all of them (there is no RDMA-level ACK).
         qp.sq.at(index).acked = true;
-        complete_in_order(qp);
+        completer().complete_in_order(qp);
       }
     }
     budget -= std::min(budget, static_cast<size_t>(w));

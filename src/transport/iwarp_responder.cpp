@@ -124,11 +124,11 @@ void IwarpPath::iwarp_refuse(Qp& qp, const IwarpFault& f, const uint8_t* ddp, si
   if (qp.resp.recv_active && f.recv_status != WcStatus::Success) {
     // The receive WQE the refused message had taken reports why; the others are flushed.
     core::Cqe c{};
-    c.wr_id = active_recv_wqe(qp).wr_id;
+    c.wr_id = placement().active_recv_wqe(qp).wr_id;
     c.status = f.recv_status;
     c.opcode = core::WcOpcode::Recv;
     c.qp_num = qp.qpn;
-    retire_recv_wqe(qp);
+    placement().retire_recv_wqe(qp);
     qp.resp.recv_active = false;
     post_cqe(receive_cq(qp), c, false);
   }
@@ -275,18 +275,18 @@ void IwarpPath::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t
   }
   if (!qp.resp.in_message) {
     // An untagged message with no buffer posted is fatal in iWARP (RFC 5041 §7.2: no RNR retry).
-    if (!next_recv_wqe(qp)) {
+    if (!placement().next_recv_wqe(qp)) {
       refuse({L::Ddp, kDdpUntagged, kDdpNoBuffer, &C::iw_no_recv, AsyncEventType::QpReqErr});
       return;
     }
     qp.resp.in_message = true;
-    if (open_recv_message(qp) != WcStatus::Success) {
+    if (placement().open_recv_message(qp) != WcStatus::Success) {
       refuse({L::Ddp, kDdpCatastrophic, 0, &C::iw_local_error, AsyncEventType::QpFatal, WcStatus::LocProtErr});
       return;
     }
   }
   // Too long for the WQE, or its MR deregistered while the message arrived.
-  if (const WcStatus st = place_recv(qp, payload, plen); st != WcStatus::Success) {
+  if (const WcStatus st = placement().place_recv(qp, payload, plen); st != WcStatus::Success) {
     if (st == WcStatus::LocLenErr)
       refuse({L::Ddp, kDdpUntagged, kDdpTooLong, &C::iw_msg_too_long, AsyncEventType::QpReqErr, WcStatus::LocLenErr});
     else
@@ -294,7 +294,7 @@ void IwarpPath::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t
     return;
   }
   if (!h.last) return;
-  core::Cqe c = connected_receive_cqe(qp, active_recv_wqe(qp).wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
+  core::Cqe c = connected_receive_cqe(qp, placement().active_recv_wqe(qp).wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
                                       false, 0);
   if (h.opcode == iw::Opcode::SendInvalidate || h.opcode == iw::Opcode::SendSolicitedInvalidate) {
     // The STag in the header is invalidated as the message completes, by the rules of RoCE's SEND
@@ -310,7 +310,7 @@ void IwarpPath::iwarp_deliver_send(Qp& qp, const iw::DdpHeader& h, const uint8_t
   qp.resp.in_message = false;
   ++s.rx_msn[iw::kQnSend];
   const bool solicited = h.opcode == iw::Opcode::SendSolicited || h.opcode == iw::Opcode::SendSolicitedInvalidate;
-  finish_recv(qp, c, receive_cq(qp), solicited);
+  placement().finish_recv(qp, c, receive_cq(qp), solicited);
 }
 
 void IwarpPath::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const uint8_t* hdr, size_t hdr_len,
@@ -404,12 +404,12 @@ void IwarpPath::iwarp_deliver_read_response(Qp& qp, const iw::DdpHeader& h, cons
     // Every earlier WQE is complete (the request went out behind them): the READ takes the error,
     // after the Terminate is queued (the QP is in error then).
     refuse({L::Rdmap, kRdmapOperation, kRdmapUnspecified, &C::iw_bad_response, AsyncEventType::QpReqErr});
-    requester_error(qp, WcStatus::BadRespErr);
+    completer().requester_error(qp, WcStatus::BadRespErr);
     return;
   }
   s.reads.pop_front();
   e.acked = true;
-  complete_in_order(qp);
+  completer().complete_in_order(qp);
 }
 
 void IwarpPath::iwarp_deliver_terminate(Qp& qp, const uint8_t* payload, size_t plen) {
@@ -422,7 +422,7 @@ void IwarpPath::iwarp_deliver_terminate(Qp& qp, const uint8_t* payload, size_t p
   // already complete are not called back (iWARP completes them when written).
   const uint64_t tail = qp.sq.tail.load(std::memory_order_relaxed);
   if (tail < qp.sq.head.load(std::memory_order_acquire) && qp.sq.at(tail).started)
-    requester_error(qp, terminate_status(t));
+    completer().requester_error(qp, terminate_status(t));
   if (qp.state.load(std::memory_order_relaxed) != QpState::Err) move_to_error(qp);
   iwarp_stop(qp);
   s.tx.clear();  // nothing follows a Terminate either way (RFC 5040 §5.4)

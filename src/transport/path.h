@@ -1,20 +1,22 @@
 // A path: one wire a QP's messages travel over, as one object per engine with the same small set of
-// per-QP entry points (docs/architecture.md). Today the raw-packet path (raw.cpp, raw_path.h) and the
-// iWARP path (iwarp_qp.cpp, iwarp_responder.cpp, iwarp_path.h) are paths; the RoCE RC, UD/UC and
-// direct paths are still the engine's own code, for the QPs whose Qp::path is null.
+// per-QP entry points (docs/architecture.md, "Paths"): RoCE RC and XRC (rc_path.h), RoCE UD/UC
+// (datagram_path.h), the intra-host direct path (direct_path.h), iWARP (iwarp_path.h) and raw packets
+// (raw_path.h).
 //
-// Joining and state. A QP joins a path when it is created (raw: create_qp) or attached (iWARP:
-// iwarp_attach): the path sets Qp::path to itself and Qp::path_state to a state object of its own,
-// derived from PathState; only the path looks inside it (the path's header offers a typed accessor).
-// The QP leaves at reset() or release(), when the path drops that state and clears Qp::path. Nothing
-// path-specific is kept in Qp or in Engine.
+// Joining and state. Every QP is on one path. It is on its type's path from creation (RC and XRC:
+// RcPath, UD and UC: DatagramPath, raw: RawPath, which sets Qp::path at create_qp) until an attach
+// moves it (DirectPath at RTR, IwarpPath at iwarp_attach): that path sets Qp::path to itself and, if it
+// keeps per-QP state, Qp::path_state to an object of its own derived from PathState, which only it
+// looks inside. The QP leaves at reset() or release(), when the path drops that state and clears
+// Qp::path (Engine::path_of then gives the QP's type's path again).
 //
 // Calls. The engine calls a path only with its lock held, and only through Path: the requester's
-// pass (transmit), the receive pass over the path's own streams or ports (receiving, receive), the
-// timers (next_deadline), the QP to error (error), a memory region going away (forget_pointers_into),
+// pass (transmit), a RoCE packet from the ports (deliver), the receive pass over the path's own
+// streams or ports (receiving, receive), the timers (timers, next_deadline), the end of a received
+// batch (batch_done), the QP to error (error), a memory region going away (forget_pointers_into),
 // flush, reset and release, and post_send's check (carries). A path reaches the engine only through
-// PathServices: the clock, counters, CQEs and async events, the key table, the receive WQEs, the
-// requester's shared steps, epoll registration -- never the engine's other members.
+// PathServices: the clock, counters, CQEs and async events, the key table, receive placement, the
+// RoCE roles' shared steps, the ports, epoll registration -- never the engine's other members.
 //
 // Adding a path: derive a class from Path and PathServices (as IwarpPath and RawPath do), keep its
 // per-QP state in a PathState subclass set on the Qp when it joins, add one instance to the engine
@@ -53,6 +55,7 @@ class DirectEndpoint;
 class Requester;
 class Completer;
 class Responder;
+class Placement;
 class WireProtection;
 template <typename Slot>
 struct WorkQueue;
@@ -128,17 +131,11 @@ class PathServices {
   void rewatch(int fd, uint32_t events);
   void unwatch(int fd);
   // The RoCE RC path's roles (rc_path.h), whose steps other paths share: UC runs the responder's
-  // check stages, iWARP and UD/UC the requester's WQE checks and the completer's in-order completion.
+  // check stages, iWARP, UD/UC and the direct path the requester's WQE checks and the completer's
+  // in-order completion.
   Requester& requester();
   Completer& completer();
   Responder& responder();
-  bool prepare_wqe(Qp& qp, SqEntry& e);
-  bool execute_local_wqe(Qp& qp, SqEntry& e);
-  void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index);
-  void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
-  void fail_in_order(Qp& qp, SqEntry& e);
-  void complete_in_order(Qp& qp);
-  void requester_error(Qp& qp, core::WcStatus status);
   // RoCEv2 packets out of the context's port (engine.cpp): to the QP's peer, or to any address and
   // port (UD). resolve_destination looks the peer's port up again (it may have moved).
   void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
@@ -161,22 +158,8 @@ class PathServices {
   Qp* find_qp(uint32_t qpn) const;
   void forget_events_of(const Srq* srq);
   bool tm_sq_done(Qp& qp, const SqEntry& e, uint64_t index, core::WcStatus status);
-  // Receive WQEs (srq.cpp) and their buffers.
-  RecvWqe* next_recv_wqe(Qp& qp);
-  RecvWqe& take_recv_wqe(Qp& qp);
-  RecvWqe& active_recv_wqe(Qp& qp);
-  void retire_recv_wqe(Qp& qp);
-  core::WcStatus resolve_recv_sges(const RecvWqe& w, uint32_t pd, uint64_t need, uint8_t** host) const;
-  // Receive placement of a message in pieces (placement.cpp): open on the next WQE, place at the
-  // message's offset, complete.
-  core::WcStatus open_recv_message(Qp& qp);
-  core::WcStatus place_recv(Qp& qp, const uint8_t* src, uint64_t len);
-  void finish_recv(Qp& qp, const core::Cqe& c, core::CompletionQueue* cq, bool solicited);
-  void fail_recv(Qp& qp, core::WcStatus status, core::CompletionQueue* cq);
-  core::WcStatus resolve_active_recv(Qp& qp);
-  // A whole message (UD) into w from its pieces (placement.h).
-  core::WcStatus place_message(const RecvWqe& w, uint32_t pd, std::initializer_list<Bytes> pieces) const;
-  bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes);
+  // Receive WQEs and placement into them (placement.h), and the release of a receive ring.
+  Placement& placement();
   void release_recv_ring(void* slots, size_t bytes);
   core::Arena& arena();
 

@@ -201,7 +201,7 @@ Wq* RawPath::create_wq(uint32_t pd, core::CompletionQueue* cq, uint32_t max_wr, 
   wq->pd = pd;
   wq->cq = cq;
   wq->max_sge = std::max<uint32_t>(max_sge, 1);
-  if (!alloc_recv_ring(wq->rq, max_wr, &wq->rq_bytes)) return nullptr;
+  if (!placement().alloc_recv_ring(wq->rq, max_wr, &wq->rq_bytes)) return nullptr;
   std::lock_guard lock(engine_lock());
   wq->wqn = next_wqn_++ & 0xFFFFFF;
   wqs_.push_back(wq.get());
@@ -273,7 +273,7 @@ bool RawPath::transmit(Qp& qp, uint64_t) {
       // A frame holds at least its Ethernet header and at most the link MTU of payload, plus a tag.
       if (e.wqe.length < kEthHeader || e.wqe.length > uint64_t{iface().mtu} + kEthHeader + kVlanTag) {
         e.status = WcStatus::LocLenErr;
-      } else if (!prepare_wqe(qp, e)) {
+      } else if (!requester().prepare_wqe(qp, e)) {
         // prepare_wqe set the status (LOC_PROT_ERR for a bad lkey or range).
       }
     }
@@ -321,7 +321,7 @@ bool RawPath::transmit(Qp& qp, uint64_t) {
     e.acked = true;
     if (e.status != WcStatus::Success) qp.req.sq_stop_at = qp.req.send_index + 1;
     ++qp.req.send_index;
-    complete_in_order(qp);
+    completer().complete_in_order(qp);
     if (e.status != WcStatus::Success) return true;
   }
   return did;
@@ -338,7 +338,7 @@ bool RawPath::raw_place(WorkQueue<RecvWqe>& rq, uint32_t pd, core::CompletionQue
   core::Cqe c = wqe_cqe(qp_num, w.wr_id, WcStatus::Success, core::WcOpcode::Recv);
   const uint32_t len = net::RawPort::wire_length(f);
   uint8_t* host[core::DeviceLimits::kMaxSge] = {};
-  c.status = resolve_recv_sges(w, pd, len, host);
+  c.status = placement().resolve_recv_sges(w, pd, len, host);
   if (c.status == WcStatus::Success) {
     const uint8_t* src = f.data;
     if (f.has_vlan) {

@@ -44,7 +44,7 @@ bool Requester::execute_local_wqe(Qp& qp, SqEntry& e) {
   if (!ok) qp.req.sq_stop_at = qp.req.send_index;
   ++qp.req.send_index;
   qp.req.send_offset_pkts = 0;
-  complete_in_order(qp);  // e is not touched after this
+  completer().complete_in_order(qp);  // e is not touched after this
   return ok;
 }
 
@@ -181,7 +181,7 @@ bool Requester::requester_run(Qp& qp, uint64_t now) {
       if (!prepare_wqe(qp, e)) {
         // Reported in order by the completer; nothing after it is sent.
         e.started = true;
-        fail_in_order(qp, e);
+        completer().fail_in_order(qp, e);
         return true;
       }
       if (wire::psn_diff(qp.req.next_psn, qp.comp.acked_psn) >= static_cast<int32_t>(qp.req.cwnd)) break;
@@ -193,7 +193,7 @@ bool Requester::requester_run(Qp& qp, uint64_t now) {
     }
     if (e.status != WcStatus::Success) {
       // Its memory was deregistered while it was in flight: it completes in error, in order.
-      fail_in_order(qp, e);
+      completer().fail_in_order(qp, e);
       return true;
     }
     // READ and ATOMIC are one request packet however many PSNs their responses use.

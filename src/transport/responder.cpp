@@ -90,7 +90,7 @@ void Responder::responder_fatal(Qp& qp, uint8_t nak_code, uint32_t psn, WcStatus
              : nak_code == wire::kNakRemoteOp   ? &core::Counters::naks_sent_rem_op
                                                 : &core::Counters::naks_sent_inv_req);
   responder_send_ack(qp, wire::aeth_nak(nak_code), psn);
-  if (qp.resp.recv_active) fail_recv(qp, recv_status, receive_cq(qp));
+  if (qp.resp.recv_active) placement().fail_recv(qp, recv_status, receive_cq(qp));
   // Errors that consumed no receive WQE are reported through the async event stream (IBTA 11.6.3).
   AsyncEventType ev = nak_code == wire::kNakRemoteAccess ? AsyncEventType::QpAccessErr
                       : nak_code == wire::kNakInvalidRequest ? AsyncEventType::QpReqErr
@@ -153,13 +153,13 @@ Verdict Responder::check_length(const Qp& qp, const wire::OpcodeInfo& info, cons
 Verdict Responder::check_receive(Qp& qp, const wire::OpcodeInfo& info) {
   if (info.kind == wire::OpKind::Write) {
     // WRITE with immediate consumes a receive WQE: without one, refused before memory is touched.
-    if ((info.headers & wire::kHdrImm) && !qp.resp.recv_active && !next_recv_wqe(qp)) return {Verdict::Rnr};
+    if ((info.headers & wire::kHdrImm) && !qp.resp.recv_active && !placement().next_recv_wqe(qp)) return {Verdict::Rnr};
     return {};
   }
   if (info.kind != wire::OpKind::Send || !info.first) return {};
   // A WQE still held from a message given up (UC, SRQ) serves this one.
-  if (!qp.resp.recv_active && !next_recv_wqe(qp)) return {Verdict::Rnr};
-  if (open_recv_message(qp) != WcStatus::Success) return {Verdict::RemoteOp, WcStatus::LocProtErr};
+  if (!qp.resp.recv_active && !placement().next_recv_wqe(qp)) return {Verdict::Rnr};
+  if (placement().open_recv_message(qp) != WcStatus::Success) return {Verdict::RemoteOp, WcStatus::LocProtErr};
   return {};
 }
 
@@ -210,10 +210,10 @@ Verdict Responder::execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire
   // A message that matched a tagged buffer places what follows its TMH.
   const uint32_t skip = info.first && tm_kind == TmKind::Expected ? tm::kTmhBytes : 0;
   // Too long for the WQE: an invalid request; its memory deregistered meanwhile: a local error.
-  if (WcStatus st = place_recv(qp, pkt.payload + skip, pkt.payload_len - skip); st != WcStatus::Success)
+  if (WcStatus st = placement().place_recv(qp, pkt.payload + skip, pkt.payload_len - skip); st != WcStatus::Success)
     return {st == WcStatus::LocLenErr ? Verdict::InvalidRequest : Verdict::RemoteOp, st};
   if (!info.last) return {};
-  core::Cqe c = connected_receive_cqe(qp, active_recv_wqe(qp).wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
+  core::Cqe c = connected_receive_cqe(qp, placement().active_recv_wqe(qp).wr_id, core::WcOpcode::Recv, qp.resp.recv_offset,
                                       (info.headers & wire::kHdrImm) != 0, pkt.imm_data_be);
   if (tm_kind != TmKind::None) {
     // Tag-matching SRQ: the completion says what the TMH made of the message.
@@ -235,7 +235,7 @@ Verdict Responder::execute_send(Qp& qp, const wire::OpcodeInfo& info, const wire
     c.imm_or_inv = pkt.ieth_rkey;
   }
   qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
-  finish_recv(qp, c, receive_cq(qp), pkt.bth.solicited);
+  placement().finish_recv(qp, c, receive_cq(qp), pkt.bth.solicited);
   return {};
 }
 
@@ -260,9 +260,9 @@ Verdict Responder::execute_write(Qp& qp, const wire::OpcodeInfo& info, const wir
   if (!info.last) return {};
   qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
   if ((info.headers & wire::kHdrImm) && complete_receive) {
-    core::Cqe c = connected_receive_cqe(qp, take_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
+    core::Cqe c = connected_receive_cqe(qp, placement().take_recv_wqe(qp).wr_id, core::WcOpcode::RecvRdmaWithImm,
                                         qp.resp.write_total, true, pkt.imm_data_be);
-    finish_recv(qp, c, receive_cq(qp), pkt.bth.solicited);
+    placement().finish_recv(qp, c, receive_cq(qp), pkt.bth.solicited);
   }
   return {};
 }

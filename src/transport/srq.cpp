@@ -35,7 +35,7 @@ Srq* SrqTable::create(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t x
   srq->xrcd = xrcd;
   srq->cq = cq;
   srq->max_sge = std::max<uint32_t>(max_sge, 1);
-  if (!alloc_recv_ring(srq->rq, max_wr, &srq->rq_bytes)) {
+  if (!placement().alloc_recv_ring(srq->rq, max_wr, &srq->rq_bytes)) {
     delete srq;
     return nullptr;
   }

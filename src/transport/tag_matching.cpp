@@ -171,7 +171,7 @@ Verdict Responder::tm_classify(Qp& qp, const wire::OpcodeInfo& info, const wire:
   qp.resp.tm_tag = tag;
   qp.resp.tm_priv = priv;
   count(&qp, &core::Counters::tm_expected);
-  if (resolve_active_recv(qp) != WcStatus::Success) return {Verdict::RemoteOp, WcStatus::LocProtErr};
+  if (placement().resolve_active_recv(qp) != WcStatus::Success) return {Verdict::RemoteOp, WcStatus::LocProtErr};
   return {};
 }
 
