@@ -224,13 +224,14 @@ class Engine {
   }
 
   // The paths (path.h). A QP is on the path of its type from its creation (RoCE RC and XRC, RoCE
-  // UD/UC, raw packets) until an attach moves it to another (iWARP); path_of gives it.
+  // UD/UC, raw packets) until an attach moves it to another (direct, iWARP); path_of gives it.
   friend class PathServices;
-  std::unique_ptr<RcPath> rc_;
-  std::unique_ptr<DirectPath> direct_path_;
-  std::unique_ptr<DatagramPath> datagram_;
-  std::unique_ptr<RawPath> raw_;
-  std::unique_ptr<IwarpPath> iwarp_;
+  std::unique_ptr<RcPath> rc_;               // RC and XRC QPs, and the roles UC and iWARP share
+  std::unique_ptr<DirectPath> direct_path_;  // RC QPs whose peer is a context of this host
+  std::unique_ptr<DatagramPath> datagram_;   // UD and UC QPs
+  std::unique_ptr<RawPath> raw_;             // RAW_PACKET QPs, their flows and WQs
+  std::unique_ptr<IwarpPath> iwarp_;         // RC QPs attached to a TCP socket
+  // What every path shares: receive placement, the SRQs, RoCE packet protection, the ports.
   std::unique_ptr<Placement> placement_;
   std::unique_ptr<SrqTable> srq_table_;
   std::unique_ptr<WireProtection> protection_;

@@ -54,24 +54,19 @@ bool is_agreed_rtr(IwarpRtr rtr, const iw::DdpHeader& h, const uint8_t* payload,
   }
 }
 
-// A key check's result as a DDP tagged buffer error (RDMA WRITE, READ response); access rights
-// have no DDP code: invalid STag, as siw reports them.
-uint8_t ddp_tagged_code(core::AccessResult r) {
+// A key check's result as iWARP reports it: a DDP tagged buffer error (RDMA WRITE, READ response)
+// and an RDMAP remote protection error (the source of a READ request). Access rights have no DDP
+// code: invalid STag, as siw reports them.
+struct KeyErrorCodes {
+  uint8_t ddp, rdmap;
+};
+KeyErrorCodes key_error_codes(core::AccessResult r) {
   switch (r) {
-    case core::AccessResult::BadPd: return kDdpNotAssoc;
+    case core::AccessResult::BadPd: return {kDdpNotAssoc, kRdmapNotAssoc};
     case core::AccessResult::OutOfRange:
-    case core::AccessResult::NotMapped: return kDdpBaseBounds;
-    default: return kDdpInvalidStag;
-  }
-}
-// The same as an RDMAP remote protection error (the source of a READ request).
-uint8_t rdmap_protection_code(core::AccessResult r) {
-  switch (r) {
-    case core::AccessResult::BadPd: return kRdmapNotAssoc;
-    case core::AccessResult::OutOfRange:
-    case core::AccessResult::NotMapped: return kRdmapBaseBounds;
-    case core::AccessResult::NoPermission: return kRdmapAccessRights;
-    default: return kRdmapInvalidStag;
+    case core::AccessResult::NotMapped: return {kDdpBaseBounds, kRdmapBaseBounds};
+    case core::AccessResult::NoPermission: return {kDdpInvalidStag, kRdmapAccessRights};
+    default: return {kDdpInvalidStag, kRdmapInvalidStag};
   }
 }
 uint64_t C::*stag_counter(core::AccessResult r) {
@@ -241,7 +236,7 @@ bool IwarpPath::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
       if (qp.access_flags & core::kRemoteWrite)
         r = keys().check_remote(h.stag, qp.cfg.pd, h.to, plen, core::kRemoteWrite, &host, qp.qpn);
       if (r != core::AccessResult::Ok) {
-        iwarp_refuse(qp, {L::Ddp, kDdpTagged, ddp_tagged_code(r), stag_counter(r), AsyncEventType::QpAccessErr}, u,
+        iwarp_refuse(qp, {L::Ddp, kDdpTagged, key_error_codes(r).ddp, stag_counter(r), AsyncEventType::QpAccessErr}, u,
                      ddp_len, len);
         return false;
       }
@@ -352,7 +347,7 @@ void IwarpPath::iwarp_deliver_read_request(Qp& qp, const iw::DdpHeader& h, const
     if (qp.access_flags & core::kRemoteRead)
       a = keys().check_remote(r.src_stag, qp.cfg.pd, r.src_to, r.size, core::kRemoteRead, &src, qp.qpn);
     if (a != core::AccessResult::Ok) {
-      iwarp_refuse(qp, {L::Rdmap, kRdmapProtection, rdmap_protection_code(a), stag_counter(a),
+      iwarp_refuse(qp, {L::Rdmap, kRdmapProtection, key_error_codes(a).rdmap, stag_counter(a),
                         AsyncEventType::QpAccessErr},
                    hdr, hdr_len, ulpdu_len, rdmap, iw::kReadRequestLen);
       return;
