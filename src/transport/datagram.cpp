@@ -2,11 +2,7 @@
 // PSNs but no acknowledgements. Nothing is retransmitted: a send WQE completes once its packets are
 // handed to the port, and a receiver drops what it cannot take (a whole UC message on any loss). The UC
 // responder runs the RC responder's check stages (responder.cpp) with its own PSN rules and policy.
-#include <netinet/in.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+// This is the RoCE UD/UC path (DatagramPath, datagram_path.h).
 #include <algorithm>
 #include <cerrno>
 #include <cstring>

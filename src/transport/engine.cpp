@@ -1,7 +1,8 @@
+// The engine (engine.h): a context's objects built and torn down, the progress loop and its passes,
+// delivery of a packet to its QP's path, QPs and their state changes, posting, polling, memory
+// registration's effect on operations in flight, and error and flush.
 #include "transport/engine.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>

@@ -1,7 +1,7 @@
 // Wire protection of a QP's packets (protect.h, wire/protect.h, docs/security.md): the secret an
 // application or librdmacm installs, the direction keys derived from it at RTR, and the receive-side
 // check: tag, then replay window, before the packet is parsed. The send side seals in
-// Engine::send_packet_to.
+// RocePorts::send_packet_to.
 #include "transport/protect.h"
 
 #include <openssl/crypto.h>

@@ -1,6 +1,6 @@
 // Wire protection of RoCE RC and UC QPs' packets (protect.cpp; wire/protect.h, docs/security.md): the
 // connection secret installed per QP, the direction keys derived from it at RTR, and the receive-side
-// check of a protected packet. The send side seals in Engine::send_packet_to with the QP's tx key.
+// check of a protected packet. The send side seals in RocePorts::send_packet_to with the QP's tx key.
 #pragma once
 #include <cstddef>
 #include <cstdint>
