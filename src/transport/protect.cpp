@@ -26,9 +26,10 @@ int WireProtection::set_wire_key(Qp* qp, wire::Protection mode, const uint8_t* s
   if (st != QpState::Reset && st != QpState::Init) return EINVAL;
   forget_keys(*qp);
   if (mode == wire::Protection::Off) return 0;
-  qp->prot.mode = mode;
-  std::memcpy(qp->prot.secret, secret, len);
-  qp->prot.secret_len = static_cast<uint8_t>(len);
+  qp->prot = std::make_unique<Qp::WireProtect>();
+  qp->prot->mode = mode;
+  std::memcpy(qp->prot->secret, secret, len);
+  qp->prot->secret_len = static_cast<uint8_t>(len);
   return 0;
 }
 
@@ -38,34 +39,30 @@ void WireProtection::count_wire_reject() {
 }
 
 bool WireProtection::derive_keys(Qp& qp) {
-  if (qp.prot.mode == wire::Protection::Off || qp.prot.tx) return true;
+  if (!qp.prot || qp.prot->tx) return true;
   wire::DirectionKey out{}, in{};
   auto tx = std::make_unique<wire::PacketCipher>();
   auto rx = std::make_unique<wire::PacketCipher>();
   const bool ok =
-      wire::derive_direction_key(qp.prot.secret, qp.prot.secret_len, qp.prot.mode, iface().ip_be, qp.qpn,
+      wire::derive_direction_key(qp.prot->secret, qp.prot->secret_len, qp.prot->mode, iface().ip_be, qp.qpn,
                                  qp.dest_ip_be, qp.dest_qpn, &out) &&
-      wire::derive_direction_key(qp.prot.secret, qp.prot.secret_len, qp.prot.mode, qp.dest_ip_be, qp.dest_qpn,
+      wire::derive_direction_key(qp.prot->secret, qp.prot->secret_len, qp.prot->mode, qp.dest_ip_be, qp.dest_qpn,
                                  iface().ip_be, qp.qpn, &in) &&
-      tx->init(qp.prot.mode, out, true) && rx->init(qp.prot.mode, in, false);
+      tx->init(qp.prot->mode, out, true) && rx->init(qp.prot->mode, in, false);
   OPENSSL_cleanse(&out, sizeof out);
   OPENSSL_cleanse(&in, sizeof in);
   if (!ok) return false;
-  qp.prot.tx = std::move(tx);
-  qp.prot.rx = std::move(rx);
-  qp.prot.tx_counter = 0;
-  qp.prot.replay = {};
+  qp.prot->tx = std::move(tx);
+  qp.prot->rx = std::move(rx);
+  qp.prot->tx_counter = 0;
+  qp.prot->replay = {};
   return true;
 }
 
 void WireProtection::forget_keys(Qp& qp) {
-  OPENSSL_cleanse(qp.prot.secret, sizeof qp.prot.secret);
-  qp.prot.secret_len = 0;
-  qp.prot.mode = wire::Protection::Off;
-  qp.prot.tx.reset();
-  qp.prot.rx.reset();
-  qp.prot.tx_counter = 0;
-  qp.prot.replay = {};
+  if (!qp.prot) return;
+  OPENSSL_cleanse(qp.prot->secret, sizeof qp.prot->secret);
+  qp.prot.reset();
 }
 
 bool WireProtection::open(Qp& qp, const uint8_t*& data, uint32_t& len) {
@@ -77,24 +74,24 @@ bool WireProtection::open(Qp& qp, const uint8_t*& data, uint32_t& len) {
   }
   const uint32_t body = len - hdr - static_cast<uint32_t>(wire::kProtectTrailerLen) - wire::kIcrcLen;
   uint64_t counter = 0;
-  const bool encrypted = qp.prot.rx->mode() == wire::Protection::Encrypt;
+  const bool encrypted = qp.prot->rx->mode() == wire::Protection::Encrypt;
   uint8_t* out = nullptr;
   if (encrypted) {
     if (open_buf_.size() < len) open_buf_.resize(len);
     out = open_buf_.data();
     std::memcpy(out, data, hdr);
   }
-  if (!qp.prot.rx->open(data, hdr, body, encrypted ? out + hdr : nullptr, &counter)) {
+  if (!qp.prot->rx->open(data, hdr, body, encrypted ? out + hdr : nullptr, &counter)) {
     count(&qp, &core::Counters::auth_fail);
     return false;
   }
   // A genuine packet seen before (captured and sent again): its PSN may well be acceptable, its
   // counter is not.
-  if (!qp.prot.replay.fresh(counter)) {
+  if (!qp.prot->replay.fresh(counter)) {
     count(&qp, &core::Counters::auth_replay);
     return false;
   }
-  qp.prot.replay.accept(counter);
+  qp.prot->replay.accept(counter);
   count(&qp, &core::Counters::auth_ok);
   if (encrypted) {
     std::memset(out + hdr + body, 0, wire::kIcrcLen);  // parse_packet reads no ICRC, but wants its room

@@ -397,10 +397,11 @@ struct Qp {
     uint16_t retry_port = 0;
   } direct;
 
-  // Wire protection (wire/protect.h, transport/protect.cpp): the connection's secret, installed before
-  // RTR (WireProtection::set_wire_key); at RTR the two direction keys are derived from it and both ends'
-  // address and QPN. tx_counter is the nonce of the next packet sent: it only grows, retransmissions
-  // included, so no nonce repeats under the key. RESET forgets all of it (a new connection, a new key).
+  // Wire protection (wire/protect.h, transport/protect.h), held only by a protected RC or UC QP: the
+  // connection's secret, installed before RTR (WireProtection::set_wire_key); at RTR the two direction
+  // keys are derived from it and both ends' address and QPN. tx_counter is the nonce of the next packet
+  // sent: it only grows, retransmissions included, so no nonce repeats under the key. RESET forgets all
+  // of it (a new connection, a new key).
   struct WireProtect {
     wire::Protection mode = wire::Protection::Off;
     uint8_t secret[32] = {};
@@ -408,11 +409,12 @@ struct Qp {
     std::unique_ptr<wire::PacketCipher> tx, rx;  // set in RTR and later
     uint64_t tx_counter = 0;
     wire::ReplayWindow replay;
-  } prot;
+  };
+  std::unique_ptr<WireProtect> prot;
 
-  // The path this QP has joined (path.h): raw packets from its creation, iWARP from its attach; null
-  // for the RoCE and direct paths, which are still the engine's own. Set and cleared under the engine
-  // lock; post_send reads it to check what the path carries.
+  // The path this QP has joined when it is not its type's own (path.h; Engine::path_of): raw packets
+  // from its creation, the direct path from RTR, iWARP from its attach. Set and cleared under the
+  // engine lock; post_send reads it to check what the path carries.
   std::atomic<Path*> path{nullptr};
   Path* on_path() const { return path.load(std::memory_order_relaxed); }
   std::unique_ptr<PathState> path_state;  // that path's state of this QP, owned here

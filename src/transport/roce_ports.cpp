@@ -116,7 +116,7 @@ void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_i
   if (len >= wire::kBthLen) {
     Qp* q = find_qp(uint32_t{data[5]} << 16 | uint32_t{data[6]} << 8 | data[7]);
     local_qp = q != nullptr;
-    if (q && q->prot.rx) sealed = q;
+    if (q && q->prot && q->prot->rx) sealed = q;
   }
   if (sealed) {
     if (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident)) return;
@@ -220,7 +220,7 @@ void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload
   pkt.bth.pkey = wire::kDefaultPkey;
   pkt.bth.pad_count = wire::pad_for(len);
   const uint32_t hdr = wire::opcode_info(pkt.bth.opcode).header_len;
-  wire::PacketCipher* seal = qp.prot.tx.get();  // protected QP: a trailer before the ICRC
+  wire::PacketCipher* seal = qp.prot ? qp.prot->tx.get() : nullptr;  // protected: a trailer before the ICRC
   const uint32_t n = hdr + len + pkt.bth.pad_count + (seal ? uint32_t{wire::kProtectTrailerLen} : 0) + wire::kIcrcLen;
   // Written in place into the port's send buffer. Packets to a softrdma context (not to 4791, where
   // RoCE stacks listen) may travel as segments of one send; the ICRC covers the identification that
@@ -232,7 +232,7 @@ void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload
   if (len) std::memcpy(buf + hdr, payload, len);
   for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[hdr + len + i] = 0;
   // Every packet takes the next counter, a retransmission too: a nonce is never used twice.
-  if (seal && !seal->seal(buf, hdr, len + pkt.bth.pad_count, qp.prot.tx_counter++)) return;
+  if (seal && !seal->seal(buf, hdr, len + pkt.bth.pad_count, qp.prot->tx_counter++)) return;
   wire::Ipv4UdpAddr addr{iface().ip_be, dest_ip_be, port_->port(), dest_port, ip_id};
   wire::append_icrc(addr, buf, n - wire::kIcrcLen);
   port_->commit();
