@@ -504,32 +504,41 @@ bool tcp_pair(int fds[2]) {
 }
 
 bool RcPair::connect() {
-  if (path == Path::Iwarp) return connect_iwarp();
-  if (!a.create(dev, qcfg) || !b.create(dev, qcfg)) return false;
-  int rc = bring_up(a.qp, a.psn, b.qpn(), b.psn, dev.gid, conn, dev.attr);
+  const QpConfig cfg = path_qp_config();
+  if (!a.create(dev, cfg) || !b.create(dev, cfg)) return false;
+  return join(a.qp, a.psn, dev, b.qp, b.psn, dev);
+}
+
+QpConfig RcPair::path_qp_config() const {
+  QpConfig cfg = qcfg;
+  if (path == Path::Iwarp) {
+    cfg.send_ops_flags &= ~uint64_t{IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                                    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD};
+  }
+  return cfg;
+}
+
+bool RcPair::join(ibv_qp* x, uint32_t x_psn, const Device& dx, ibv_qp* y, uint32_t y_psn, const Device& dy) {
+  if (path == Path::Iwarp) return join_iwarp(x, dx, y, dy);
+  int rc = bring_up(x, x_psn, y->qp_num, y_psn, dy.gid, conn, dx.attr);
   if (rc) {
-    ADD_FAILURE() << "bringing up QP a: " << strerror(rc);
+    ADD_FAILURE() << "bringing up QP " << x->qp_num << ": " << strerror(rc);
     return false;
   }
-  rc = bring_up(b.qp, b.psn, a.qpn(), a.psn, dev.gid, conn, dev.attr);
+  rc = bring_up(y, y_psn, x->qp_num, x_psn, dx.gid, conn, dy.attr);
   if (rc) {
-    ADD_FAILURE() << "bringing up QP b: " << strerror(rc);
+    ADD_FAILURE() << "bringing up QP " << y->qp_num << ": " << strerror(rc);
     return false;
   }
   return true;
 }
 
-// As librdmacm after its MPA exchange: a initiates (a zero-length WRITE first), b awaits it. No peer
+// As librdmacm after its MPA exchange: x initiates (a zero-length WRITE first), y awaits it. No peer
 // QPN is given, so the QPs exchange FPDUs over the socket instead of taking the direct path.
-bool RcPair::connect_iwarp() {
-  QpConfig cfg = qcfg;
-  // The default ibv_wr_* set less what an iWARP QP refuses at creation (immediate data, atomics).
-  cfg.send_ops_flags &= ~uint64_t{IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
-                                  IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD};
-  if (!a.create(dev, cfg) || !b.create(dev, cfg)) return false;
-  for (Side* s : {&a, &b})
-    if (int rc = modify_to_init(s->qp, conn.access)) {
-      ADD_FAILURE() << "QP " << s->qpn() << " to INIT: " << strerror(rc);
+bool RcPair::join_iwarp(ibv_qp* x, const Device& dx, ibv_qp* y, const Device& dy) {
+  for (ibv_qp* q : {x, y})
+    if (int rc = modify_to_init(q, conn.access)) {
+      ADD_FAILURE() << "QP " << q->qp_num << " to INIT: " << strerror(rc);
       return false;
     }
   int fds[2];
@@ -539,16 +548,18 @@ bool RcPair::connect_iwarp() {
       if (fd >= 0) ::close(fd);
     return false;
   }
-  softrdma_iwarp_conn ca{}, cb{};
-  ca.fd = fds[0];
-  cb.fd = fds[1];
-  ca.rtr = SOFTRDMA_IW_RTR_SEND_WRITE;
-  cb.rtr = SOFTRDMA_IW_RTR_AWAIT_WRITE;
-  // ORD of one end is the IRD of the other, each clamped as modify_to_rts/rtr do.
-  ca.ord = cb.ord = std::min<uint32_t>(conn.max_rd_atomic, dev.attr.max_qp_init_rd_atom);
-  ca.ird = cb.ird = std::min<uint32_t>(conn.max_dest_rd_atomic, dev.attr.max_qp_rd_atom);
-  int rc = softrdma_iwarp_attach(b.qp, &cb);
-  if (rc == 0) rc = softrdma_iwarp_attach(a.qp, &ca);
+  softrdma_iwarp_conn cx{}, cy{};
+  cx.fd = fds[0];
+  cy.fd = fds[1];
+  cx.rtr = SOFTRDMA_IW_RTR_SEND_WRITE;
+  cy.rtr = SOFTRDMA_IW_RTR_AWAIT_WRITE;
+  // conn's READ depths, each clamped to the device as modify_to_rts/rtr do.
+  cx.ord = std::min<uint32_t>(conn.max_rd_atomic, dx.attr.max_qp_init_rd_atom);
+  cy.ord = std::min<uint32_t>(conn.max_rd_atomic, dy.attr.max_qp_init_rd_atom);
+  cx.ird = std::min<uint32_t>(conn.max_dest_rd_atomic, dx.attr.max_qp_rd_atom);
+  cy.ird = std::min<uint32_t>(conn.max_dest_rd_atomic, dy.attr.max_qp_rd_atom);
+  int rc = softrdma_iwarp_attach(y, &cy);
+  if (rc == 0) rc = softrdma_iwarp_attach(x, &cx);
   // The QPs keep their own dups of the sockets.
   ::close(fds[0]);
   ::close(fds[1]);

@@ -232,10 +232,18 @@ class RcPair : public ::testing::Test {
   // On Path::Iwarp: each QP to INIT, then attached to one end of a loopback TCP connection (the
   // IB path attributes, PSNs and retry counts of conn do not exist there; its READ depths do).
   bool connect();
+  // Connects two RC QPs in RESET over `path` with conn, for a fixture with QPs or contexts of its own
+  // (connect() uses it for a and b): x of device dx with its PSN x_psn, y of dy. RoCE: bring_up each
+  // towards the other. Path::Iwarp: each to INIT, then attached to one end of a loopback TCP
+  // connection, x initiating (as librdmacm's active side). False (with a gtest failure) on error.
+  bool join(ibv_qp* x, uint32_t x_psn, const Device& dx, ibv_qp* y, uint32_t y_psn, const Device& dy);
+  // qcfg as QPs of `path` take it: on iWARP without the ibv_wr_* operations that an iWARP QP refuses
+  // at creation (immediate data, atomics).
+  QpConfig path_qp_config() const;
   bool atomics_supported() const { return dev.attr.atomic_cap != IBV_ATOMIC_NONE; }
 
  private:
-  bool connect_iwarp();
+  bool join_iwarp(ibv_qp* x, const Device& dx, ibv_qp* y, const Device& dy);
   uint64_t direct_ops_ = 0, tx_packets_ = 0, iw_tx_fpdus_ = 0;  // at SetUp
   bool iw_attached_ = false;
 };

@@ -16,14 +16,9 @@ namespace {
 constexpr size_t kBig = 16u << 20;  // long enough over packets to be caught mid-transfer
 constexpr int kLocalWriteOnly = IBV_ACCESS_LOCAL_WRITE;
 
-// Packets only: on the intra-host direct path a whole READ or SEND completes inside ibv_post_send.
-class MrOverlap : public RcPair {
- protected:
-  MrOverlap() {
-    path = Path::Packets;
-    check_path = true;
-  }
-};
+// By packets and iWARP, not the direct path: on the intra-host direct path a whole READ or SEND
+// completes inside ibv_post_send, so nothing is in flight when the other MR goes.
+using MrOverlap = OverPaths<>;
 
 // Waits until the first page of p holds the pattern: the transfer has started, and is not done.
 bool wait_first_page(const uint8_t* p, uint32_t seed) {
@@ -34,7 +29,7 @@ bool wait_first_page(const uint8_t* p, uint32_t seed) {
   return false;
 }
 
-TEST_F(MrOverlap, DeregisteringAnotherMrOfTheSamePagesKeepsAnInFlightRead) {
+TEST_P(MrOverlap, DeregisteringAnotherMrOfTheSamePagesKeepsAnInFlightRead) {
   ASSERT_TRUE(connect());
   VT_BUF(remote, b, kBig);
   VT_BUF(local, a, kBig);  // the MR the READ uses
@@ -53,7 +48,7 @@ TEST_F(MrOverlap, DeregisteringAnotherMrOfTheSamePagesKeepsAnInFlightRead) {
   EXPECT_EQ(check_pattern(local->data, kBig, 71), kBig);
 }
 
-TEST_F(MrOverlap, DeregisteringAnotherMrOfTheSamePagesKeepsAnInFlightReceive) {
+TEST_P(MrOverlap, DeregisteringAnotherMrOfTheSamePagesKeepsAnInFlightReceive) {
   ASSERT_TRUE(connect());
   VT_BUF(src, b, kBig);
   VT_BUF(dst, a, kBig);  // the MR the receive WQE uses
@@ -74,11 +69,12 @@ TEST_F(MrOverlap, DeregisteringAnotherMrOfTheSamePagesKeepsAnInFlightReceive) {
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
 }
 
-// With the direct path (the default), registration moves anonymous pages onto a memfd of ours and
-// deregistration moves them back: that must leave alone what the application mapped there since.
-using MrUnmapped = RcPair;
+// With the direct path, registration moves anonymous pages onto a memfd of ours and deregistration
+// moves them back: that must leave alone what the application mapped there since. Over every path,
+// since how a context registers depends on it.
+using MrUnmapped = OverPaths<>;
 
-TEST_F(MrUnmapped, MemoryUnmappedBeforeDeregistration) {
+TEST_P(MrUnmapped, MemoryUnmappedBeforeDeregistration) {
   ibv_pd* pd = ibv_alloc_pd(dev.ctx);
   ASSERT_TRUE(pd);
   constexpr size_t kLen = 64 * 1024;
@@ -95,7 +91,7 @@ TEST_F(MrUnmapped, MemoryUnmappedBeforeDeregistration) {
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
-TEST_F(MrUnmapped, MemoryRemappedBeforeDeregistrationStaysTheApplications) {
+TEST_P(MrUnmapped, MemoryRemappedBeforeDeregistrationStaysTheApplications) {
   ibv_pd* pd = ibv_alloc_pd(dev.ctx);
   ASSERT_TRUE(pd);
   constexpr size_t kLen = 64 * 1024;
@@ -119,6 +115,9 @@ TEST_F(MrUnmapped, MemoryRemappedBeforeDeregistrationStaysTheApplications) {
   close(fd);
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
+
+VT_INSTANTIATE_PATHS(MrOverlap, Path::Packets, Path::Iwarp);
+VT_INSTANTIATE_PATHS(MrUnmapped, VT_ALL_PATHS);
 
 }  // namespace
 }  // namespace softrdma::verbs_test

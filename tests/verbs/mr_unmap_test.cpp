@@ -14,25 +14,30 @@ namespace {
 
 constexpr size_t kLen = 256 * 1024;
 
-class MrUnmap : public ::testing::Test {
+// Over each path: how a context registers memory depends on it (with the direct path, registration
+// moves anonymous pages onto a memfd of softrdma's and deregistration moves them back).
+class MrUnmapBase : public RcPair {
  protected:
-  Device dev;
   ibv_pd* pd = nullptr;
   void SetUp() override {
-    ASSERT_TRUE(dev.ok()) << "no loopback device";
+    RcPair::SetUp();
+    if (HasFatalFailure()) return;
     pd = ibv_alloc_pd(dev.ctx);
     ASSERT_NE(pd, nullptr);
   }
   void TearDown() override {
     if (pd) ibv_dealloc_pd(pd);
+    pd = nullptr;
+    RcPair::TearDown();
   }
   static uint8_t* map(void* at, int flags) {
     void* p = mmap(at, kLen, PROT_READ | PROT_WRITE, flags | MAP_ANONYMOUS | (at ? MAP_FIXED_NOREPLACE : 0), -1, 0);
     return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
   }
 };
+using MrUnmap = OverPaths<MrUnmapBase>;
 
-TEST_F(MrUnmap, DeregisterAfterUnmapAndGuard) {
+TEST_P(MrUnmap, DeregisterAfterUnmapAndGuard) {
   uint8_t* a = map(nullptr, MAP_PRIVATE);
   ASSERT_NE(a, nullptr);
   fill_pattern(a, kLen, 1);
@@ -49,7 +54,7 @@ TEST_F(MrUnmap, DeregisterAfterUnmapAndGuard) {
   EXPECT_TRUE(b.reg(pd, kAllAccess));
 }
 
-TEST_F(MrUnmap, DeregisterAfterReplaceLeavesTheNewMapping) {
+TEST_P(MrUnmap, DeregisterAfterReplaceLeavesTheNewMapping) {
   uint8_t* a = map(nullptr, MAP_PRIVATE);
   ASSERT_NE(a, nullptr);
   fill_pattern(a, kLen, 2);
@@ -83,6 +88,8 @@ TEST_F(MrUnmap, DeregisterAfterReplaceLeavesTheNewMapping) {
   EXPECT_EQ(ibv_dereg_mr(new_mr), 0);
   munmap(b, kLen);
 }
+
+VT_INSTANTIATE_PATHS(MrUnmap, VT_ALL_PATHS);
 
 }  // namespace
 }  // namespace softrdma::verbs_test

@@ -63,7 +63,7 @@ TEST(OdpCaps, QueryDeviceExReportsThem) {
   EXPECT_TRUE(ax.odp_caps.per_transport_caps.uc_odp_caps & IBV_ODP_SUPPORT_WRITE);
 }
 
-class Odp : public RcPair {
+class OdpBase : public RcPair {
  protected:
   bool extended = false;  // QPs from ibv_create_qp_ex, for the ibv_wr_* API
   void SetUp() override {
@@ -90,8 +90,11 @@ class Odp : public RcPair {
     return wc;
   }
 };
+// RC over the direct path and packets; iWARP has no on-demand paging (ibv_reg_mr with
+// IBV_ACCESS_ON_DEMAND fails with EOPNOTSUPP there, as on siw).
+using Odp = OverPaths<OdpBase>;
 
-TEST_F(Odp, RegistrationNeitherFaultsNorPins) {
+TEST_P(Odp, RegistrationNeitherFaultsNorPins) {
   auto m = odp_buf(b, 16 * kPage);
   ASSERT_TRUE(m->mr);
   EXPECT_EQ(resident_pages(m->data, 16 * kPage), 0) << "ODP registration faulted pages in";
@@ -118,7 +121,7 @@ TEST_F(Odp, RegistrationNeitherFaultsNorPins) {
   munmap(p, 4 * kPage);
 }
 
-TEST_F(Odp, ExplicitSendRecv) {
+TEST_P(Odp, ExplicitSendRecv) {
   constexpr uint32_t kLen = 5000;  // several packets at MTU 1024
   auto src = odp_buf(a, 8192);
   auto dst = odp_buf(b, 8192);
@@ -135,7 +138,7 @@ TEST_F(Odp, ExplicitSendRecv) {
   }
 }
 
-TEST_F(Odp, ExplicitWriteAndRead) {
+TEST_P(Odp, ExplicitWriteAndRead) {
   constexpr uint32_t kLen = 3 * 4096 + 100;
   auto local = odp_buf(a, 4 * kLen);
   auto remote = odp_buf(b, 4 * kLen);
@@ -151,7 +154,7 @@ TEST_F(Odp, ExplicitWriteAndRead) {
   EXPECT_EQ(check_pattern(local->data + kLen, kLen, 32), kLen);
 }
 
-TEST_F(Odp, ExplicitAtomics) {
+TEST_P(Odp, ExplicitAtomics) {
   if (!atomics_supported()) GTEST_SKIP() << "no atomics";
   auto local = odp_buf(a, kPage);
   auto remote = odp_buf(b, kPage);
@@ -167,7 +170,7 @@ TEST_F(Odp, ExplicitAtomics) {
   EXPECT_EQ(remote->u64(64), 77u);
 }
 
-TEST_F(Odp, ImplicitReachesMemoryMappedAfterRegistration) {
+TEST_P(Odp, ImplicitReachesMemoryMappedAfterRegistration) {
   ibv_mr* src_mr = implicit_mr(a.pd, kAllAccess);
   ibv_mr* dst_mr = implicit_mr(b.pd, kAllAccess);
   ASSERT_TRUE(src_mr && dst_mr);
@@ -193,7 +196,7 @@ TEST_F(Odp, ImplicitReachesMemoryMappedAfterRegistration) {
   EXPECT_EQ(ibv_dereg_mr(dst_mr), 0);
 }
 
-TEST_F(Odp, ImplicitWriteToUnmappedAddressIsRemoteAccessError) {
+TEST_P(Odp, ImplicitWriteToUnmappedAddressIsRemoteAccessError) {
   ibv_mr* dst_mr = implicit_mr(b.pd, kAllAccess);
   ASSERT_NE(dst_mr, nullptr);
   VT_BUF(src, a, kPage);
@@ -204,7 +207,7 @@ TEST_F(Odp, ImplicitWriteToUnmappedAddressIsRemoteAccessError) {
   EXPECT_EQ(ibv_dereg_mr(dst_mr), 0);
 }
 
-TEST_F(Odp, ImplicitWriteToReadOnlyMemoryIsRemoteAccessError) {
+TEST_P(Odp, ImplicitWriteToReadOnlyMemoryIsRemoteAccessError) {
   ibv_mr* dst_mr = implicit_mr(b.pd, kAllAccess);
   ASSERT_NE(dst_mr, nullptr);
   VT_BUF(src, a, kPage);
@@ -220,7 +223,7 @@ TEST_F(Odp, ImplicitWriteToReadOnlyMemoryIsRemoteAccessError) {
   EXPECT_EQ(ibv_dereg_mr(dst_mr), 0);
 }
 
-TEST_F(Odp, ImplicitAtomicOnUnmappedAddressIsRemoteAccessError) {
+TEST_P(Odp, ImplicitAtomicOnUnmappedAddressIsRemoteAccessError) {
   if (!atomics_supported()) GTEST_SKIP() << "no atomics";
   ibv_mr* dst_mr = implicit_mr(b.pd, kAllAccess);
   ASSERT_NE(dst_mr, nullptr);
@@ -232,7 +235,7 @@ TEST_F(Odp, ImplicitAtomicOnUnmappedAddressIsRemoteAccessError) {
   EXPECT_EQ(ibv_dereg_mr(dst_mr), 0);
 }
 
-TEST_F(Odp, ImplicitSendFromUnmappedAddressIsLocalProtectionError) {
+TEST_P(Odp, ImplicitSendFromUnmappedAddressIsLocalProtectionError) {
   ibv_mr* src_mr = implicit_mr(a.pd, kAllAccess);
   ASSERT_NE(src_mr, nullptr);
   const uint64_t hole = unmapped_hole(kPage);
@@ -242,7 +245,7 @@ TEST_F(Odp, ImplicitSendFromUnmappedAddressIsLocalProtectionError) {
   EXPECT_EQ(ibv_dereg_mr(src_mr), 0);
 }
 
-TEST_F(Odp, ExplicitRegionStillChecksBoundsAndRights) {
+TEST_P(Odp, ExplicitRegionStillChecksBoundsAndRights) {
   auto remote = odp_buf(b, kPage, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
   ASSERT_TRUE(remote->mr);
   VT_BUF(src, a, kPage);
@@ -255,7 +258,7 @@ class OdpQpEx : public Odp {
   OdpQpEx() { extended = true; }
 };
 
-TEST_F(OdpQpEx, WrApiOnImplicitAndExplicitRegions) {
+TEST_P(OdpQpEx, WrApiOnImplicitAndExplicitRegions) {
   ibv_mr* imr = implicit_mr(b.pd, kAllAccess);
   ASSERT_NE(imr, nullptr);
   auto src = odp_buf(a, 2 * kPage);
@@ -279,6 +282,9 @@ TEST_F(OdpQpEx, WrApiOnImplicitAndExplicitRegions) {
   EXPECT_EQ(check_pattern(src->data + kPage, kPage, 81), kPage) << "read back what was written";
   EXPECT_EQ(ibv_dereg_mr(imr), 0);
 }
+
+VT_INSTANTIATE_PATHS(Odp, VT_ROCE_PATHS);
+VT_INSTANTIATE_PATHS(OdpQpEx, VT_ROCE_PATHS);
 
 // ibv_advise_mr(3).
 class OdpAdvise : public ::testing::Test {

@@ -16,22 +16,21 @@ namespace {
 constexpr uint32_t kSlot = 4096;  // bytes of each SRQ receive buffer
 
 // A receive side (one PD, one SRQ, one receive CQ shared by all its QPs) and a send side, each
-// pair of QPs connected on the loopback device.
-class Srq : public ::testing::Test {
+// pair of QPs connected on the loopback device over the path (RcPair's device; its a and b unused).
+class SrqBase : public RcPair {
  protected:
-  Device dev;
   ibv_pd* pd = nullptr;
   ibv_cq* rcq = nullptr;  // receive completions of every server QP
   ibv_cq* scq = nullptr;  // send completions of every QP
   ibv_srq* srq = nullptr;
   std::vector<ibv_qp*> servers, clients;
   std::unique_ptr<Buffer> rbuf, sbuf;
-  ConnConfig conn;
   static constexpr uint32_t kSendSlots = 512;
   uint32_t next_send_slot_ = 0;
 
   void SetUp() override {
-    if (!dev.ok()) GTEST_SKIP() << "no loopback device";
+    RcPair::SetUp();
+    if (HasFatalFailure()) return;
     pd = ibv_alloc_pd(dev.ctx);
     ASSERT_NE(pd, nullptr);
     rcq = ibv_create_cq(dev.ctx, 4096, nullptr, nullptr, 0);
@@ -51,6 +50,7 @@ class Srq : public ::testing::Test {
     if (pd) {
       EXPECT_EQ(ibv_dealloc_pd(pd), 0);
     }
+    RcPair::TearDown();
   }
 
   // An SRQ of max_wr WQEs, each able to take kSlot bytes of rbuf (max_wr slots).
@@ -102,19 +102,18 @@ class Srq : public ::testing::Test {
       ASSERT_TRUE(s && c);
       servers.push_back(s);
       clients.push_back(c);
-      uint32_t spsn = random_psn(), cpsn = random_psn();
-      ASSERT_EQ(bring_up(s, spsn, c->qp_num, cpsn, dev.gid, conn, dev.attr), 0);
-      ASSERT_EQ(bring_up(c, cpsn, s->qp_num, spsn, dev.gid, conn, dev.attr), 0);
+      ASSERT_TRUE(join(c, random_psn(), dev, s, random_psn(), dev));
     }
   }
 
   // Client i sends `len` bytes of the pattern seeded with `imm`, with immediate `imm`, from the next
-  // slot of sbuf (slots are reused only after kSendSlots sends, long completed by then).
+  // slot of sbuf (slots are reused only after kSendSlots sends, long completed by then). On iWARP,
+  // which has no immediate data, a plain SEND: the bodies run there read no immediate.
   int send(int i, uint32_t len, uint32_t imm) {
     size_t off = size_t{next_send_slot_++ % kSendSlots} * kSlot;
     fill_pattern(sbuf->data + off, len, imm);
-    SendWr w(imm, IBV_WR_SEND_WITH_IMM, {sbuf->sge(off, len)});
-    w.imm(imm);
+    SendWr w(imm, path == Path::Iwarp ? IBV_WR_SEND : IBV_WR_SEND_WITH_IMM, {sbuf->sge(off, len)});
+    if (path != Path::Iwarp) w.imm(imm);
     return post_send(clients[i], w);
   }
 
@@ -138,10 +137,18 @@ class Srq : public ::testing::Test {
     return true;
   }
 };
+using Srq = OverPaths<SrqBase>;
+// Off iWARP: bodies that read the immediate data (which iWARP does not have), that resize the SRQ (an
+// iWARP device, as siw, has no IBV_DEVICE_SRQ_RESIZE), or that expect the responder's error in the
+// SEND's own completion (iWARP completes a SEND once its bytes are in the socket: docs/iwarp.md,
+// "Completion").
+using SrqRoce = Srq;
+// UD over an SRQ: a service that goes by packets only, on the default device.
+using SrqUd = SrqBase;
 
 uint32_t msg_len(int client, int msg) { return 1 + static_cast<uint32_t>(client * 977 + msg * 1511) % kSlot; }
 
-TEST_F(Srq, DeviceReportsSrqCaps) {
+TEST_P(Srq, DeviceReportsSrqCaps) {
   EXPECT_GT(dev.attr.max_srq, 0);
   EXPECT_GT(dev.attr.max_srq_wr, 0);
   EXPECT_GT(dev.attr.max_srq_sge, 0);
@@ -149,7 +156,7 @@ TEST_F(Srq, DeviceReportsSrqCaps) {
 
 // 16 QPs share 64 receive WQEs; 16 x 24 messages of 1 B .. 4 KiB (up to 4 packets at MTU 1024, so
 // multi-packet messages of different QPs interleave) land in SRQ buffers, reposted as consumed.
-TEST_F(Srq, SixteenQpsShareOneSrq) {
+TEST_P(SrqRoce, SixteenQpsShareOneSrq) {
   constexpr int kQps = 16, kMsgs = 24, kWqes = 64;
   ASSERT_NO_FATAL_FAILURE(make_srq(kWqes));
   ASSERT_NO_FATAL_FAILURE(connect(kQps));
@@ -193,7 +200,7 @@ TEST_F(Srq, SixteenQpsShareOneSrq) {
 
 // ibv_modify_srq(3): setting srq_limit arms the event; it fires once when the WQEs left drop below
 // the limit, the SRQ is then disarmed (query shows 0) until the limit is set again.
-TEST_F(Srq, LimitEventFiresOnceAndRearms) {
+TEST_P(Srq, LimitEventFiresOnceAndRearms) {
   ASSERT_NO_FATAL_FAILURE(make_srq(16));
   ASSERT_NO_FATAL_FAILURE(connect(1));
   int fl = fcntl(dev.ctx->async_fd, F_GETFL);
@@ -246,7 +253,7 @@ TEST_F(Srq, LimitEventFiresOnceAndRearms) {
   EXPECT_FALSE(event_pending());
 }
 
-TEST_F(Srq, LimitAboveMaxWrIsEinval) {
+TEST_P(Srq, LimitAboveMaxWrIsEinval) {
   ASSERT_NO_FATAL_FAILURE(make_srq(16));
   ibv_srq_attr q{};
   ASSERT_EQ(ibv_query_srq(srq, &q), 0);
@@ -258,7 +265,7 @@ TEST_F(Srq, LimitAboveMaxWrIsEinval) {
   EXPECT_EQ(q.srq_limit, 0u);
 }
 
-TEST_F(Srq, PostBeyondMaxWrIsEnomem) {
+TEST_P(Srq, PostBeyondMaxWrIsEnomem) {
   ASSERT_NO_FATAL_FAILURE(make_srq(8));
   ibv_srq_attr q{};
   ASSERT_EQ(ibv_query_srq(srq, &q), 0);
@@ -288,7 +295,7 @@ TEST_F(Srq, PostBeyondMaxWrIsEnomem) {
   EXPECT_EQ(bad, &w);
 }
 
-TEST_F(Srq, ResizeKeepsPostedWqes) {
+TEST_P(SrqRoce, ResizeKeepsPostedWqes) {
   if (!(dev.attr.device_cap_flags & IBV_DEVICE_SRQ_RESIZE)) GTEST_SKIP() << "no IBV_DEVICE_SRQ_RESIZE";
   ASSERT_NO_FATAL_FAILURE(make_srq(4));
   ASSERT_NO_FATAL_FAILURE(connect(1));
@@ -314,7 +321,7 @@ TEST_F(Srq, ResizeKeepsPostedWqes) {
   EXPECT_EQ(poll_wcs(scq, 8).size(), 8u);
 }
 
-TEST_F(Srq, DestroyWhileInUseIsEbusy) {
+TEST_P(Srq, DestroyWhileInUseIsEbusy) {
   ASSERT_NO_FATAL_FAILURE(make_srq(8));
   ibv_qp* q = create_qp(srq);
   ASSERT_NE(q, nullptr);
@@ -331,7 +338,7 @@ TEST_F(Srq, DestroyWhileInUseIsEbusy) {
 }
 
 // ibv_post_recv(3): a QP attached to an SRQ has no receive queue; posting to it fails.
-TEST_F(Srq, PostRecvOnSrqQpFails) {
+TEST_P(Srq, PostRecvOnSrqQpFails) {
   ASSERT_NO_FATAL_FAILURE(make_srq(8));
   ASSERT_NO_FATAL_FAILURE(connect(1));
   ibv_sge sge = rbuf->sge(0, 64);
@@ -345,7 +352,7 @@ TEST_F(Srq, PostRecvOnSrqQpFails) {
 
 // A QP of an SRQ moved to ERR reports Last WQE Reached; the SRQ's WQEs are not flushed and another
 // QP consumes them afterwards.
-TEST_F(Srq, QpErrorGivesLastWqeReachedAndSrqWqesSurvive) {
+TEST_P(SrqRoce, QpErrorGivesLastWqeReachedAndSrqWqesSurvive) {
   ASSERT_NO_FATAL_FAILURE(make_srq(8));
   ASSERT_NO_FATAL_FAILURE(connect(2));
   for (uint32_t s = 0; s < 8; ++s) ASSERT_EQ(post_slot(s), 0);
@@ -384,7 +391,7 @@ TEST_F(Srq, QpErrorGivesLastWqeReachedAndSrqWqesSurvive) {
 
 // A receive buffer with a bad lkey: the receiving QP's completion is LOC_PROT_ERR (as for an RQ),
 // the requester gets REM_OP_ERR, and the failed QP reports Last WQE Reached.
-TEST_F(Srq, BadLkeyInSrqWqeIsLocProtErr) {
+TEST_P(SrqRoce, BadLkeyInSrqWqeIsLocProtErr) {
   ASSERT_NO_FATAL_FAILURE(make_srq(8));
   ASSERT_NO_FATAL_FAILURE(connect(2));
   ASSERT_EQ(post_slot(0, 0x00a5a5a5), 0);
@@ -415,7 +422,7 @@ TEST_F(Srq, BadLkeyInSrqWqeIsLocProtErr) {
 
 // UD QPs on an SRQ: each datagram lands, GRH area first, in the SRQ's next WQE and completes on the
 // QP it was sent to.
-TEST_F(Srq, UdQpsShareOneSrq) {
+TEST_F(SrqUd, UdQpsShareOneSrq) {
   constexpr uint32_t kQkey = 0x2222;
   ASSERT_NO_FATAL_FAILURE(make_srq(8));
   auto ud_qp = [&](ibv_srq* s) -> ibv_qp* {
@@ -489,7 +496,7 @@ TEST_F(Srq, UdQpsShareOneSrq) {
   EXPECT_EQ(ibv_destroy_ah(ah), 0);
 }
 
-TEST_F(Srq, CreateSrqExBasicWorksOthersRefused) {
+TEST_P(Srq, CreateSrqExBasicWorksOthersRefused) {
   ibv_srq_init_attr_ex ia{};
   ia.attr.max_wr = 16;
   ia.attr.max_sge = 2;
@@ -517,6 +524,9 @@ TEST_F(Srq, CreateSrqExBasicWorksOthersRefused) {
   EXPECT_EQ(ibv_create_srq(pd, &big), nullptr);
   EXPECT_EQ(errno, EINVAL);
 }
+
+VT_INSTANTIATE_PATHS(Srq, VT_ALL_PATHS);
+VT_INSTANTIATE_PATHS(SrqRoce, VT_ROCE_PATHS);
 
 }  // namespace
 }  // namespace softrdma::verbs_test
