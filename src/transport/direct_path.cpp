@@ -100,9 +100,14 @@ void DirectPath::release(Qp& qp) {
 bool DirectPath::transmit(Qp& qp, uint64_t now) {
   bool did = false;
   // During an RNR back-off the RC requester holds the SQ.
-  if ((qp.direct.peer || qp.direct.retry_ns) && !qp.comp.rnr_resume_ns) did = transmit_direct(qp, now);
+  if ((qp.direct.peer || qp.direct.retry_ns) && !qp.comp.rnr_resume_ns) {
+    did = transmit_direct(qp, now);
+    // The whole SQ done here and no READ responses owed by packets: nothing for the RC path.
+    if (qp.req.send_index == qp.sq.head.load(std::memory_order_acquire) && qp.resp.read_jobs.empty()) return did;
+  }
   const uint64_t from = qp.req.send_index;
-  if (rc_.transmit(qp, now)) did = true;
+  if (!rc_.transmit(qp, now)) return did;
+  did = true;
   // By packets the peer's responder takes receive WQEs the direct path does not know of: its view of
   // them is read again before the next direct SEND.
   const uint64_t head = qp.sq.head.load(std::memory_order_acquire);
