@@ -134,19 +134,21 @@ TEST(ConfigTable, AcceptsWhatEachTypeTakes) {
   const Variable& o = *find("SOFTRDMA_STATS_MODE");
   for (const Variable* v : {&b, &u, &o, find("SOFTRDMA_TRANSPORT"), find("SOFTRDMA_COUNTERS")})
     EXPECT_TRUE(accepts(*v, "")) << v->name << ": empty is the default";
-  EXPECT_TRUE(accepts(b, "0"));
-  EXPECT_TRUE(accepts(b, "1"));
-  EXPECT_FALSE(accepts(b, "yes"));
-  EXPECT_FALSE(accepts(b, "2"));
-  EXPECT_TRUE(accepts(u, "0"));
-  EXPECT_TRUE(accepts(u, "18446744073709551615"));
-  EXPECT_FALSE(accepts(u, "18446744073709551616")) << "past 64 bits";
-  EXPECT_FALSE(accepts(u, "-1"));
-  EXPECT_FALSE(accepts(u, "10ms"));
-  EXPECT_TRUE(accepts(o, "0640"));
-  EXPECT_TRUE(accepts(o, "777"));
-  EXPECT_FALSE(accepts(o, "01777"));
-  EXPECT_FALSE(accepts(o, "0680"));
+  struct Case {
+    const Variable& var;
+    const char* value;
+    bool taken;
+  };
+  const Case cases[] = {
+      {b, "0", true},           {b, "1", true},
+      {b, "yes", false},        {b, "2", false},
+      {u, "0", true},           {u, "18446744073709551615", true},
+      {u, "18446744073709551616", false},  // past 64 bits
+      {u, "-1", false},         {u, "10ms", false},
+      {o, "0640", true},        {o, "777", true},
+      {o, "01777", false},      {o, "0680", false},
+  };
+  for (const Case& c : cases) EXPECT_EQ(accepts(c.var, c.value), c.taken) << c.var.name << "=" << c.value;
   EXPECT_TRUE(accepts(*find("SOFTRDMA_COUNTERS"), "anything"));
   EXPECT_TRUE(accepts(*find("SOFTRDMA_IMPAIR"), "seed=1,tx_drop=0.1"));
 }
