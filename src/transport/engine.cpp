@@ -42,7 +42,6 @@ namespace {
 // The arena is a sparse memfd: only the pages that rings and tables touch cost memory.
 constexpr size_t kArenaBytes = size_t{1} << 30;
 
-
 // True when more threads are runnable than there are CPUs (/proc/stat procs_running, which counts
 // us). Spinning then only steals the core from the thread that would produce our next packet: a
 // blocked thread woken by the kernel (~20 us) beats a spinner waiting for a scheduler tick (~4 ms).
@@ -61,7 +60,8 @@ bool cpus_oversubscribed() {
 
 Engine::Engine(const net::Interface& iface, EngineOptions opts)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
-      clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()), stats_("softrdma_" + iface.ifname, opts_.stats_mode),
+      clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()),
+      stats_("softrdma_" + iface.ifname, opts_.stats_mode),
       spin_ns_(opts_.spin_us * 1000ull) {
   placement_ = std::make_unique<Placement>(*this);
   srq_table_ = std::make_unique<SrqTable>(*this);
