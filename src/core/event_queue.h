@@ -75,6 +75,29 @@ class EventQueue {
     }
   }
 
+  // For a reader that sleeps elsewhere (a completion channel's epoll, verbs/mr_cq.cpp) and only takes
+  // what is there: an event if one is queued (taking its wake-up byte through reader, a non-blocking
+  // descriptor of fd()'s pipe), else false; as pop() for an early byte.
+  bool try_pop(int reader, Event& out) {
+    char b;
+    const bool byte = read(reader, &b, 1) == 1;
+    {
+      std::lock_guard lock(mutex_);
+      if (!events_.empty()) {
+        out = events_.front();
+        events_.pop_front();
+        return true;
+      }
+    }
+    if (!byte || !on_empty_wake_) return false;
+    on_empty_wake_();
+    std::lock_guard lock(mutex_);
+    if (events_.empty()) return false;
+    out = events_.front();
+    events_.pop_front();
+    return true;
+  }
+
   // Removes queued events matching pred (their object is being destroyed).
   template <typename Pred>
   void discard_if(Pred pred) {

@@ -84,7 +84,8 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (doorbell_fd_ < 0 || epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
   quiet_epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (quiet_epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
+  input_epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (quiet_epoll_fd_ < 0 || input_epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
   ports_ = std::make_unique<RocePorts>(*this, opts_.open_port, opts_.take_roce_port);
   {
     epoll_event ev{};
@@ -149,6 +150,7 @@ Engine::~Engine() {
   close(doorbell_fd_);
   close(epoll_fd_);
   close(quiet_epoll_fd_);
+  close(input_epoll_fd_);
 }
 
 core::Counters Engine::counters() {
@@ -156,9 +158,9 @@ core::Counters Engine::counters() {
   return stats_.device();
 }
 
-void Engine::doorbell() {
+void Engine::doorbell(bool rouse_quiet) {
   work_hint_.fetch_add(1, std::memory_order_release);
-  if (sleeping_.load(std::memory_order_acquire)) {
+  if (sleeping_.load(std::memory_order_seq_cst) || (rouse_quiet && quiet_.load(std::memory_order_seq_cst))) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof one);
   }
@@ -250,17 +252,29 @@ void Engine::quiet_sleep() {
   // Rechecked after announcing the sleep: poll_cq clears app_polling_ before it looks at quiet_.
   if (app_polling_.load(std::memory_order_seq_cst)) {
     // At most kQuietCheckNs, then look whether the application still polls (it may have stopped without
-    // a poll that found anything: a thread gone to ibv_get_cq_event, or gone altogether).
+    // a poll that found anything: a thread gone elsewhere, or gone altogether). While a channel's waiter
+    // sleeps on the sockets (deep_quiet_), until a timer or the last waiter wakes this thread.
     const uint64_t t = now();
-    uint64_t wait = kQuietCheckNs;
-    if (deadline) wait = std::min(wait, deadline > t ? deadline - t : 0);
+    const bool deep = deep_quiet_.load(std::memory_order_seq_cst);
+    uint64_t wait = deep ? 0 : kQuietCheckNs;
+    if (deadline) wait = std::min(wait ? wait : UINT64_MAX, deadline > t ? deadline - t : 1);
     timespec ts{static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};
     epoll_event ev;
-    if (epoll_pwait2(quiet_epoll_fd_, &ev, 1, &ts, nullptr) > 0) {
+    if (epoll_pwait2(quiet_epoll_fd_, &ev, 1, wait ? &ts : nullptr, nullptr) > 0) {
       uint64_t v;
       [[maybe_unused]] ssize_t n = read(doorbell_fd_, &v, sizeof v);
     }
-    if (app_polls_.load(std::memory_order_relaxed) == polls) app_polling_.store(false, std::memory_order_relaxed);
+    if (app_polls_.load(std::memory_order_relaxed) != polls) {
+      deep_quiet_.store(false, std::memory_order_relaxed);
+    } else {
+      // No poll for a while: a waiter asleep on the sockets keeps this thread off them (and the
+      // last one to wake rouses it, waiter_sleeps); otherwise the application stopped driving.
+      deep_quiet_.store(true, std::memory_order_seq_cst);
+      if (waiters_.load(std::memory_order_seq_cst) == 0) {
+        deep_quiet_.store(false, std::memory_order_relaxed);
+        app_polling_.store(false, std::memory_order_relaxed);
+      }
+    }
   }
   quiet_.store(false, std::memory_order_release);
   std::lock_guard lock(lock_);
@@ -348,11 +362,14 @@ Path& Engine::path_of(const Qp& qp) const {
   }
 }
 
+// Every socket and stream goes into both sets: the progress thread's and the one a completion
+// channel's waiter sleeps on (Engine::input_fd).
 int PathServices::watch(int fd, uint32_t events) {
   epoll_event ev{};
   ev.events = events;
   ev.data.fd = fd;
-  return epoll_ctl(e_.epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  if (epoll_ctl(e_.epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) return -1;
+  return epoll_ctl(e_.input_epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
 void PathServices::rewatch(int fd, uint32_t events) {
@@ -360,9 +377,13 @@ void PathServices::rewatch(int fd, uint32_t events) {
   ev.events = events;
   ev.data.fd = fd;
   epoll_ctl(e_.epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+  epoll_ctl(e_.input_epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
 }
 
-void PathServices::unwatch(int fd) { epoll_ctl(e_.epoll_fd_, EPOLL_CTL_DEL, fd, nullptr); }
+void PathServices::unwatch(int fd) {
+  epoll_ctl(e_.epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  epoll_ctl(e_.input_epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+}
 
 void Engine::post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited) {
   if (cq->push(cqe, solicited)) return;
@@ -797,8 +818,12 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     lock_.unlock();
     // Everything done here (the direct path completes at once): no need to wake the progress thread.
     if (qp->sq.count() == 0) return rc;
+    doorbell();
+    return rc;
   }
-  doorbell();
+  // The lock's holder may be a completion channel's waiter about to sleep again without seeing this
+  // post: a quiet progress thread must be roused too.
+  doorbell(true);
   return rc;
 }
 
@@ -840,17 +865,59 @@ void Engine::place_direct() {
   lock_.unlock();
 }
 
-void Engine::app_stops_polling(bool wake) {
-  if (!app_polling_.load(std::memory_order_relaxed)) return;
-  app_polling_.store(false, std::memory_order_seq_cst);
-  if (wake && quiet_.load(std::memory_order_seq_cst)) {
+bool Engine::waiter_arrives() {
+  // A context whose progress thread never goes quiet (one-sided requests, direct peers) is served by
+  // it: the waiter would only take its core. Without a progress thread, the waiter is the only one.
+  const bool drives = !direct_active_.load(std::memory_order_relaxed) &&
+                      (!opts_.progress_thread || !serves_passive_.load(std::memory_order_relaxed));
+  if (drives && opts_.progress_thread) {
+    // The progress thread goes quiet, as for a spinning poller: from now on this thread does the work,
+    // even when the event it came for is there already (it comes back for the next one).
+    app_polls_.fetch_add(1, std::memory_order_relaxed);
+    if (!app_polling_.load(std::memory_order_relaxed)) app_polling_.store(true, std::memory_order_release);
+  }
+  return drives;
+}
+
+bool Engine::waiter_pass(uint64_t* deadline_ns) {
+  const bool drives = waiter_arrives();
+  if (lock_for_caller()) {
+    app_pass_ = true;
+    progress_once();
+    app_pass_ = false;
+    if (drives) {
+      const uint64_t d = next_deadline_ns();
+      if (d && (!*deadline_ns || d < *deadline_ns)) *deadline_ns = d;
+    }
+    lock_.unlock();
+  } else if (drives) {
+    // The progress thread is in a pass: let it finish on a shared core, and look again soon.
+    sched_yield();
+    const uint64_t soon = now() + 20000;
+    if (!*deadline_ns || soon < *deadline_ns) *deadline_ns = soon;
+  }
+  return drives;
+}
+
+void Engine::waiter_sleeps(bool asleep) {
+  if (asleep) {
+    waiters_.fetch_add(1, std::memory_order_seq_cst);
+    return;
+  }
+  // The last waiter to wake rouses a progress thread that slept without checks on its behalf.
+  if (waiters_.fetch_sub(1, std::memory_order_seq_cst) == 1 && deep_quiet_.load(std::memory_order_seq_cst)) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t w = write(doorbell_fd_, &one, sizeof one);
   }
 }
 
+void Engine::app_stops_polling() {
+  if (app_polling_.load(std::memory_order_relaxed)) app_polling_.store(false, std::memory_order_seq_cst);
+}
+
 void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
-  app_stops_polling(true);  // it is going to wait for an event
+  // No app_stops_polling here: the thread that waits for the event drives the engine itself
+  // (waiter_pass), and one that polls the channel's fd wakes on the sockets too.
   cq->arm(solicited_only);
   if (!cq->notifies() || !direct_active_.load(std::memory_order_relaxed)) return;
   // An initiator that published before the arm found the CQ unarmed and woke nobody, and the poll that
@@ -894,7 +961,7 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
   // The application has what it waited for and may go off to do something else: a quiet progress
   // thread serves the engine again within kQuietCheckNs unless the application polls again meanwhile
   // (waking it for every completion would cost a ping-pong more than the wait).
-  if (got > 0) app_stops_polling(false);
+  if (got > 0) app_stops_polling();
   // Send-queue slots are the application's again once their completions are polled.
   for (int i = 0; i < got; ++i)
     if (uint32_t ref = out[i].sq_ref)

@@ -169,6 +169,21 @@ class Engine {
   // unarmed (they rang no doorbell), so that those messages raise the event.
   void arm_cq(core::CompletionQueue* cq, bool solicited_only);
 
+  // A thread waiting in ibv_get_cq_event does the engine's work itself, as a spinning poller does, so
+  // that a message costs one wake-up, the waiter's, not the progress thread's and then the waiter's:
+  // the channel's fd holds input_fd() (readable when a socket of this engine is), and the waiter runs
+  // waiter_pass() before it sleeps there and after each wake-up. waiter_pass returns false when this
+  // engine's progress thread serves its sockets anyway (it serves one-sided requests or has an
+  // intra-host direct peer): the waiter then sleeps on the channel's pipe alone. *deadline_ns: lowered
+  // to the engine's earliest timer, which the waiter keeps while it sleeps. waiter_sleeps(true) and
+  // (false) bracket the sleep, so that the progress thread stays off the sockets meanwhile.
+  // waiter_arrives: a thread enters ibv_get_cq_event (the progress thread goes quiet even when the
+  // event is there already); what waiter_pass returns.
+  int input_fd() const { return input_epoll_fd_; }
+  bool waiter_arrives();
+  bool waiter_pass(uint64_t* deadline_ns);
+  void waiter_sleeps(bool asleep);
+
   // Without a progress thread: one pass of the progress engine (receive, timers, requesters,
   // responders); true when it did anything. And the earliest timer deadline of any QP (0: none).
   bool step();
@@ -200,8 +215,9 @@ class Engine {
   // doorbell alone, for at most kQuietCheckNs or until a timer is due, then does one pass.
   void quiet_sleep();
   static constexpr uint64_t kQuietCheckNs = 1000000;
-  // From an application thread: it stopped driving the engine; wake: rouse a quiet progress thread.
-  void app_stops_polling(bool wake);
+  // From an application thread: it stopped driving the engine (a quiet progress thread notices within
+  // kQuietCheckNs unless it drives again meanwhile).
+  void app_stops_polling();
   bool progress_once();  // lock held; true when anything was done
   // Lock held: operations in flight drop their host pointers into the region's pages (deregistration,
   // or a rereg that moves it), so a late packet finds an error instead of memory no longer its own.
@@ -209,7 +225,8 @@ class Engine {
   // A packet for one of our QPs, past the port's checks: the QP's own (service class, XRC direction,
   // source address, state), then to its completer, responder, or UD/UC receive.
   void deliver(Qp& qp, wire::Packet& pkt, const Arrival& from);
-  void doorbell();
+  // Rouses a sleeping progress thread; rouse_quiet: a quiet one too (work that no poller may see).
+  void doorbell(bool rouse_quiet = false);
   uint64_t next_deadline_ns();
   // Takes the engine lock for an application thread: when free, or, once a QP has a direct peer, after
   // waiting for it (posts and polls then do the direct path's work themselves).
@@ -270,11 +287,17 @@ class Engine {
   int doorbell_fd_ = -1;
   int epoll_fd_ = -1;
   int quiet_epoll_fd_ = -1;  // the doorbell alone (quiet_sleep)
+  int input_epoll_fd_ = -1;  // epoll_fd_'s sockets and streams without the doorbell and link (input_fd)
   // Run to completion: an application thread's last poll_cq found nothing and drove the engine itself
   // (it polls again); app_polls_ counts such polls; quiet_: the progress thread sleeps in quiet_sleep.
   std::atomic<bool> app_polling_{false};
   std::atomic<uint64_t> app_polls_{0};
   std::atomic<bool> quiet_{false};
+  // Threads asleep in waiter_sleeps on input_fd(): they serve the sockets, so a quiet progress thread
+  // that saw no poll for kQuietCheckNs stays quiet (deep_quiet_: with no periodic check) until the last
+  // of them wakes, which rouses it.
+  std::atomic<int> waiters_{0};
+  std::atomic<bool> deep_quiet_{false};
   // Peers have sent this context one-sided requests (WRITE, READ, ATOMIC): its application may wait on
   // memory for the next one as soon as a poll returns, so its progress thread never goes quiet.
   std::atomic<bool> serves_passive_{false};

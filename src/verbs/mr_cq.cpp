@@ -1,9 +1,13 @@
 // Memory regions, completion queues and completion channels.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -249,6 +253,19 @@ SOFTRDMA_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
   }
   ch->channel.context = ctx;
   ch->channel.fd = ch->events.fd();
+  // A second open file description of the pipe (its own O_NONBLOCK) through /proc; without /proc, or
+  // without epoll, ibv_get_cq_event reads the pipe itself and the progress thread does the work.
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", ch->events.fd());
+  ch->reader_fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ch->wait_fd = ch->reader_fd >= 0 ? epoll_create1(EPOLL_CLOEXEC) : -1;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  if (ch->wait_fd < 0 || epoll_ctl(ch->wait_fd, EPOLL_CTL_ADD, ch->reader_fd, &ev) != 0) {
+    if (ch->wait_fd >= 0) close(ch->wait_fd);
+    if (ch->reader_fd >= 0) close(ch->reader_fd);
+    ch->wait_fd = ch->reader_fd = -1;
+  }
   ch->events.set_empty_wake([ch] {
     std::vector<transport::Engine*> engines;
     {
@@ -311,7 +328,12 @@ SoftCq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel*
     cq->queue->set_wake_fd(cq->channel->events.write_fd());
     std::lock_guard lock(cq->channel->engines_mu);
     auto& es = cq->channel->engines;
-    if (std::find(es.begin(), es.end(), &engine_of(ctx)) == es.end()) es.push_back(&engine_of(ctx));
+    if (std::find(es.begin(), es.end(), &engine_of(ctx)) == es.end()) {
+      es.push_back(&engine_of(ctx));
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      if (cq->channel->wait_fd >= 0) epoll_ctl(cq->channel->wait_fd, EPOLL_CTL_ADD, engine_of(ctx).input_fd(), &ev);
+    }
   }
   ibv_cq_ex& c = cq->cq;
   c.context = ctx;
@@ -370,9 +392,65 @@ SOFTRDMA_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
   return 0;
 }
 
+namespace {
+
+// Waits for the next event of a channel whose fd blocks, doing its engines' work in this thread
+// meanwhile (Engine::waiter_pass): before it sleeps, on every wake-up and at every timer of theirs.
+// 0, or -1 with errno EINTR (a signal ends the wait, as it ends a read of the kernel's channel fd: qperf
+// stops its loop from SIGALRM). An application that polls channel.fd itself, or made it non-blocking,
+// finds the event there already and leaves the work to the progress thread.
+int wait_event(SoftChannel* ch, SoftCq*& out) {
+  if (ch->waits_here.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(ch->engines_mu);
+    for (transport::Engine* e : ch->engines) e->waiter_arrives();
+  }
+  if (ch->events.try_pop(ch->reader_fd, out)) {
+    ch->waits_here.store(false, std::memory_order_relaxed);
+    return 0;
+  }
+  std::vector<transport::Engine*> engines;
+  for (;;) {
+    uint64_t deadline = 0;
+    bool drives = true;
+    {
+      std::lock_guard lock(ch->engines_mu);
+      for (transport::Engine* e : ch->engines) drives = e->waiter_pass(&deadline) && drives;
+      engines = ch->engines;
+    }
+    if (ch->events.try_pop(ch->reader_fd, out)) return 0;
+    int n;
+    if (drives) {
+      // Asleep on the pipe and the engines' sockets, until the earliest timer of theirs.
+      ch->waits_here.store(true, std::memory_order_relaxed);
+      for (transport::Engine* e : engines) e->waiter_sleeps(true);
+      timespec ts{};
+      if (deadline) {
+        const uint64_t t = engines.front()->now();
+        const uint64_t wait = deadline > t ? deadline - t : 0;
+        ts = {static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};
+      }
+      epoll_event ev;
+      n = epoll_pwait2(ch->wait_fd, &ev, 1, deadline ? &ts : nullptr, nullptr);
+      const int err = errno;
+      for (transport::Engine* e : engines) e->waiter_sleeps(false);
+      errno = err;
+    } else {
+      // The progress threads serve the sockets: the pipe alone, whose byte they write.
+      pollfd p{ch->reader_fd, POLLIN, 0};
+      n = poll(&p, 1, -1);
+    }
+    if (n < 0 && errno == EINTR) return -1;
+    if (ch->events.try_pop(ch->reader_fd, out)) return 0;
+  }
+}
+
+}  // namespace
+
 SOFTRDMA_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   SoftCq* c = nullptr;
-  if (reinterpret_cast<SoftChannel*>(channel)->events.pop(c) != 0) return -1;
+  SoftChannel* ch = reinterpret_cast<SoftChannel*>(channel);
+  const bool blocking = ch->wait_fd >= 0 && !(fcntl(channel->fd, F_GETFL) & O_NONBLOCK);
+  if ((blocking ? wait_event(ch, c) : ch->events.pop(c)) != 0) return -1;
   *cq = reinterpret_cast<ibv_cq*>(c);
   *cq_context = c->cq.cq_context;
   return 0;

@@ -2,6 +2,7 @@
 // so the pointer an application holds converts back with a cast; everything else is translation state.
 #pragma once
 #include <infiniband/verbs.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -120,12 +121,26 @@ struct SoftMr {
   bool released = false;
 };
 
+// A completion channel. Its fd (channel.fd) is the event pipe's, readable exactly when an event is
+// queued, as the kernel's. A thread blocked in ibv_get_cq_event sleeps instead on wait_fd, an epoll set
+// of the pipe and the input of the engines of its CQs (Engine::input_fd), and does the engines' work
+// itself, so one wake-up carries a message to it; it reads the pipe through reader_fd, a non-blocking
+// description of its own (channel.fd's O_NONBLOCK is the application's). -1: none, the plain pipe.
 struct SoftChannel {
   ibv_comp_channel channel;
   core::EventQueue<struct SoftCq*> events;
+  int wait_fd = -1;
+  int reader_fd = -1;
+  // The last blocking ibv_get_cq_event slept on wait_fd: the application waits there, so the next one
+  // takes the sockets from the progress thread as it enters (Engine::waiter_arrives).
+  std::atomic<bool> waits_here{false};
   // The engines of its CQs: a wake-up byte from an intra-host peer has them place what it left.
   std::mutex engines_mu;
   std::vector<transport::Engine*> engines;
+  ~SoftChannel() {
+    if (wait_fd >= 0) close(wait_fd);
+    if (reader_fd >= 0) close(reader_fd);
+  }
 };
 
 struct SoftCq {

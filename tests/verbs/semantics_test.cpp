@@ -4,6 +4,11 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/time.h>
+
+#include <chrono>
+#include <csignal>
+#include <thread>
 
 #include <algorithm>
 #include <cerrno>
@@ -226,6 +231,116 @@ TEST_P(Semantics, CompletionChannelEvents) {
   expect_wc(wc, {.wr_id = 4, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
   auto swcs = poll_wcs(a.scq, 3);
   EXPECT_EQ(swcs.size(), 3u);
+}
+
+// ibv_get_cq_event on a blocking channel as the only wait, as ib_send_lat -e and qperf -cm1 use it:
+// a ping-pong between the two QPs, each message waited for on the channel, arrives in order with its
+// payload (the waiting thread does the transport's work itself: Engine::waiter_pass).
+TEST_P(Semantics, BlockingChannelPingPong) {
+  ASSERT_TRUE(dev.ok());
+  ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
+  ASSERT_TRUE(ch);
+  channel = ch;
+  qcfg.recv_channel = ch;
+  ASSERT_TRUE(connect());
+  VT_BUF(abuf, a, 64);
+  VT_BUF(bbuf, b, 64);
+  Side* side[2] = {&a, &b};
+  Buffer* buf[2] = {abuf.get(), bbuf.get()};
+  for (int k = 0; k < 2; ++k) ASSERT_EQ(post_recv(side[k]->qp, 0, {buf[k]->sge(32, 32)}), 0);
+  constexpr int kRounds = 300;
+  for (int i = 0; i < kRounds; ++i) {
+    const int from = i & 1, to = from ^ 1;
+    ASSERT_EQ(ibv_req_notify_cq(side[to]->rcq, 0), 0);
+    std::memset(buf[from]->data, 0, 32);
+    std::memcpy(buf[from]->data, &i, sizeof i);
+    SendWr s(i, IBV_WR_SEND, {buf[from]->sge(0, 32)});
+    ASSERT_EQ(post_send(side[from]->qp, s), 0);
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    ASSERT_EQ(ibv_get_cq_event(ch, &cq, &ctx), 0) << strerror(errno) << " in round " << i;
+    ASSERT_EQ(cq, side[to]->rcq) << "round " << i;
+    ibv_ack_cq_events(cq, 1);
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_wc(cq, &wc)) << "round " << i;
+    expect_wc(wc, {.wr_id = uint64_t(i / 2), .opcode = IBV_WC_RECV, .byte_len = 32, .qp_num = side[to]->qpn()});
+    int got = -1;
+    std::memcpy(&got, buf[to]->data + 32, sizeof got);
+    ASSERT_EQ(got, i);
+    ASSERT_EQ(post_recv(side[to]->qp, uint64_t(i / 2 + 1), {buf[to]->sge(32, 32)}), 0);
+    ASSERT_TRUE(poll_wc(side[from]->scq, &wc)) << "round " << i;
+    expect_wc(wc, {.wr_id = uint64_t(i), .opcode = IBV_WC_SEND, .qp_num = side[from]->qpn()});
+  }
+}
+
+// A thread blocked in ibv_get_cq_event does not hold back another thread's post: the message it
+// waits for is sent by that post, after the wait began.
+TEST_P(Semantics, BlockingChannelWakesForAnotherThreadsPost) {
+  ASSERT_TRUE(dev.ok());
+  ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
+  ASSERT_TRUE(ch);
+  channel = ch;
+  qcfg.recv_channel = ch;
+  ASSERT_TRUE(connect());
+  VT_BUF(src, a, 64);
+  VT_BUF(dst, b, 64);
+  fill_pattern(src->data, 64, 7);
+  ASSERT_EQ(post_recv(b.qp, 5, {dst->sge(0, 64)}), 0);
+  ASSERT_EQ(ibv_req_notify_cq(b.rcq, 0), 0);
+  std::thread poster([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    SendWr s(6, IBV_WR_SEND, {src->sge(0, 64)});
+    EXPECT_EQ(post_send(a.qp, s), 0);
+  });
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  const int rc = ibv_get_cq_event(ch, &cq, &ctx);
+  poster.join();
+  ASSERT_EQ(rc, 0) << strerror(errno);
+  ASSERT_EQ(cq, b.rcq);
+  ibv_ack_cq_events(cq, 1);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 5, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
+  EXPECT_EQ(check_pattern(dst->data, 64, 7), 64u);
+  ASSERT_TRUE(poll_wc(a.scq, &wc));
+}
+
+// A signal ends a blocking ibv_get_cq_event with EINTR, as it ends the read of the kernel's channel
+// fd (qperf ends its timed loop from SIGALRM), and the channel works afterwards.
+TEST_P(Semantics, BlockingChannelWaitEndsOnSignal) {
+  ASSERT_TRUE(dev.ok());
+  ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
+  ASSERT_TRUE(ch);
+  channel = ch;
+  qcfg.recv_channel = ch;
+  ASSERT_TRUE(connect());
+  ASSERT_EQ(ibv_req_notify_cq(b.rcq, 0), 0);
+  struct sigaction sa{}, old{};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART
+  ASSERT_EQ(sigaction(SIGALRM, &sa, &old), 0);
+  itimerval t{};
+  t.it_value.tv_usec = 50000;
+  ASSERT_EQ(setitimer(ITIMER_REAL, &t, nullptr), 0);
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  errno = 0;
+  const int rc = ibv_get_cq_event(ch, &cq, &ctx);
+  const int err = errno;
+  sigaction(SIGALRM, &old, nullptr);
+  EXPECT_EQ(rc, -1);
+  EXPECT_EQ(err, EINTR);
+  // Still a channel: a message now raises the event.
+  VT_BUF(src, a, 64);
+  VT_BUF(dst, b, 64);
+  ASSERT_EQ(post_recv(b.qp, 1, {dst->sge(0, 64)}), 0);
+  SendWr s(2, IBV_WR_SEND, {src->sge(0, 64)});
+  ASSERT_EQ(post_send(a.qp, s), 0);
+  ASSERT_EQ(ibv_get_cq_event(ch, &cq, &ctx), 0) << strerror(errno);
+  EXPECT_EQ(cq, b.rcq);
+  ibv_ack_cq_events(cq, 1);
 }
 
 TEST_P(SemanticsRoce, SolicitedOnlyNotification) {
