@@ -8,8 +8,8 @@
 # issue 27's target for each and whether it is met, and draws the ratios with gnuplot. Needs root
 # (network namespaces) and 2 CPUs.
 #
-#   bench/consumers.sh                                       (after a build in build/; ~8 minutes)
-#   BENCH_QUICK=1 SOFTRDMA_BIN=<build>/bin bench/consumers.sh   (checks the script, ~2 minutes)
+#   bench/consumers.sh                                       (after a build in build/; ~9 minutes)
+#   BENCH_QUICK=1 SOFTRDMA_BIN=<build>/bin bench/consumers.sh   (checks the script, 1-2 minutes)
 #   BENCH_MTUS=1500 BENCH_PLACEMENTS=unpinned bench/consumers.sh
 #   BENCH_DOCS=1 bench/consumers.sh          (also copies table and plot into docs/)
 #
@@ -749,8 +749,8 @@ cell() {  # cell GROUP ID: "0.72 yes" for the summary
   echo "## softrdma under its consumers, between two network namespaces (bench/consumers.sh)"
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), kernel $(uname -r), $(nproc) CPUs, c2c probe CPU 0 <-> 1:" \
-    "${probe_start:-?} ns at start, ${probe_end:-?} ns at end (near ~60, far ~330); softrdma" \
-    "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo ?) ($SOFTRDMA_BIN); ${elapsed} s$([[ $QUICK == 1 ]] && echo ", QUICK mode")."
+    "${probe_start:-?} ns at start, ${probe_end:-?} ns at end (near ~60, far ~330); bench/consumers.sh at" \
+    "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo ?), softrdma from $SOFTRDMA_BIN; ${elapsed} s$([[ $QUICK == 1 ]] && echo ", QUICK mode")."
   echo
   echo "Server in namespace A, client in B, joined by a veth; pinned = server (A's MPI ranks) on CPU 0,"
   echo "client (B's ranks) on CPU 1. Ratio = softrdma / peer, each pair run right after the other:"
