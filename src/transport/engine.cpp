@@ -187,7 +187,7 @@ void Engine::progress_loop() {
     }
     uint64_t t = now();
     check_link(t, false);
-    if (app_polling_.load(std::memory_order_acquire) && !serves_passive_.load(std::memory_order_relaxed)) {
+    if (app_polling_.load(std::memory_order_acquire) && !serves_passive(t)) {
       // Run to completion: an application thread spins in poll_cq and does the engine's work itself
       // (docs/architecture.md). Stay off its core until it stops or a timer is due. Not in a context that serves
       // one-sided requests: its application may wait on memory for the next WRITE as soon as a poll
@@ -869,7 +869,7 @@ bool Engine::waiter_arrives() {
   // A context whose progress thread never goes quiet (one-sided requests, direct peers) is served by
   // it: the waiter would only take its core. Without a progress thread, the waiter is the only one.
   const bool drives = !direct_active_.load(std::memory_order_relaxed) &&
-                      (!opts_.progress_thread || !serves_passive_.load(std::memory_order_relaxed));
+                      (!opts_.progress_thread || !serves_passive(now()));
   if (drives && opts_.progress_thread) {
     // The progress thread goes quiet, as for a spinning poller: from now on this thread does the work,
     // even when the event it came for is there already (it comes back for the next one).
@@ -911,13 +911,10 @@ void Engine::waiter_sleeps(bool asleep) {
   }
 }
 
-void Engine::app_stops_polling() {
-  if (app_polling_.load(std::memory_order_relaxed)) app_polling_.store(false, std::memory_order_seq_cst);
-}
-
 void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
-  // No app_stops_polling here: the thread that waits for the event drives the engine itself
-  // (waiter_pass), and one that polls the channel's fd wakes on the sockets too.
+  // Arming ends no run to completion: a thread that waits in ibv_get_cq_event drives the engine
+  // itself (waiter_pass), and a quiet progress thread serves one that waits elsewhere within
+  // kQuietCheckNs.
   cq->arm(solicited_only);
   if (!cq->notifies() || !direct_active_.load(std::memory_order_relaxed)) return;
   // An initiator that published before the arm found the CQ unarmed and woke nobody, and the poll that
@@ -940,28 +937,33 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     const bool placed = direct_path_->receive_inboxes(qp_list_);
     lock_.unlock();
     if (placed) got += cq->poll(out + got, n - got);
-  } else if (got == 0 && lock_for_caller()) {
-    // With a direct peer, an empty poll must see what intra-host initiators left (after
-    // ibv_req_notify_cq an initiator may have found the CQ unarmed and woken nobody, direct.cpp), and
-    // only every 1024th one goes on to the sockets and timers (syscalls and clock reads, ~1 us): the
-    // progress thread handles packets too, and a spinning poller must see a direct message at once.
-    if (!direct_active_.load(std::memory_order_relaxed) ||
-        (!direct_path_->receive_inboxes(qp_list_) && (++empty_polls_ & 1023) == 0)) {
-      app_pass_ = true;
-      progress_once();
-      app_pass_ = false;
-      if (opts_.progress_thread && !direct_active_.load(std::memory_order_relaxed)) {
-        app_polls_.fetch_add(1, std::memory_order_relaxed);
-        if (!app_polling_.load(std::memory_order_relaxed)) app_polling_.store(true, std::memory_order_release);
+  } else if (got == 0) {
+    if (lock_for_caller()) {
+      // With a direct peer, an empty poll must see what intra-host initiators left (after
+      // ibv_req_notify_cq an initiator may have found the CQ unarmed and woken nobody, direct.cpp), and
+      // only every 1024th one goes on to the sockets and timers (syscalls and clock reads, ~1 us): the
+      // progress thread handles packets too, and a spinning poller must see a direct message at once.
+      if (!direct_active_.load(std::memory_order_relaxed) ||
+          (!direct_path_->receive_inboxes(qp_list_) && (++empty_polls_ & 1023) == 0)) {
+        app_pass_ = true;
+        progress_once();
+        app_pass_ = false;
       }
+      lock_.unlock();
+      got = cq->poll(out, n);
     }
-    lock_.unlock();
-    got = cq->poll(out, n);
+    // Run to completion even when this poll found the lock taken: the progress thread holds it for a
+    // pass, and seeing a poller it goes quiet, so the next polls find it free (were this poll not
+    // counted, a progress thread woken by every post would keep the lock busy for good).
+    if (got == 0 && opts_.progress_thread && !direct_active_.load(std::memory_order_relaxed)) {
+      app_polls_.fetch_add(1, std::memory_order_relaxed);
+      if (!app_polling_.load(std::memory_order_relaxed)) app_polling_.store(true, std::memory_order_release);
+    }
   }
-  // The application has what it waited for and may go off to do something else: a quiet progress
-  // thread serves the engine again within kQuietCheckNs unless the application polls again meanwhile
-  // (waking it for every completion would cost a ping-pong more than the wait).
-  if (got > 0) app_stops_polling();
+  // A poll that returns completions does not end run to completion: the application may go off to do
+  // something else, and then the quiet progress thread serves the engine again within kQuietCheckNs (no
+  // poll counted meanwhile); were it ended here, a progress thread that woke just then would go back to
+  // the sockets and compete with the poller for every packet after.
   // Send-queue slots are the application's again once their completions are polled.
   for (int i = 0; i < got; ++i)
     if (uint32_t ref = out[i].sq_ref)

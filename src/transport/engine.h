@@ -215,9 +215,6 @@ class Engine {
   // doorbell alone, for at most kQuietCheckNs or until a timer is due, then does one pass.
   void quiet_sleep();
   static constexpr uint64_t kQuietCheckNs = 1000000;
-  // From an application thread: it stopped driving the engine (a quiet progress thread notices within
-  // kQuietCheckNs unless it drives again meanwhile).
-  void app_stops_polling();
   bool progress_once();  // lock held; true when anything was done
   // Lock held: operations in flight drop their host pointers into the region's pages (deregistration,
   // or a rereg that moves it), so a late packet finds an error instead of memory no longer its own.
@@ -298,9 +295,16 @@ class Engine {
   // of them wakes, which rouses it.
   std::atomic<int> waiters_{0};
   std::atomic<bool> deep_quiet_{false};
-  // Peers have sent this context one-sided requests (WRITE, READ, ATOMIC): its application may wait on
-  // memory for the next one as soon as a poll returns, so its progress thread never goes quiet.
-  std::atomic<bool> serves_passive_{false};
+  // When peers last sent this context a one-sided request (WRITE, READ, ATOMIC): for kPassiveHoldNs
+  // after one, its application may wait on memory for the next as soon as a poll returns, and only the
+  // progress thread can place it, so that thread does not go quiet. (Not for good: UCX, for one, reads
+  // once while it connects and then only sends.)
+  std::atomic<uint64_t> passive_at_ns_{0};
+  static constexpr uint64_t kPassiveHoldNs = 100'000'000;
+  bool serves_passive(uint64_t now_ns) const {
+    const uint64_t at = passive_at_ns_.load(std::memory_order_relaxed);
+    return at && now_ns - at < kPassiveHoldNs;
+  }
   // The device interface's link (port_state.cpp): the monitor is the progress thread's; port_link_
   // holds its last LinkState (bit 0 admin up, 1 carrier, 2 address) for ibv_query_port.
   std::unique_ptr<net::LinkMonitor> link_;
@@ -322,7 +326,10 @@ inline void PathServices::move_to_error(Qp& qp) { e_.move_to_error(qp); }
 inline void PathServices::doorbell() { e_.doorbell(); }
 inline core::MrTable& PathServices::keys() const { return e_.mrs_; }
 inline void PathServices::serves_passive() {
-  if (!e_.serves_passive_.load(std::memory_order_relaxed)) e_.serves_passive_.store(true, std::memory_order_relaxed);
+  // Refreshed at most every millisecond: one store, not one per packet.
+  const uint64_t t = e_.now();
+  if (t - e_.passive_at_ns_.load(std::memory_order_relaxed) > 1'000'000)
+    e_.passive_at_ns_.store(t, std::memory_order_relaxed);
 }
 inline std::mutex& PathServices::engine_lock() { return e_.lock_; }
 inline Requester& PathServices::requester() { return e_.rc_->requester(); }

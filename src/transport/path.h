@@ -122,7 +122,7 @@ class PathServices {
   void move_to_error(Qp& qp);
   void doorbell();
   core::MrTable& keys() const;
-  // Peers have sent this context one-sided requests (Engine::serves_passive_).
+  // Peers have sent this context one-sided requests (Engine::passive_at_ns_).
   void serves_passive();
   // The engine lock, for a path's own entry points called from the verbs layer.
   std::mutex& engine_lock();
