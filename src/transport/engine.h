@@ -215,7 +215,9 @@ class Engine {
   // doorbell alone, for at most kQuietCheckNs or until a timer is due, then does one pass.
   void quiet_sleep();
   static constexpr uint64_t kQuietCheckNs = 1000000;
-  bool progress_once();  // lock held; true when anything was done
+  // Lock held; true when anything was done. may_hold: a polling application's pass, which may leave
+  // what it queued for that application's next call when it produced completions (held_).
+  bool progress_once(bool may_hold = false);
   // Lock held: operations in flight drop their host pointers into the region's pages (deregistration,
   // or a rereg that moves it), so a late packet finds an error instead of memory no longer its own.
   void forget_pointers_into(const core::MrRegion& region);
@@ -268,6 +270,9 @@ class Engine {
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
   bool app_pass_ = false;  // under lock_: the pass is an application's poll
+  uint64_t cqes_posted_ = 0;    // CQEs written by this engine (under lock_)
+  // Packets a polling application's pass queued and left for its next call (progress_once).
+  std::atomic<bool> held_{false};
   uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
   const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
   // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
