@@ -1,6 +1,7 @@
 // Memory regions, completion queues and completion channels.
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -394,6 +395,21 @@ SOFTRDMA_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
 
 namespace {
 
+// A read of the kernel's channel fd, interrupted by a signal whose handler ran, fails with EINTR
+// unless the handler has SA_RESTART, and a stop (SIGSTOP, a debugger) does not interrupt it at all.
+// ppoll gives the second (it restarts when no handler ran, where epoll_wait fails); for the first,
+// after EINTR: restart when every installed handler has SA_RESTART (the one that ran is among them).
+bool restartable_interrupt() {
+  for (int sig = 1; sig < SIGRTMAX; ++sig) {
+    struct sigaction sa{};
+    if (sigaction(sig, nullptr, &sa) != 0) continue;
+    const bool handled = (sa.sa_flags & SA_SIGINFO) ? sa.sa_sigaction != nullptr
+                                                    : sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+    if (handled && !(sa.sa_flags & SA_RESTART)) return false;
+  }
+  return true;
+}
+
 // Waits for the next event of a channel whose fd blocks, doing its engines' work in this thread
 // meanwhile (Engine::waiter_pass): before it sleeps, on every wake-up and at every timer of theirs.
 // 0, or -1 with errno EINTR (a signal ends the wait, as it ends a read of the kernel's channel fd: qperf
@@ -429,17 +445,17 @@ int wait_event(SoftChannel* ch, SoftCq*& out) {
         const uint64_t wait = deadline > t ? deadline - t : 0;
         ts = {static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};
       }
-      epoll_event ev;
-      n = epoll_pwait2(ch->wait_fd, &ev, 1, deadline ? &ts : nullptr, nullptr);
+      pollfd p{ch->wait_fd, POLLIN, 0};
+      n = ppoll(&p, 1, deadline ? &ts : nullptr, nullptr);
       const int err = errno;
       for (transport::Engine* e : engines) e->waiter_sleeps(false);
       errno = err;
     } else {
       // The progress threads serve the sockets: the pipe alone, whose byte they write.
       pollfd p{ch->reader_fd, POLLIN, 0};
-      n = poll(&p, 1, -1);
+      n = ppoll(&p, 1, nullptr, nullptr);
     }
-    if (n < 0 && errno == EINTR) return -1;
+    if (n < 0 && errno == EINTR && !restartable_interrupt()) return -1;
     if (ch->events.try_pop(ch->reader_fd, out)) return 0;
   }
 }

@@ -4,7 +4,10 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -343,6 +346,74 @@ TEST_P(Semantics, BlockingChannelWaitEndsOnSignal) {
   ibv_ack_cq_events(cq, 1);
 }
 
+// What does not end a read of the kernel's channel fd does not end ibv_get_cq_event either: the
+// process stopped and continued (SIGSTOP, a debugger's attach), here while a handler without
+// SA_RESTART is installed (qperf has one for SIGALRM), and a handler with SA_RESTART that runs.
+class ChannelWait : public OverPaths<> {
+ protected:
+  void wait_through(int sig, int flags, bool stop, bool deliver);
+};
+
+void ChannelWait::wait_through(int sig, int flags, bool stop, bool deliver) {
+  ASSERT_TRUE(dev.ok());
+  ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
+  ASSERT_TRUE(ch);
+  channel = ch;
+  qcfg.recv_channel = ch;
+  ASSERT_TRUE(connect());
+  Side& t_a = a;
+  Side& t_b = b;
+  VT_BUF(src, t_a, 64);
+  VT_BUF(dst, t_b, 64);
+  ASSERT_EQ(post_recv(t_b.qp, 1, {dst->sge(0, 64)}), 0);
+  ASSERT_EQ(ibv_req_notify_cq(t_b.rcq, 0), 0);
+  struct sigaction sa{}, old{};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = flags;
+  ASSERT_EQ(sigaction(sig, &sa, &old), 0);
+  const pthread_t waiter = pthread_self();
+  const pid_t self = getpid();
+  // A child stops and continues this process (a process cannot stop itself and go on).
+  pid_t child = -1;
+  if (stop) {
+    child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      usleep(30000);
+      kill(self, SIGSTOP);
+      usleep(20000);
+      kill(self, SIGCONT);
+      _exit(0);
+    }
+  }
+  std::thread poster([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (deliver) pthread_kill(waiter, sig);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    SendWr s(2, IBV_WR_SEND, {src->sge(0, 64)});
+    EXPECT_EQ(post_send(t_a.qp, s), 0);
+  });
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  const int rc = ibv_get_cq_event(ch, &cq, &ctx);
+  const int err = errno;
+  poster.join();
+  int status = 0;
+  if (child > 0) waitpid(child, &status, 0);
+  sigaction(sig, &old, nullptr);
+  ASSERT_EQ(rc, 0) << strerror(err);
+  EXPECT_EQ(cq, t_b.rcq);
+  ibv_ack_cq_events(cq, 1);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(t_b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 1, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = t_b.qpn()});
+}
+
+TEST_P(ChannelWait, SurvivesStop) { wait_through(SIGUSR2, 0, true, false); }
+
+TEST_P(ChannelWait, SurvivesRestartingHandler) { wait_through(SIGUSR1, SA_RESTART, false, true); }
+
 TEST_P(SemanticsRoce, SolicitedOnlyNotification) {
   ASSERT_TRUE(dev.ok());
   ibv_comp_channel* ch = make_channel();
@@ -438,6 +509,7 @@ TEST_P(SemanticsRoce, ManyReadsAndAtomicsAtDeviceMax) {
 }
 
 VT_INSTANTIATE_PATHS(Semantics, VT_ALL_PATHS);
+VT_INSTANTIATE_PATHS(ChannelWait, VT_ALL_PATHS);
 VT_INSTANTIATE_PATHS(SemanticsRoce, VT_ROCE_PATHS);
 
 }  // namespace
