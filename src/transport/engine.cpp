@@ -283,7 +283,7 @@ void Engine::quiet_sleep() {
 
 bool Engine::progress_once(bool may_hold) {
   bool did = false;
-  const uint64_t cqes = cqes_posted_;
+  const uint64_t cqes = cqes_posted_, others = others_queued_;
   // Placing direct messages is not work that keeps the progress thread spinning: the application's
   // own polls place them, and the thread would only take their core.
   if (direct_) direct_path_->receive_inboxes(qp_list_);
@@ -307,9 +307,10 @@ bool Engine::progress_once(bool may_hold) {
     if (p.transmit(*qp, now)) did = true;
   }
   batch_done();
-  // Only while the progress thread is quiet: its next check (within kQuietCheckNs) flushes them if
-  // the application does not come back first.
-  if (may_hold && cqes_posted_ != cqes && quiet_.load(std::memory_order_seq_cst) &&
+  // Only ACKs (requests, responses and retransmissions leave at once), and only while the progress
+  // thread is quiet: its next check (within kQuietCheckNs) flushes them if the application does not
+  // come back first.
+  if (may_hold && cqes_posted_ != cqes && others_queued_ == others && quiet_.load(std::memory_order_seq_cst) &&
       !deep_quiet_.load(std::memory_order_relaxed)) {
     // A polling application is about to see completions and most likely answers them at once: what
     // this pass queued (its ACKs) leaves with that answer in one system call (post_send's flush), or

@@ -271,6 +271,7 @@ class Engine {
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
   bool app_pass_ = false;  // under lock_: the pass is an application's poll
   uint64_t cqes_posted_ = 0;    // CQEs written by this engine (under lock_)
+  uint64_t others_queued_ = 0;  // packets other than ACKs queued (under lock_): those are never held
   // Packets a polling application's pass queued and left for its next call (progress_once).
   std::atomic<bool> held_{false};
   uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
@@ -341,10 +342,12 @@ inline Requester& PathServices::requester() { return e_.rc_->requester(); }
 inline Completer& PathServices::completer() { return e_.rc_->completer(); }
 inline Responder& PathServices::responder() { return e_.rc_->responder(); }
 inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
+  if (pkt.bth.opcode != wire::kRcAck) ++e_.others_queued_;
   e_.ports_->send_packet(qp, pkt, payload, len);
 }
 inline void PathServices::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
                                          uint32_t dest_ip_be, uint16_t dest_port) {
+  ++e_.others_queued_;
   e_.ports_->send_packet_to(qp, pkt, payload, len, dest_ip_be, dest_port);
 }
 inline void PathServices::resolve_destination(Qp& qp) { e_.ports_->resolve_destination(qp); }
