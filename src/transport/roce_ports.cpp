@@ -229,10 +229,14 @@ void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload
   uint8_t* buf = port_->reserve(n, dest_ip_be, dest_port, dest_port != wire::kRoceUdpPort, &ip_id);
   if (!buf) return;
   wire::write_headers(pkt, buf);
-  if (len) std::memcpy(buf + hdr, payload, len);
-  for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[hdr + len + i] = 0;
-  // Every packet takes the next counter, a retransmission too: a nonce is never used twice.
-  if (seal && !seal->seal(buf, hdr, len + pkt.bth.pad_count, qp.prot->tx_counter++)) return;
+  if (seal) {
+    // One pass: the payload is sealed (encrypted in Encrypt mode) on its way into the send buffer.
+    // Every packet takes the next counter, a retransmission too: a nonce is never used twice.
+    if (!seal->seal(buf, hdr, payload, len, pkt.bth.pad_count, qp.prot->tx_counter++)) return;
+  } else {
+    if (len) std::memcpy(buf + hdr, payload, len);
+    for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[hdr + len + i] = 0;
+  }
   wire::Ipv4UdpAddr addr{iface().ip_be, dest_ip_be, port_->port(), dest_port, ip_id};
   wire::append_icrc(addr, buf, n - wire::kIcrcLen);
   port_->commit();
