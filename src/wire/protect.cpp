@@ -57,7 +57,7 @@ bool derive_direction_key(const uint8_t* secret, size_t secret_len, Protection m
   if ((secret_len != 16 && secret_len != 32) || mode == Protection::Off) return false;
   // info: a label, the mode, then the sending end and the receiving end.
   uint8_t info[16 + 1 + 16];
-  std::memcpy(info, "softrdma wire v1", 16);
+  std::memcpy(info, "softrdma wire v2", 16);  // format 2: TVer 1, no ICRC (protect.h)
   info[16] = static_cast<uint8_t>(mode);
   std::memcpy(info + 17, &src_ip_be, 4);
   put_be32(info + 21, src_qpn);

@@ -1,13 +1,17 @@
 // Wire protection of RoCEv2 packets between softrdma peers (docs/security.md, "Wire protection"): an
-// AES-GCM trailer between the payload (with its pad) and the ICRC, the per-direction keys it uses, and
-// the replay window over its packet counter. Plain RoCEv2 packets carry no trailer and are unchanged.
+// AES-GCM trailer after the payload (with its pad), the per-direction keys it uses, and the replay
+// window over its packet counter. Plain RoCEv2 packets carry no trailer and are unchanged.
 //
-//   BTH | ext headers | payload | pad | counter (8, big-endian) | tag (16) | ICRC
+//   BTH (TVer 1) | ext headers | payload | pad | counter (8, big-endian) | tag (16) | 4 zero bytes
 //
+// Format 2: the BTH's transport header version is kProtectTver, so a RoCE stack that is not a protected
+// softrdma QP drops the packet (IBTA: an unsupported TVer is dropped), and the 4 bytes in the ICRC's
+// place are neither computed nor checked: the tag authenticates everything the ICRC covered that
+// matters (the two ends' addresses and QPNs through the key; the headers and payload directly).
 // Nonce (12 bytes): the direction key's 4-byte salt, then the counter. AAD: the counter, then the
-// headers with BTH byte 4 (FECN, BECN, resv6: changed by the network, masked by the ICRC too) taken as
-// 0, then, in Auth mode, the payload and pad. In Encrypt mode payload and pad are the plaintext. The
-// headers bind opcode, destination QPN and PSN; the key binds the two ends and the direction.
+// headers with BTH byte 4 (FECN, BECN, resv6: changed by the network) taken as 0, then, in Auth mode,
+// the payload and pad. In Encrypt mode payload and pad are the plaintext. The headers bind opcode,
+// TVer, destination QPN and PSN; the key binds the two ends, the direction and the format.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +27,10 @@ const char* protection_name(Protection p);
 inline constexpr size_t kProtectCounterLen = 8;
 inline constexpr size_t kProtectTagLen = 16;
 inline constexpr size_t kProtectTrailerLen = kProtectCounterLen + kProtectTagLen;  // a multiple of 4
+// The BTH transport header version of a protected packet (RoCEv2's is 0).
+inline constexpr uint8_t kProtectTver = 1;
+// True when the datagram at buf (len bytes) has a protected packet's BTH version.
+inline bool protected_form(const uint8_t* buf, size_t len) { return len >= 12 && (buf[1] & 0xF) == kProtectTver; }
 
 struct ProtectTrailer {
   uint64_t counter;
@@ -40,8 +48,9 @@ struct DirectionKey {
 };
 
 // The key of the direction from (src_ip, src_qpn) to (dst_ip, dst_qpn), by HKDF-SHA256 from the
-// connection's secret (16 or 32 bytes; the key has its length) with the mode and both ends in the
-// info: the two directions of a connection, and two modes, never share a key. False on a bad length.
+// connection's secret (16 or 32 bytes; the key has its length) with the format, the mode and both ends
+// in the info: the two directions of a connection, two modes, and two formats never share a key.
+// False on a bad length.
 bool derive_direction_key(const uint8_t* secret, size_t secret_len, Protection mode, uint32_t src_ip_be,
                           uint32_t src_qpn, uint32_t dst_ip_be, uint32_t dst_qpn, DirectionKey* out);
 
