@@ -127,10 +127,13 @@ void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_i
     }
     if (!protection().open(*sealed, data, len)) return;
   }
-  // A protected packet for no QP of ours: one of another process here (forwarded below, where its
-  // owner checks the tag), or none. Its headers are what matters; the trailer makes a packet without
-  // payload look too long.
-  const bool foreign_sealed = !local_qp && wire::protected_form(data, len);
+  // A protected packet for no QP of ours at 4791, which this process holds for the address: one for a
+  // QP of another process here (forwarded below, where its owner checks the tag), or for none. Its
+  // headers are what matters; the trailer makes a packet without payload look too long. (At a
+  // context's own port such a packet is for no QP that could check it: malformed, TVer 1 not being
+  // RoCEv2's.)
+  const bool foreign_sealed =
+      !local_qp && roce_port_ && local_port == wire::kRoceUdpPort && wire::protected_form(data, len);
   const uint8_t tver = sealed || foreign_sealed ? wire::kProtectTver : 0;
   wire::Packet pkt;
   wire::ParseError perr = wire::parse_packet(data, len, pkt, tver);
