@@ -890,6 +890,10 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     }
     lock_.unlock();
     got = cq->poll(out, n);
+  } else if (got == 0 && serves_passive_.load(std::memory_order_relaxed) && opts_.progress_thread) {
+    // The progress thread is in a pass (it holds the lock) and stays awake for a context that serves
+    // one-sided requests: on a shared core, spinning here only takes the time that pass needs.
+    sched_yield();
   }
   // The application has what it waited for and may go off to do something else: a quiet progress
   // thread serves the engine again within kQuietCheckNs unless the application polls again meanwhile
