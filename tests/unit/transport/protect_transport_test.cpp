@@ -271,6 +271,70 @@ TEST_P(ProtectedMismatch, OneSideProtectedDeliversNothing) {
 INSTANTIATE_TEST_SUITE_P(Side, ProtectedMismatch, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Responder" : "Requester"; });
 
+// A protected packet arriving at UDP 4791 of an address where another context holds that port (another
+// process, between hosts: the first packets of a connection go there) carries no ICRC for the holder
+// to check: the holder hands it to the QP's owner, whose tag check takes it. Here the holder is an
+// engine on b's address created first; a's first WRITE packets are captured on their way to b's own
+// port and shot at the holder's 4791 instead.
+TEST(ProtectedForwarded, TheHolderOf4791HandsThemToTheOwner) {
+  for (wire::Protection mode : {wire::Protection::Auth, wire::Protection::Encrypt}) {
+    SCOPED_TRACE(wire::protection_name(mode));
+    Fabric f;
+    Host& holder = f.add_host(kIpB);  // takes 4791 for the address
+    Host& ha = f.add_host(kIpA);
+    Host& hb = f.add_host(kIpB);
+    RcParams p;
+    p.before_rtr = [mode](End& e) { ASSERT_EQ(0, e.engine().protection().set_wire_key(e.qp, mode, kSecret, 16)); };
+    RcPair r = connect_rc(f, ha, hb, p);
+    ASSERT_TRUE(r.a.qp && r.b.qp);
+    auto src = register_region(r.a.engine(), r.a.pd, 8192, kAll);
+    auto dst = register_region(r.b.engine(), r.b.pd, 8192, kAll);
+    for (int i = 0; i < 8192; ++i) src->data()[i] = static_cast<uint8_t>(i * 13 + 5);
+    std::vector<Captured> cap;
+    f.net.set_policy([&](const net::MemoryNetwork::Offer& o) {
+      net::MemoryNetwork::Fate fate;
+      if (o.to.ip_be == kIpB && cap.size() < 8) {
+        cap.push_back({o.from, o.to, std::vector<uint8_t>(o.data, o.data + o.len)});
+        fate.drop = true;
+      }
+      return fate;
+    });
+    ASSERT_EQ(0, post(r.a, write_wqe(1, *src, 0, 8192, dst->addr(), dst->mr.rkey)));
+    ASSERT_TRUE(f.run_until([&] { return cap.size() == 8; }, 1'000'000));
+    f.net.set_policy({});
+    const core::Counters h0 = holder.engine->counters();
+    for (const Captured& c : cap) {
+      EXPECT_EQ(c.bytes[1] & 0xF, wire::kProtectTver);
+      holder.engine->inject_datagram(c.bytes.data(), static_cast<uint32_t>(c.bytes.size()), c.from.ip_be,
+                                     c.from.port, wire::kRoceUdpPort);
+    }
+    std::vector<core::Cqe> got;
+    ASSERT_TRUE(f.run_until([&] {
+      for (auto& c : poll_all(r.a, *r.a.scq)) got.push_back(c);
+      return !got.empty();
+    }));
+    EXPECT_EQ(got[0].status, WcStatus::Success);
+    const core::Counters h1 = holder.engine->counters();
+    EXPECT_EQ(h1.forwarded - h0.forwarded, 8u);
+    EXPECT_EQ(h1.drop_icrc, h0.drop_icrc);
+    EXPECT_EQ(h1.drop_malformed, h0.drop_malformed);
+    EXPECT_EQ(h1.drop_unknown_qp, h0.drop_unknown_qp);
+    EXPECT_GE(hb.engine->counters().auth_ok, 8u);
+    EXPECT_EQ(hb.engine->counters().auth_fail, 0u);
+    EXPECT_EQ(ha.engine->counters().retransmits, 0u) << "delivered through the holder, not by a retry";
+    EXPECT_EQ(0, std::memcmp(dst->data(), src->data(), 8192));
+    // The same packets again through the holder: forwarded, and refused by the owner as replays.
+    const uint64_t replays0 = hb.engine->counters().auth_replay;
+    for (const Captured& c : cap)
+      holder.engine->inject_datagram(c.bytes.data(), static_cast<uint32_t>(c.bytes.size()), c.from.ip_be,
+                                     c.from.port, wire::kRoceUdpPort);
+    f.settle();
+    EXPECT_EQ(hb.engine->counters().auth_replay - replays0, 8u);
+    destroy(r.a);
+    destroy(r.b);
+  }
+}
+
 TEST(ProtectedKey, RefusedWhereItCannotApply) {
   Fabric f;
   Host& ha = f.add_host(kIpA);
