@@ -483,7 +483,8 @@ run_group() {
 }
 
 # protect_rows: RoCEv2 over rdma_cm (perftest -R) with SOFTRDMA_WIRE_PROTECT off, auth and encrypt
-# (docs/security.md): bandwidth and latency, each as a ratio to the unprotected run. Recorded as
+# (docs/security.md): bandwidth and latency (ib_write_lat, ib_send_lat), each as a ratio to the
+# unprotected run, and `openssl speed` AES-GCM in the notes as the ceiling. Recorded as
 # "protect.MODE.NAME" in netns.dat.
 # A RoCE rdma_cm server holds a UDP port, not a TCP one: wait for that.
 wait_udp_bound() {
@@ -500,7 +501,7 @@ wait_udp_bound() {
 
 protect_rows() {
   local mode r key=000102030405060708090a0b0c0d0e0f
-  local -A PB=() PL=()
+  local -A PB=() PL=() PS=()
   PT_WAIT=wait_udp_bound
   for mode in off "${PROTECT[@]}"; do
     [[ -n ${PB[$mode]+set} ]] && continue
@@ -513,14 +514,23 @@ protect_rows() {
     compat_log "wire $mode: ib_write_lat -R -s 8 -n $LAT_ITERS"
     perftest1 ib_write_lat -s 8 -n "$LAT_ITERS"; r=$PT1
     PL[$mode]=$([[ -n $r ]] && t_typ "$r")
+    compat_log "wire $mode: ib_send_lat -R -s 8 -n $LAT_ITERS"
+    perftest1 ib_send_lat -s 8 -n "$LAT_ITERS"; r=$PT1
+    PS[$mode]=$([[ -n $r ]] && t_typ "$r")
     record "protect.$mode.ib_write_bw" 65536 "${PB[$mode]}" GB/s
     record "protect.$mode.ib_write_lat.t_typical" 8 "${PL[$mode]}" us
+    record "protect.$mode.ib_send_lat.t_typical" 8 "${PS[$mode]}" us
   done
+  # The ceiling: AES-GCM on one core of this machine, as OpenSSL computes it.
+  r=$(timeout 30 openssl speed -evp aes-128-gcm -bytes 8192 -seconds 1 2>/dev/null |
+    awk 'tolower($1) == "aes-128-gcm" { v = $NF; sub(/k$/, "", v); printf "%.2f", v * 1000 / 1e9 }')
+  [[ -n $r ]] && NOTES+=("wire protection's ceiling: \`openssl speed -evp aes-128-gcm -bytes 8192\` on one core: $r GB/s (OpenSSL's AES-GCM; softrdma uses libIPSec_MB's where built, docs/security.md)")
   unset SOFTRDMA_WIRE_PROTECT SOFTRDMA_AUTH_KEY PT_WAIT
   for mode in "${PROTECT[@]}"; do
     [[ $mode == off ]] && continue
     row "ib_write_bw -R, wire $mode (BW average)" "64 KiB" "${PB[$mode]}" "ib_write_bw -R, wire off" "${PB[off]}" "GB/s"
     row "ib_write_lat -R, wire $mode (t_typical)" "8 B" "${PL[$mode]}" "ib_write_lat -R, wire off" "${PL[off]}" "us one-way"
+    row "ib_send_lat -R, wire $mode (t_typical)" "8 B" "${PS[$mode]}" "ib_send_lat -R, wire off" "${PS[off]}" "us one-way"
   done
   PT_MODE=roce
 }

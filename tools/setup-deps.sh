@@ -7,6 +7,8 @@ set -euo pipefail
 
 BUILD_PKGS=(cmake ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libisal-dev libgtest-dev
   libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev libssl-dev dpkg-dev python3)
+# Wire protection's fast AES-GCM (optional in the build; the library is x86-64 only).
+[[ $(dpkg --print-architecture 2>/dev/null) == amd64 ]] && BUILD_PKGS+=(libipsec-mb-dev)
 # ucx-utils and libfabric-bin: the consumers tests/compat runs over softrdma and the shared-memory
 # peers bench/direct.sh measures against; openmpi/mpich and python3-pyverbs: the MPI and pyverbs
 # consumers; ibverbs-providers: rdma-core's real libmlx5/libefa, which the stub check compares

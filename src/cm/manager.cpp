@@ -588,12 +588,13 @@ void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Connection* L
   size_t off = have_cma ? wire::kCmaHeaderLen : 0;
   if (!c->ud) {
     // Wire protection (protect.h): a REQ must carry a block exactly when we protect, with our mode
-    // and a MAC under our operator key; anything else is refused here, before the application sees it.
+    // and version and a MAC under our operator key; anything else is refused here, before the
+    // application sees it.
     const WireConfig& wc = wire_config();
     Block b;
     const bool has_block = off + kProtectBlockLen <= wire::kReqPrivateLen && parse_block(req.private_data + off, &b);
     bool ok = !has_block && !wc.on();
-    if (has_block && wc.on() && wc.error.empty() && b.mode == wc.mode) {
+    if (has_block && wc.on() && wc.error.empty() && b.version == kProtectBlockVersion && b.mode == wc.mode) {
       Transcript t;
       t.mode = b.mode;
       std::memcpy(t.share_a, b.share, 32);
@@ -733,7 +734,7 @@ void Manager::on_mad(const uint8_t* mad, Connection* listener) {
         const WireConfig& wc = wire_config();
         Block b;
         Transcript t;
-        bool ok = parse_block(rep.private_data, &b) && b.mode == wc.mode;
+        bool ok = parse_block(rep.private_data, &b) && b.version == kProtectBlockVersion && b.mode == wc.mode;
         if (ok) {
           t.mode = b.mode;
           std::memcpy(t.share_a, c.wire_pub, 32);

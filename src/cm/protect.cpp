@@ -123,14 +123,15 @@ bool make_share(Share* out) {
 void encode_block(const Block& b, uint8_t* out) {
   out[0] = 'S';
   out[1] = 'W';
-  out[2] = 1;
+  out[2] = b.version;
   out[3] = b.mode;
   std::memcpy(out + 4, b.share, kProtectShareLen);
   std::memcpy(out + 4 + kProtectShareLen, b.mac, kProtectMacLen);
 }
 
 bool parse_block(const uint8_t* in, Block* out) {
-  if (in[0] != 'S' || in[1] != 'W' || in[2] != 1) return false;
+  if (in[0] != 'S' || in[1] != 'W' || (in[2] != 1 && in[2] != kProtectBlockVersion)) return false;
+  out->version = in[2];
   out->mode = in[3];
   std::memcpy(out->share, in + 4, kProtectShareLen);
   std::memcpy(out->mac, in + 4 + kProtectShareLen, kProtectMacLen);

@@ -1,7 +1,9 @@
 // Key agreement for wire-protected RoCEv2 connections (docs/security.md, "Wire protection"): with
 // SOFTRDMA_WIRE_PROTECT=auth|encrypt and an operator key (SOFTRDMA_AUTH_KEY_FILE, or SOFTRDMA_AUTH_KEY
 // in hex), the REQ and the REP each carry, first in the consumer's private data, a block
-//   'S' 'W' | version 1 | mode | X25519 public share (32) | MAC (16)
+//   'S' 'W' | version 2 | mode | X25519 public share (32) | MAC (16)
+// (version 2: the packet format of wire/protect.h with TVer 1 and no ICRC; a block of another version
+// is a mismatch, refused like another mode).
 // REQ MAC = HMAC-SHA256(operator key, "REQ" | mode | share_a | qpn_a | psn_a), truncated to 16 bytes;
 // REP MAC = HMAC-SHA256(operator key, "REP" | mode | share_a | share_b | qpn_a | qpn_b | psn_a | psn_b).
 // Both sides then derive the connection's secret, HKDF-SHA256(salt = operator key, ikm = X25519 shared
@@ -17,6 +19,7 @@
 namespace softrdma::cm {
 
 inline constexpr size_t kProtectShareLen = 32, kProtectMacLen = 16;
+inline constexpr uint8_t kProtectBlockVersion = 2;
 inline constexpr size_t kProtectBlockLen = 4 + kProtectShareLen + kProtectMacLen;  // 52
 inline constexpr size_t kWireSecretLen = 16;  // AES-128-GCM per direction
 // The REJ reason a side gives when the other's protection does not match its own (mode, operator key,
@@ -43,12 +46,14 @@ struct Share {
 bool make_share(Share* out);
 
 struct Block {
+  uint8_t version = kProtectBlockVersion;  // 1: an older softrdma's (format 1), refused as a mismatch
   uint8_t mode;
   uint8_t share[kProtectShareLen];
   uint8_t mac[kProtectMacLen];
 };
 void encode_block(const Block& b, uint8_t* out);
-// False when out holds no block (magic or version differ).
+// False when out holds no block (magic differs, or a version no softrdma wrote). A block of version 1
+// is parsed (a mismatch to refuse, not private data to pass on).
 bool parse_block(const uint8_t* in, Block* out);
 
 struct Transcript {

@@ -978,6 +978,10 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
       }
       lock_.unlock();
       got = cq->poll(out, n);
+    } else if (opts_.progress_thread && serves_passive(now())) {
+      // The progress thread is in a pass (it holds the lock) and stays awake for a context that serves
+      // one-sided requests: on a shared core, spinning here only takes the time that pass needs.
+      sched_yield();
     }
     // Run to completion even when this poll found the lock taken: the progress thread holds it for a
     // pass, and seeing a poller it goes quiet, so the next polls find it free (were this poll not

@@ -23,8 +23,9 @@ class WireProtection : PathServices {
   void count_wire_reject();
 
   // Under the engine lock. At RTR, the direction keys from the secret (false: none could be set up);
-  // on RESET, all forgotten. open verifies a packet of a protected QP (ICRC already checked), counts
-  // the verdict, and on success points data/len at the packet without its trailer, decrypted.
+  // on RESET, all forgotten. open verifies a packet of a protected QP (which has no ICRC: the tag
+  // covers it), counts the verdict, and on success points data/len at the packet without its trailer,
+  // decrypted.
   bool derive_keys(Qp& qp);
   static void forget_keys(Qp& qp);
   bool open(Qp& qp, const uint8_t*& data, uint32_t& len);

@@ -109,8 +109,9 @@ void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_i
     forwarded = false;
   }
   wire::IpIdent ident{addr.ip_id, addr.ip_flags};
-  // A protected QP's packets carry a trailer before the ICRC (wire/protect.h): the ICRC is checked
-  // over all of it, then the tag and the replay window, then the packet without it is parsed.
+  // A protected QP's packets (wire/protect.h: BTH version kProtectTver, a trailer, no ICRC) are checked
+  // by their tag, then the replay window; the packet without the trailer is then parsed. The ICRC is
+  // checked for every other packet.
   Qp* sealed = nullptr;
   bool local_qp = false;
   if (len >= wire::kBthLen) {
@@ -119,7 +120,6 @@ void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_i
     if (q && q->prot && q->prot->rx) sealed = q;
   }
   if (sealed) {
-    if (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident)) return;
     // The cheap source check (below, for every connected QP) before any cryptography.
     if (sealed->dest_ip_be != 0 && peer_ip != sealed->dest_ip_be) {
       count(sealed, &core::Counters::drop_src_addr);
@@ -127,24 +127,35 @@ void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_i
     }
     if (!protection().open(*sealed, data, len)) return;
   }
+  // A protected packet for no QP of ours at 4791, which this process holds for the address: one for a
+  // QP of another process here (forwarded below, where its owner checks the tag), or for none. Its
+  // headers are what matters; the trailer makes a packet without payload look too long. (At a
+  // context's own port such a packet is for no QP that could check it: malformed, TVer 1 not being
+  // RoCEv2's.)
+  const bool foreign_sealed =
+      !local_qp && roce_port_ && local_port == wire::kRoceUdpPort && wire::protected_form(data, len);
+  const uint8_t tver = sealed || foreign_sealed ? wire::kProtectTver : 0;
   wire::Packet pkt;
-  wire::ParseError perr = wire::parse_packet(data, len, pkt);
-  // For a QP of another process here (forwarded below), which may be protected: the headers are what
-  // matters, and a trailer makes a packet without payload look too long.
-  if (perr != wire::ParseError::Ok && !local_qp && roce_port_ && local_port == wire::kRoceUdpPort &&
-      len >= wire::kProtectTrailerLen + wire::kBthLen + wire::kIcrcLen)
-    perr = wire::parse_packet(data, len - static_cast<uint32_t>(wire::kProtectTrailerLen), pkt);
+  wire::ParseError perr = wire::parse_packet(data, len, pkt, tver);
+  if (perr != wire::ParseError::Ok && foreign_sealed && len >= wire::kProtectTrailerLen + wire::kBthLen + wire::kIcrcLen)
+    perr = wire::parse_packet(data, len - static_cast<uint32_t>(wire::kProtectTrailerLen), pkt, tver);
   if (perr != wire::ParseError::Ok) {
     count(nullptr, &core::Counters::drop_malformed);
     return;
   }
-  if (!sealed && (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident))) return;
+  if (!sealed && !foreign_sealed &&
+      (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident)))
+    return;
   // A single P_Key (the default, full or limited member) is all a softrdma port has.
   if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
     count(nullptr, &core::Counters::drop_pkey);
     return;
   }
   if (pkt.bth.dest_qp == wire::kGsiQpn) {
+    if (foreign_sealed) {  // MADs are never protected, and this one has no ICRC
+      count(nullptr, &core::Counters::drop_malformed);
+      return;
+    }
     handle_gsi(data, len, peer_ip, local_port);
     return;
   }
@@ -228,13 +239,22 @@ void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload
   uint16_t ip_id = 0;
   uint8_t* buf = port_->reserve(n, dest_ip_be, dest_port, dest_port != wire::kRoceUdpPort, &ip_id);
   if (!buf) return;
+  pkt.bth.tver = seal ? wire::kProtectTver : 0;  // a protected packet's form (wire/protect.h)
   wire::write_headers(pkt, buf);
-  if (len) std::memcpy(buf + hdr, payload, len);
-  for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[hdr + len + i] = 0;
-  // Every packet takes the next counter, a retransmission too: a nonce is never used twice.
-  if (seal && !seal->seal(buf, hdr, len + pkt.bth.pad_count, qp.prot->tx_counter++)) return;
-  wire::Ipv4UdpAddr addr{iface().ip_be, dest_ip_be, port_->port(), dest_port, ip_id};
-  wire::append_icrc(addr, buf, n - wire::kIcrcLen);
+  if (seal) {
+    // One pass: the payload is sealed (encrypted in Encrypt mode) on its way into the send buffer.
+    // Every packet takes the next counter, a retransmission too: a nonce is never used twice.
+    if (!seal->seal(buf, hdr, payload, len, pkt.bth.pad_count, qp.prot->tx_counter++)) return;
+  } else {
+    if (len) std::memcpy(buf + hdr, payload, len);
+    for (uint8_t i = 0; i < pkt.bth.pad_count; ++i) buf[hdr + len + i] = 0;
+  }
+  if (seal) {
+    std::memset(buf + n - wire::kIcrcLen, 0, wire::kIcrcLen);  // no ICRC under the tag
+  } else {
+    wire::Ipv4UdpAddr addr{iface().ip_be, dest_ip_be, port_->port(), dest_port, ip_id};
+    wire::append_icrc(addr, buf, n - wire::kIcrcLen);
+  }
   port_->commit();
   count(&qp, &core::Counters::tx_packets);
   count(&qp, &core::Counters::tx_bytes, n);

@@ -3,7 +3,7 @@
 // and addressing"), and a socket per multicast group a UD QP joined. Receiving runs the port's checks
 // -- forwarded trailer, wire protection, parse, ICRC, P_Key, QP1 -- then hands a packet for another
 // local process to its owner, or one of ours to Engine::deliver. Sending writes a QP's packet with its
-// ICRC (and protection) straight into the port's send buffer.
+// ICRC, or a protected QP's sealed packet (no ICRC under the tag), straight into the port's send buffer.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -51,7 +51,7 @@ const char* parse_error_name(ParseError e) {
   return "Unknown";
 }
 
-ParseError parse_packet(const uint8_t* buf, size_t len, Packet& out) {
+ParseError parse_packet(const uint8_t* buf, size_t len, Packet& out, uint8_t tver) {
   if (len < kBthLen + kIcrcLen) return ParseError::TooShort;
   out = Packet{};
   Bth& b = out.bth;
@@ -66,7 +66,7 @@ ParseError parse_packet(const uint8_t* buf, size_t len, Packet& out) {
   b.dest_qp = get24(buf + 5);
   b.ack_req = (buf[8] & 0x80) != 0;
   b.psn = get24(buf + 9);
-  if (b.tver != 0) return ParseError::BadVersion;
+  if (b.tver != tver) return ParseError::BadVersion;
 
   const OpcodeInfo& info = opcode_info(b.opcode);
   if (!info.valid) return ParseError::InvalidOpcode;

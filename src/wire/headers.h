@@ -75,11 +75,12 @@ enum class ParseError : uint8_t { Ok, TooShort, BadVersion, InvalidOpcode, BadLe
 const char* parse_error_name(ParseError e);
 
 // Parses BTH..ICRC as received in a UDP payload (len includes the 4-byte ICRC; the ICRC is NOT checked
-// here). Checks, in this order: len >= BTH + ICRC (TooShort), TVer == 0 (BadVersion), opcode valid
+// here). Checks, in this order: len >= BTH + ICRC (TooShort), TVer == tver (BadVersion; 0 is RoCEv2's,
+// wire::kProtectTver a protected packet's, wire/protect.h), opcode valid
 // (InvalidOpcode), len >= header_len + ICRC (TooShort); an opcode that carries no payload must have
 // exactly header_len + ICRC bytes and pad 0 (BadLength); otherwise pad <= payload bytes (BadPad).
 // On success out.payload points into buf. On error out is unspecified.
-ParseError parse_packet(const uint8_t* buf, size_t len, Packet& out);
+ParseError parse_packet(const uint8_t* buf, size_t len, Packet& out, uint8_t tver = 0);
 
 // Writes the BTH and the extension headers that opcode_info(pkt.bth.opcode).headers names, in IBTA
 // order, into buf (which must hold header_len bytes). Fields wider than the wire field are truncated

@@ -1,5 +1,6 @@
 // Hostile datagrams at a live wire-protected RC QP (softrdma_qp_set_wire_key, docs/security.md):
-// from a plain UDP socket, with valid ICRCs, at b's QPN and the PSN b expects next:
+// from a plain UDP socket, at b's QPN and the PSN b expects next, in the protected form (TVer 1, the
+// ICRC's 4 bytes zero, as a sender's: nothing checks them) or, every other one, with a valid ICRC:
 //   - packets sealed under the real key with counters a already used (what a replay of captured
 //     packets is, even with its PSN made acceptable): refused by the replay window (auth_replay);
 //   - those packets with one byte changed (headers, payload, counter, tag): refused (auth_fail);
@@ -103,6 +104,7 @@ class WireProtected : public ::testing::TestWithParam<wire::Protection> {
     p.bth.dest_qp = b_.qpn();
     p.bth.psn = a_next_ & 0xFFFFFF;
     p.bth.ack_req = true;
+    p.bth.tver = wire::kProtectTver;
     p.reth = {target_->addr(), target_->rkey(), 64};
     const uint32_t hdr = wire::opcode_info(p.bth.opcode).header_len;
     std::vector<uint8_t> d(hdr + 64 + wire::kProtectTrailerLen, 0x99);
@@ -114,8 +116,13 @@ class WireProtected : public ::testing::TestWithParam<wire::Protection> {
     EXPECT_TRUE(c.seal(d.data(), hdr, 64, counter));
     return d;
   }
-  void send(std::vector<uint8_t> d) {
-    add_icrc(d, sock_.port(), ep_.port);
+  // icrc: a valid ICRC after the packet; otherwise 4 zero bytes, as a protected packet carries.
+  void send(std::vector<uint8_t> d, bool icrc = true) {
+    if (icrc) {
+      add_icrc(d, sock_.port(), ep_.port);
+    } else {
+      d.insert(d.end(), 4, 0);
+    }
     sock_.send(d, ep_.port);
     ++sent_;
   }
@@ -148,17 +155,22 @@ TEST_P(WireProtected, ForgedTamperedAndReplayedDatagramsAreRefused) {
   std::vector<uint8_t> mem_before(target_->data, target_->data + kTargetLen);
   // Replays: genuine packets with counters a already used, at the PSN b expects.
   const uint64_t replays = 8;
-  for (uint64_t c = 0; c < replays; ++c) send(sealed_write(c));
-  // Tampering: a genuine packet with a fresh counter, one byte changed at each place in turn.
+  for (uint64_t c = 0; c < replays; ++c) send(sealed_write(c), c % 2);
+  // Tampering: a genuine packet with a fresh counter, one byte changed at each place in turn, and its
+  // TVer set back to RoCEv2's 0.
   const std::vector<uint8_t> fresh = sealed_write(1ull << 40);
   uint64_t tampered = 0;
   for (size_t pos = 0; pos < fresh.size(); pos += 3) {
     if (pos == 4 || (pos >= 5 && pos <= 7)) continue;  // ECN bits (masked); the QPN (another QP's drop)
     std::vector<uint8_t> d = fresh;
     d[pos] ^= 0x20;
-    send(d);
+    send(d, tampered % 2);
     ++tampered;
   }
+  std::vector<uint8_t> tver0 = fresh;
+  tver0[1] &= 0xF0;
+  send(tver0);
+  ++tampered;
   // Forgeries: a made-up tag; and a plain RoCEv2 WRITE (no trailer) with the right rkey.
   std::vector<uint8_t> forged = fresh;
   for (size_t i = forged.size() - 16; i < forged.size(); ++i) forged[i] = static_cast<uint8_t>(i);
@@ -178,7 +190,8 @@ TEST_P(WireProtected, ForgedTamperedAndReplayedDatagramsAreRefused) {
   EXPECT_EQ(s1.qp.auth_fail - s0.qp.auth_fail, failed);
   EXPECT_EQ(s1.dev.auth_fail - s0.dev.auth_fail, failed);
   EXPECT_EQ(s1.qp.auth_ok, s0.qp.auth_ok) << "nothing hostile was accepted";
-  EXPECT_EQ(s1.dev.drop_icrc, s0.dev.drop_icrc) << "every hostile datagram had a valid ICRC";
+  EXPECT_EQ(s1.dev.drop_icrc, s0.dev.drop_icrc) << "the protected QP checks tags, not ICRCs";
+  EXPECT_EQ(s1.dev.drop_malformed, s0.dev.drop_malformed);
   EXPECT_EQ(0, std::memcmp(target_->data, mem_before.data(), kTargetLen));
   EXPECT_EQ(0, drain_cq(b_.rcq)) << "no receive completed";
   EXPECT_EQ(qp_state(b_.qp), IBV_QPS_RTS);

@@ -54,7 +54,7 @@ TEST(WireBlock, Layout) {
   EXPECT_EQ(kProtectBlockLen, 52u);
   EXPECT_EQ(buf[0], 'S');
   EXPECT_EQ(buf[1], 'W');
-  EXPECT_EQ(buf[2], 1);
+  EXPECT_EQ(buf[2], 2) << "version 2: packets with TVer 1 and no ICRC";
   EXPECT_EQ(buf[3], 2);
   EXPECT_EQ(buf[4], 0);
   EXPECT_EQ(buf[35], 31);
@@ -63,7 +63,10 @@ TEST(WireBlock, Layout) {
   Block back{};
   ASSERT_TRUE(parse_block(buf, &back));
   EXPECT_EQ(0, std::memcmp(&back, &b, sizeof b));
-  buf[2] = 2;  // another version
+  buf[2] = 1;  // an older softrdma's block: parsed, so that it is refused as a mismatch
+  ASSERT_TRUE(parse_block(buf, &back));
+  EXPECT_EQ(back.version, 1);
+  buf[2] = 3;  // a version no softrdma wrote: not a block
   EXPECT_FALSE(parse_block(buf, &back));
   uint8_t zeros[kProtectBlockLen] = {};
   EXPECT_FALSE(parse_block(zeros, &back));

@@ -1,7 +1,8 @@
 // Wire protection on RC connections (wire/protect.h, transport/protect.cpp), two engines over the
 // in-memory network in virtual time: protected traffic under loss, reordering and duplication
 // delivers every byte; tampered, forged and replayed packets (with valid ICRCs, as an attacker on the
-// path would send) are all dropped and counted, and the connection keeps working after them.
+// path would send, or with the zeros a protected packet has in the ICRC's place: the tag is the check)
+// are all dropped and counted, and the connection keeps working after them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -143,6 +144,11 @@ TEST_P(Protected, TamperedForgedAndReplayedPacketsAreRefused) {
   f_.settle();
   ASSERT_GE(cap.size(), 9u);  // 8 WRITE packets and the SEND
   f_.net.set_policy({});
+  // Format 2 (wire/protect.h): TVer 1, and zeros where the ICRC was.
+  for (const Captured& c : cap) {
+    EXPECT_EQ(c.bytes[1] & 0xF, wire::kProtectTver);
+    EXPECT_EQ(0, std::memcmp(c.bytes.data() + c.bytes.size() - 4, "\0\0\0\0", 4));
+  }
   std::vector<uint8_t> dst_before(dst->data(), dst->data() + 16384);
   std::vector<uint8_t> rbuf_before(rbuf->data(), rbuf->data() + 4096);
   const core::Counters b0 = counters(*hb_);
@@ -156,15 +162,16 @@ TEST_P(Protected, TamperedForgedAndReplayedPacketsAreRefused) {
   ASSERT_EQ(0, post(pair_.b, recv_wqe(61, *rbuf, 0, 4096)));
   for (const Captured& c : cap) inject(c, c.bytes);
   uint64_t tampered = 0, moved = 0;
-  // Tampering: one byte of each packet changed (headers, payload, counter, tag), the ICRC made valid.
+  // Tampering: one byte of each packet changed (headers with TVer, payload, counter, tag), with the ICRC
+  // made valid for one half and left as the zeros of the protected form for the other.
   for (size_t k = 0; k < cap.size(); ++k) {
     const Captured& c = cap[k];
-    for (size_t pos : {size_t{0}, size_t{7}, size_t{11}, size_t{12}, c.bytes.size() / 2, c.bytes.size() - 28,
-                       c.bytes.size() - 20, c.bytes.size() - 5}) {
+    for (size_t pos : {size_t{0}, size_t{1}, size_t{7}, size_t{11}, size_t{12}, c.bytes.size() / 2,
+                       c.bytes.size() - 28, c.bytes.size() - 20, c.bytes.size() - 5}) {
       if (pos == 4) continue;
       std::vector<uint8_t> d = c.bytes;
-      d[pos] ^= static_cast<uint8_t>(1 + k);
-      fix_icrc(c, d);
+      d[pos] ^= static_cast<uint8_t>(pos == 1 ? 1 : 1 + k);  // byte 1: TVer 1 -> 0
+      if (k % 2) fix_icrc(c, d);
       inject(c, d);
       ++(pos == 7 ? moved : tampered);  // byte 7: the destination QPN, now one this host does not have
     }
@@ -198,7 +205,7 @@ TEST_P(Protected, TamperedForgedAndReplayedPacketsAreRefused) {
   const core::Counters b1 = counters(*hb_);
   EXPECT_EQ(b1.auth_replay - b0.auth_replay, cap.size());
   EXPECT_EQ(b1.auth_fail - b0.auth_fail, tampered + forged);
-  EXPECT_EQ(b1.drop_unknown_qp - b0.drop_unknown_qp, moved);
+  EXPECT_EQ(b1.drop_malformed - b0.drop_malformed, moved) << "TVer 1 for no QP that could check it";
   EXPECT_EQ(b1.auth_ok, b0.auth_ok) << "nothing injected was accepted";
   EXPECT_EQ(0, std::memcmp(dst->data(), dst_before.data(), 16384));
   EXPECT_EQ(0, std::memcmp(rbuf->data(), rbuf_before.data(), 4096));
@@ -220,9 +227,13 @@ TEST_P(Protected, TamperedForgedAndReplayedPacketsAreRefused) {
 INSTANTIATE_TEST_SUITE_P(Modes, Protected, ::testing::Values(wire::Protection::Auth, wire::Protection::Encrypt),
                          [](const auto& info) { return std::string(wire::protection_name(info.param)); });
 
-// One end protected, the other not: nothing gets through either way, every packet is counted, and the
+// One end protected, the other not: nothing gets through either way, every packet is counted (at a
+// protected responder as auth_fail; at a plain one as malformed, TVer 1 not being RoCEv2's), and the
 // requester runs out of retries instead of delivering garbage.
-TEST(ProtectedMismatch, OneSideProtectedDeliversNothing) {
+class ProtectedMismatch : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ProtectedMismatch, OneSideProtectedDeliversNothing) {
+  const bool responder_protected = GetParam();
   Fabric f;
   Host& ha = f.add_host(kIpA);
   Host& hb = f.add_host(kIpB);
@@ -230,7 +241,7 @@ TEST(ProtectedMismatch, OneSideProtectedDeliversNothing) {
   p.timeout = 8;
   p.retry_cnt = 2;
   p.before_rtr = [&](End& e) {
-    if (e.host == &hb) {
+    if ((e.host == &hb) == responder_protected) {
       ASSERT_EQ(0, e.engine().protection().set_wire_key(e.qp, wire::Protection::Auth, kSecret, 32));
     }
   };
@@ -245,11 +256,83 @@ TEST(ProtectedMismatch, OneSideProtectedDeliversNothing) {
     return !got.empty();
   }));
   EXPECT_EQ(got[0].status, WcStatus::RetryExcErr);
-  EXPECT_GT(hb.engine->counters().auth_fail, 0u);
+  if (responder_protected) {
+    EXPECT_GT(hb.engine->counters().auth_fail, 0u);
+  } else {
+    EXPECT_GT(hb.engine->counters().drop_malformed, 0u);
+    EXPECT_EQ(hb.engine->counters().drop_icrc, 0u) << "refused by its TVer before any ICRC";
+  }
   EXPECT_EQ(hb.engine->counters().auth_ok, 0u);
   for (int i = 0; i < 4096; ++i) ASSERT_EQ(dst->data()[i], 0) << i;
   destroy(r.a);
   destroy(r.b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Side, ProtectedMismatch, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Responder" : "Requester"; });
+
+// A protected packet arriving at UDP 4791 of an address where another context holds that port (another
+// process, between hosts: the first packets of a connection go there) carries no ICRC for the holder
+// to check: the holder hands it to the QP's owner, whose tag check takes it. Here the holder is an
+// engine on b's address created first; a's first WRITE packets are captured on their way to b's own
+// port and shot at the holder's 4791 instead.
+TEST(ProtectedForwarded, TheHolderOf4791HandsThemToTheOwner) {
+  for (wire::Protection mode : {wire::Protection::Auth, wire::Protection::Encrypt}) {
+    SCOPED_TRACE(wire::protection_name(mode));
+    Fabric f;
+    Host& holder = f.add_host(kIpB);  // takes 4791 for the address
+    Host& ha = f.add_host(kIpA);
+    Host& hb = f.add_host(kIpB);
+    RcParams p;
+    p.before_rtr = [mode](End& e) { ASSERT_EQ(0, e.engine().protection().set_wire_key(e.qp, mode, kSecret, 16)); };
+    RcPair r = connect_rc(f, ha, hb, p);
+    ASSERT_TRUE(r.a.qp && r.b.qp);
+    auto src = register_region(r.a.engine(), r.a.pd, 8192, kAll);
+    auto dst = register_region(r.b.engine(), r.b.pd, 8192, kAll);
+    for (int i = 0; i < 8192; ++i) src->data()[i] = static_cast<uint8_t>(i * 13 + 5);
+    std::vector<Captured> cap;
+    f.net.set_policy([&](const net::MemoryNetwork::Offer& o) {
+      net::MemoryNetwork::Fate fate;
+      if (o.to.ip_be == kIpB && cap.size() < 8) {
+        cap.push_back({o.from, o.to, std::vector<uint8_t>(o.data, o.data + o.len)});
+        fate.drop = true;
+      }
+      return fate;
+    });
+    ASSERT_EQ(0, post(r.a, write_wqe(1, *src, 0, 8192, dst->addr(), dst->mr.rkey)));
+    ASSERT_TRUE(f.run_until([&] { return cap.size() == 8; }, 1'000'000));
+    f.net.set_policy({});
+    const core::Counters h0 = holder.engine->counters();
+    for (const Captured& c : cap) {
+      EXPECT_EQ(c.bytes[1] & 0xF, wire::kProtectTver);
+      holder.engine->inject_datagram(c.bytes.data(), static_cast<uint32_t>(c.bytes.size()), c.from.ip_be,
+                                     c.from.port, wire::kRoceUdpPort);
+    }
+    std::vector<core::Cqe> got;
+    ASSERT_TRUE(f.run_until([&] {
+      for (auto& c : poll_all(r.a, *r.a.scq)) got.push_back(c);
+      return !got.empty();
+    }));
+    EXPECT_EQ(got[0].status, WcStatus::Success);
+    const core::Counters h1 = holder.engine->counters();
+    EXPECT_EQ(h1.forwarded - h0.forwarded, 8u);
+    EXPECT_EQ(h1.drop_icrc, h0.drop_icrc);
+    EXPECT_EQ(h1.drop_malformed, h0.drop_malformed);
+    EXPECT_EQ(h1.drop_unknown_qp, h0.drop_unknown_qp);
+    EXPECT_GE(hb.engine->counters().auth_ok, 8u);
+    EXPECT_EQ(hb.engine->counters().auth_fail, 0u);
+    EXPECT_EQ(ha.engine->counters().retransmits, 0u) << "delivered through the holder, not by a retry";
+    EXPECT_EQ(0, std::memcmp(dst->data(), src->data(), 8192));
+    // The same packets again through the holder: forwarded, and refused by the owner as replays.
+    const uint64_t replays0 = hb.engine->counters().auth_replay;
+    for (const Captured& c : cap)
+      holder.engine->inject_datagram(c.bytes.data(), static_cast<uint32_t>(c.bytes.size()), c.from.ip_be,
+                                     c.from.port, wire::kRoceUdpPort);
+    f.settle();
+    EXPECT_EQ(hb.engine->counters().auth_replay - replays0, 8u);
+    destroy(r.a);
+    destroy(r.b);
+  }
 }
 
 TEST(ProtectedKey, RefusedWhereItCannotApply) {
