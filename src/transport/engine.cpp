@@ -281,9 +281,8 @@ void Engine::quiet_sleep() {
   progress_once();  // timers, and whatever rang
 }
 
-bool Engine::progress_once(bool may_hold) {
+bool Engine::progress_once() {
   bool did = false;
-  const uint64_t cqes = cqes_posted_, others = others_queued_;
   // Placing direct messages is not work that keeps the progress thread spinning: the application's
   // own polls place them, and the thread would only take their core.
   if (direct_) direct_path_->receive_inboxes(qp_list_);
@@ -307,19 +306,7 @@ bool Engine::progress_once(bool may_hold) {
     if (p.transmit(*qp, now)) did = true;
   }
   batch_done();
-  // Only ACKs (requests, responses and retransmissions leave at once), and only while the progress
-  // thread is quiet: its next check (within kQuietCheckNs) flushes them if the application does not
-  // come back first.
-  if (may_hold && cqes_posted_ != cqes && others_queued_ == others && quiet_.load(std::memory_order_seq_cst) &&
-      !deep_quiet_.load(std::memory_order_relaxed)) {
-    // A polling application is about to see completions and most likely answers them at once: what
-    // this pass queued (its ACKs) leaves with that answer in one system call (post_send's flush), or
-    // at its next poll, or the quiet progress thread's next pass, whichever comes first.
-    held_.store(true, std::memory_order_relaxed);
-  } else {
-    ports_->flush();
-    held_.store(false, std::memory_order_relaxed);
-  }
+  ports_->flush();
   return did;
 }
 
@@ -399,7 +386,6 @@ void PathServices::unwatch(int fd) {
 }
 
 void Engine::post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited) {
-  ++cqes_posted_;
   if (cq->push(cqe, solicited)) return;
   // Overrun (IBTA 11.4.2.1): the CQ is in error and so is every QP that completes into it.
   for (Qp* q : qp_list_)
@@ -828,13 +814,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     // together, segmented, in one system call. A lone request leaves at once.
     const bool pipelined = qp->cfg.type == QpType::Rc && qp->req.next_psn != qp->comp.acked_psn;
     if (qp->state.load() == QpState::Rts) path_of(*qp).transmit(*qp, 0);
-    if (held_.load(std::memory_order_relaxed)) {
-      // A poll's ACKs were left for this answer: they leave together.
-      ports_->flush();
-      held_.store(false, std::memory_order_relaxed);
-    } else if (!pipelined) {
-      ports_->flush_own();
-    }
+    if (!pipelined) ports_->flush_own();
     lock_.unlock();
     // Everything done here (the direct path completes at once): no need to wake the progress thread.
     if (qp->sq.count() == 0) return rc;
@@ -948,13 +928,6 @@ void Engine::arm_cq(core::CompletionQueue* cq, bool solicited_only) {
 }
 
 int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
-  if (held_.load(std::memory_order_relaxed) && lock_for_caller()) {
-    if (held_.load(std::memory_order_relaxed)) {
-      ports_->flush();
-      held_.store(false, std::memory_order_relaxed);
-    }
-    lock_.unlock();
-  }
   int got = cq->poll(out, n);
   if (got > 0 && got < n && direct_active_.load(std::memory_order_relaxed) && lock_for_caller()) {
     // Room left: what intra-host initiators left in the inboxes completed at their side already (like
@@ -973,7 +946,7 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
       if (!direct_active_.load(std::memory_order_relaxed) ||
           (!direct_path_->receive_inboxes(qp_list_) && (++empty_polls_ & 1023) == 0)) {
         app_pass_ = true;
-        progress_once(opts_.progress_thread);
+        progress_once();
         app_pass_ = false;
       }
       lock_.unlock();

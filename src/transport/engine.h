@@ -215,9 +215,7 @@ class Engine {
   // doorbell alone, for at most kQuietCheckNs or until a timer is due, then does one pass.
   void quiet_sleep();
   static constexpr uint64_t kQuietCheckNs = 1000000;
-  // Lock held; true when anything was done. may_hold: a polling application's pass, which may leave
-  // what it queued for that application's next call when it produced completions (held_).
-  bool progress_once(bool may_hold = false);
+  bool progress_once();  // lock held; true when anything was done
   // Lock held: operations in flight drop their host pointers into the region's pages (deregistration,
   // or a rereg that moves it), so a late packet finds an error instead of memory no longer its own.
   void forget_pointers_into(const core::MrRegion& region);
@@ -270,10 +268,6 @@ class Engine {
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
   bool app_pass_ = false;  // under lock_: the pass is an application's poll
-  uint64_t cqes_posted_ = 0;    // CQEs written by this engine (under lock_)
-  uint64_t others_queued_ = 0;  // packets other than ACKs queued (under lock_): those are never held
-  // Packets a polling application's pass queued and left for its next call (progress_once).
-  std::atomic<bool> held_{false};
   uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
   const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
   // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
@@ -342,12 +336,10 @@ inline Requester& PathServices::requester() { return e_.rc_->requester(); }
 inline Completer& PathServices::completer() { return e_.rc_->completer(); }
 inline Responder& PathServices::responder() { return e_.rc_->responder(); }
 inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
-  if (pkt.bth.opcode != wire::kRcAck) ++e_.others_queued_;
   e_.ports_->send_packet(qp, pkt, payload, len);
 }
 inline void PathServices::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
                                          uint32_t dest_ip_be, uint16_t dest_port) {
-  ++e_.others_queued_;
   e_.ports_->send_packet_to(qp, pkt, payload, len, dest_ip_be, dest_port);
 }
 inline void PathServices::resolve_destination(Qp& qp) { e_.ports_->resolve_destination(qp); }
