@@ -33,7 +33,9 @@ namespace softrdma::core {
   X(drop_src_addr) /* RC/UC packet from an IPv4 source other than the QP's peer (forged or stray) */ \
   X(auth_ok) X(auth_fail) X(auth_replay) X(auth_cm_reject)                                   \
   X(direct_refused) /* local direct-path clients refused: wrong user (SOFTRDMA_DIRECT_PEERS) or no QP connection */ \
-  X(direct_bad_inbox) /* inbox entries a connected direct peer wrote that fail their checks (dropped, QP to error) */
+  X(direct_bad_inbox) /* inbox entries a connected direct peer wrote that fail their checks (dropped, QP to error) */ \
+  X(poll_passes) /* progress passes that empty ibv_poll_cq calls ran in the application's thread (run to completion) */ \
+  X(poll_rx_packets) /* packets those passes received, of rx_packets (the rest: the progress thread, posts) */
 
 // iWARP (transport/iwarp_*.cpp): FPDUs each way, and every refused input by the reason its
 // Terminate names (RFC 5040 §4.8, RFC 5041 §7, RFC 5044 §8).
@@ -74,7 +76,7 @@ class StatsPage {
  public:
   static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
   // Bumped whenever Counters or the page layout changes; readers skip other versions.
-  static constexpr uint32_t kVersion = 9;
+  static constexpr uint32_t kVersion = 10;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
   // Creates /dev/shm/softrdma-stats-<pid>-<n>, mode 0600 (owner and root only; SOFTRDMA_STATS_MODE, in

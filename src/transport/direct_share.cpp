@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -93,6 +94,17 @@ SOFTRDMA_WHOLE_PAGES void copy_page(uint8_t* dst, const uint8_t* src, size_t n) 
 
 void unmove_range(int fd, uint64_t lo, uint64_t len);
 
+// The remaps over the application's range keep its bytes at their addresses, so they are made as raw
+// system calls, unseen by the memory hooks that patch libc's mapping calls (UCX's UCM, Open MPI's
+// patcher): UCM took them for the application's own, so UCX's registration cache dropped the region
+// at once and registered it again -- and had it moved again -- for every rendezvous message.
+void* map_fixed(uint64_t at, size_t len, int flags, int fd) {
+  return reinterpret_cast<void*>(syscall(SYS_mmap, at, len, PROT_READ | PROT_WRITE, flags | MAP_FIXED, fd, 0));
+}
+void* move_mapping(void* from, size_t len, uint64_t to) {
+  return reinterpret_cast<void*>(syscall(SYS_mremap, from, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to));
+}
+
 // Moves the private anonymous pages [lo, hi) onto a new memfd at the same address. Returns the fd or -1
 // (the range is then unchanged). Writes to these pages by other threads between the copy and the
 // remap are lost: the caller holds the engine lock (its progress thread is quiet) and documents that
@@ -116,11 +128,10 @@ int move_to_memfd(uint64_t lo, uint64_t hi, bool remote_write) {
   // Pages that read as zero stay holes of the file: a large, mostly untouched buffer costs no memory.
   for (size_t off = 0; off < len; off += page)
     if (!page_is_zero(src + off, page)) copy_page(dst + off, src + off, page);
-  void* at = mmap(reinterpret_cast<void*>(lo), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  void* at = map_fixed(lo, len, MAP_SHARED, fd);
   if (at == MAP_FAILED) {
     // MAP_FIXED may have dropped the old pages: put anonymous memory with the saved contents back.
-    void* back = mmap(reinterpret_cast<void*>(lo), len, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    void* back = map_fixed(lo, len, MAP_PRIVATE | MAP_ANONYMOUS, -1);
     if (back != MAP_FAILED) std::memcpy(back, tmp, len);
     munmap(tmp, len);
     close(fd);
@@ -149,7 +160,7 @@ void make_private(uint64_t lo, size_t len) {
   auto* dst = static_cast<uint8_t*>(tmp);
   for (size_t off = 0; off < len; off += page)
     if (!page_is_zero(src + off, page)) copy_page(dst + off, src + off, page);
-  if (mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(lo)) == MAP_FAILED)
+  if (move_mapping(tmp, len, lo) == MAP_FAILED)
     munmap(tmp, len);
 }
 

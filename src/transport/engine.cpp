@@ -650,6 +650,7 @@ void Engine::destroy_qp(Qp* qp) {
     srq_table_->tm_drop_sq(*qp);
     net::Registry::instance().release_qpn(qp->qpn);
     stats_.detach_qp(qp->qpn);
+    set_packet_peer(*qp, false);
     if (direct_) {
       direct_->qp_destroyed(*qp);
       direct_path_->receive_inbox(*qp);
@@ -717,6 +718,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
       switch (m.state) {
         case QpState::Reset:
           path_of(*qp).reset(*qp);  // an iWARP connection ends; the QP may connect again
+          set_packet_peer(*qp, false);
           srq_table_->tm_drop_sq(*qp);
           reset_transport_state(*qp);
           WireProtection::forget_keys(*qp);
@@ -729,10 +731,13 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
             qp->cfg.recv_cq->discard_qp(qp->qpn, qp->srq != nullptr);
           break;
         case QpState::Rtr:
-          if (qp->cfg.type == QpType::Raw) break;  // no peer: frames carry their own addresses
-          ports_->resolve_destination(*qp);
-          direct_path_->join(*qp);
-          if (!protection_->derive_keys(*qp)) return ENOMEM;  // the QP stays where it was
+          if (qp->cfg.type != QpType::Raw) {  // a raw QP has no peer: frames carry their own addresses
+            ports_->resolve_destination(*qp);
+            direct_path_->join(*qp);
+            if (!protection_->derive_keys(*qp)) return ENOMEM;  // the QP stays where it was
+          }
+          // SENDs to a QP on an SRQ come by packets even from a direct peer (direct-path.md).
+          set_packet_peer(*qp, qp->on_path() != direct_path_.get() || qp->srq);
           break;
         case QpState::Err:
           move_to_error(*qp);
@@ -852,6 +857,15 @@ void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip
   ports_->flush_own();
 }
 
+void Engine::set_packet_peer(Qp& qp, bool on) {
+  if (qp.packet_peer == on) return;
+  qp.packet_peer = on;
+  if (on)
+    packet_qps_.fetch_add(1, std::memory_order_relaxed);
+  else
+    packet_qps_.fetch_sub(1, std::memory_order_relaxed);
+}
+
 bool Engine::lock_for_caller() {
   if (!direct_active_.load(std::memory_order_relaxed)) return lock_.try_lock();
   // The progress thread holds the lock for a pass at most; yielding lets it finish on a shared core.
@@ -938,16 +952,24 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     lock_.unlock();
     if (placed) got += cq->poll(out + got, n - got);
   } else if (got == 0) {
+    // With peers by packets (or no direct peer at all), the whole poll serves them: run to completion.
+    const bool packets =
+        !direct_active_.load(std::memory_order_relaxed) || packet_qps_.load(std::memory_order_relaxed) != 0;
     if (lock_for_caller()) {
       // With a direct peer, an empty poll must see what intra-host initiators left (after
-      // ibv_req_notify_cq an initiator may have found the CQ unarmed and woken nobody, direct.cpp), and
-      // only every 1024th one goes on to the sockets and timers (syscalls and clock reads, ~1 us): the
-      // progress thread handles packets too, and a spinning poller must see a direct message at once.
-      if (!direct_active_.load(std::memory_order_relaxed) ||
-          (!direct_path_->receive_inboxes(qp_list_) && (++empty_polls_ & 1023) == 0)) {
+      // ibv_req_notify_cq an initiator may have found the CQ unarmed and woken nobody, direct.cpp). When
+      // every peer is direct, only every 1024th one goes on to the sockets and timers (syscalls and clock
+      // reads, ~1 us): the progress thread handles the rare packet, and a spinning poller must see a
+      // direct message at once. With peers by packets too (UCX connects an MPI rank to itself as well as
+      // to other hosts), every empty poll is a whole pass (whose first step is the inboxes) and serves
+      // them, run to completion: left to the progress thread, each of their packets waited for its wake-up.
+      if (packets || (!direct_path_->receive_inboxes(qp_list_) && (++empty_polls_ & 1023) == 0)) {
+        const uint64_t rx = stats_.device().rx_packets;
         app_pass_ = true;
         progress_once();
         app_pass_ = false;
+        count(nullptr, &core::Counters::poll_passes);
+        count(nullptr, &core::Counters::poll_rx_packets, stats_.device().rx_packets - rx);
       }
       lock_.unlock();
       got = cq->poll(out, n);
@@ -959,7 +981,7 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     // Run to completion even when this poll found the lock taken: the progress thread holds it for a
     // pass, and seeing a poller it goes quiet, so the next polls find it free (were this poll not
     // counted, a progress thread woken by every post would keep the lock busy for good).
-    if (got == 0 && opts_.progress_thread && !direct_active_.load(std::memory_order_relaxed)) {
+    if (got == 0 && opts_.progress_thread && packets) {
       app_polls_.fetch_add(1, std::memory_order_relaxed);
       if (!app_polling_.load(std::memory_order_relaxed)) app_polling_.store(true, std::memory_order_release);
     }

@@ -272,6 +272,11 @@ class Engine {
   const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
   // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
   std::atomic<bool> direct_active_{false};
+  // QPs whose peer's packets arrive on this context's sockets and streams (set_packet_peer): while
+  // there are any, empty polls serve the sockets as they would without a direct peer.
+  std::atomic<uint32_t> packet_qps_{0};
+  // Lock held: counts the QP in packet_qps_ or not, from RTR (or an iWARP attach) until reset or destroy.
+  void set_packet_peer(Qp& qp, bool on);
   std::unique_ptr<DirectEndpoint> direct_;  // the intra-host direct path; nullptr when off
   // Send-queue credits (qp.h), one per QP slot; free_credits_ under the engine lock.
   std::unique_ptr<SqCredit[]> sq_credits_;

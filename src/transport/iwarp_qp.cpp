@@ -89,6 +89,7 @@ int Engine::iwarp_attach(Qp* qp, const IwarpAttach& a) {
   {
     std::lock_guard lock(lock_);
     rc = iwarp_->attach(qp, a);
+    if (!rc) set_packet_peer(*qp, true);  // its stream, looked at by progress passes
   }
   if (rc) {
     ::close(a.fd);

@@ -417,6 +417,7 @@ struct Qp {
   // engine lock; post_send reads it to check what the path carries.
   std::atomic<Path*> path{nullptr};
   Path* on_path() const { return path.load(std::memory_order_relaxed); }
+  bool packet_peer = false;  // counted in the engine's packet_qps_ (Engine::set_packet_peer)
   std::unique_ptr<PathState> path_state;  // that path's state of this QP, owned here
 };
 
