@@ -882,8 +882,11 @@ void Engine::place_direct() {
 bool Engine::waiter_arrives() {
   // A context whose progress thread never goes quiet (one-sided requests, direct peers) is served by
   // it: the waiter would only take its core. Without a progress thread, the waiter is the only one.
-  const bool drives = !direct_active_.load(std::memory_order_relaxed) &&
-                      (!opts_.progress_thread || !serves_passive(now()));
+  // With direct peers only, their messages wake the waiter through the pipe and the progress thread
+  // serves the rare packet; with peers by packets too, as without direct peers (poll_cq).
+  const bool packets =
+      !direct_active_.load(std::memory_order_relaxed) || packet_qps_.load(std::memory_order_relaxed) != 0;
+  const bool drives = packets && (!opts_.progress_thread || !serves_passive(now()));
   if (drives && opts_.progress_thread) {
     // The progress thread goes quiet, as for a spinning poller: from now on this thread does the work,
     // even when the event it came for is there already (it comes back for the next one).
