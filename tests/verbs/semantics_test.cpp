@@ -236,16 +236,26 @@ TEST_P(Semantics, CompletionChannelEvents) {
   EXPECT_EQ(swcs.size(), 3u);
 }
 
+// Completion channels whose fd blocks: ibv_get_cq_event is the application's only wait.
+class ChannelWait : public OverPaths<> {
+ protected:
+  // Both receive CQs on one blocking channel (channel, destroyed after the CQs), connected.
+  void connect_with_channel() {
+    ASSERT_TRUE(dev.ok());
+    channel = ibv_create_comp_channel(dev.ctx);
+    ASSERT_TRUE(channel);
+    qcfg.recv_channel = channel;
+    ASSERT_TRUE(connect());
+  }
+  void wait_through(int sig, int flags, bool stop, bool deliver);
+};
+
 // ibv_get_cq_event on a blocking channel as the only wait, as ib_send_lat -e and qperf -cm1 use it:
 // a ping-pong between the two QPs, each message waited for on the channel, arrives in order with its
 // payload (the waiting thread does the transport's work itself: Engine::waiter_pass).
-TEST_P(Semantics, BlockingChannelPingPong) {
-  ASSERT_TRUE(dev.ok());
-  ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
-  ASSERT_TRUE(ch);
-  channel = ch;
-  qcfg.recv_channel = ch;
-  ASSERT_TRUE(connect());
+TEST_P(ChannelWait, PingPong) {
+  ASSERT_NO_FATAL_FAILURE(connect_with_channel());
+  ibv_comp_channel* ch = channel;
   VT_BUF(abuf, a, 64);
   VT_BUF(bbuf, b, 64);
   Side* side[2] = {&a, &b};
@@ -278,13 +288,9 @@ TEST_P(Semantics, BlockingChannelPingPong) {
 
 // A thread blocked in ibv_get_cq_event does not hold back another thread's post: the message it
 // waits for is sent by that post, after the wait began.
-TEST_P(Semantics, BlockingChannelWakesForAnotherThreadsPost) {
-  ASSERT_TRUE(dev.ok());
-  ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
-  ASSERT_TRUE(ch);
-  channel = ch;
-  qcfg.recv_channel = ch;
-  ASSERT_TRUE(connect());
+TEST_P(ChannelWait, WakesForAnotherThreadsPost) {
+  ASSERT_NO_FATAL_FAILURE(connect_with_channel());
+  ibv_comp_channel* ch = channel;
   VT_BUF(src, a, 64);
   VT_BUF(dst, b, 64);
   fill_pattern(src->data, 64, 7);
@@ -311,13 +317,9 @@ TEST_P(Semantics, BlockingChannelWakesForAnotherThreadsPost) {
 
 // A signal ends a blocking ibv_get_cq_event with EINTR, as it ends the read of the kernel's channel
 // fd (qperf ends its timed loop from SIGALRM), and the channel works afterwards.
-TEST_P(Semantics, BlockingChannelWaitEndsOnSignal) {
-  ASSERT_TRUE(dev.ok());
-  ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
-  ASSERT_TRUE(ch);
-  channel = ch;
-  qcfg.recv_channel = ch;
-  ASSERT_TRUE(connect());
+TEST_P(ChannelWait, EndsOnSignal) {
+  ASSERT_NO_FATAL_FAILURE(connect_with_channel());
+  ibv_comp_channel* ch = channel;
   ASSERT_EQ(ibv_req_notify_cq(b.rcq, 0), 0);
   struct sigaction sa{}, old{};
   sa.sa_handler = [](int) {};
@@ -349,24 +351,13 @@ TEST_P(Semantics, BlockingChannelWaitEndsOnSignal) {
 // What does not end a read of the kernel's channel fd does not end ibv_get_cq_event either: the
 // process stopped and continued (SIGSTOP, a debugger's attach), here while a handler without
 // SA_RESTART is installed (qperf has one for SIGALRM), and a handler with SA_RESTART that runs.
-class ChannelWait : public OverPaths<> {
- protected:
-  void wait_through(int sig, int flags, bool stop, bool deliver);
-};
-
 void ChannelWait::wait_through(int sig, int flags, bool stop, bool deliver) {
-  ASSERT_TRUE(dev.ok());
-  ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
-  ASSERT_TRUE(ch);
-  channel = ch;
-  qcfg.recv_channel = ch;
-  ASSERT_TRUE(connect());
-  Side& t_a = a;
-  Side& t_b = b;
-  VT_BUF(src, t_a, 64);
-  VT_BUF(dst, t_b, 64);
-  ASSERT_EQ(post_recv(t_b.qp, 1, {dst->sge(0, 64)}), 0);
-  ASSERT_EQ(ibv_req_notify_cq(t_b.rcq, 0), 0);
+  ASSERT_NO_FATAL_FAILURE(connect_with_channel());
+  ibv_comp_channel* ch = channel;
+  VT_BUF(src, a, 64);
+  VT_BUF(dst, b, 64);
+  ASSERT_EQ(post_recv(b.qp, 1, {dst->sge(0, 64)}), 0);
+  ASSERT_EQ(ibv_req_notify_cq(b.rcq, 0), 0);
   struct sigaction sa{}, old{};
   sa.sa_handler = [](int) {};
   sigemptyset(&sa.sa_mask);
@@ -392,7 +383,7 @@ void ChannelWait::wait_through(int sig, int flags, bool stop, bool deliver) {
     if (deliver) pthread_kill(waiter, sig);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     SendWr s(2, IBV_WR_SEND, {src->sge(0, 64)});
-    EXPECT_EQ(post_send(t_a.qp, s), 0);
+    EXPECT_EQ(post_send(a.qp, s), 0);
   });
   ibv_cq* cq = nullptr;
   void* ctx = nullptr;
@@ -403,11 +394,11 @@ void ChannelWait::wait_through(int sig, int flags, bool stop, bool deliver) {
   if (child > 0) waitpid(child, &status, 0);
   sigaction(sig, &old, nullptr);
   ASSERT_EQ(rc, 0) << strerror(err);
-  EXPECT_EQ(cq, t_b.rcq);
+  EXPECT_EQ(cq, b.rcq);
   ibv_ack_cq_events(cq, 1);
   ibv_wc wc{};
-  ASSERT_TRUE(poll_wc(t_b.rcq, &wc));
-  expect_wc(wc, {.wr_id = 1, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = t_b.qpn()});
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  expect_wc(wc, {.wr_id = 1, .opcode = IBV_WC_RECV, .byte_len = 64, .qp_num = b.qpn()});
 }
 
 TEST_P(ChannelWait, SurvivesStop) { wait_through(SIGUSR2, 0, true, false); }
