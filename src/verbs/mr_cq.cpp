@@ -401,6 +401,10 @@ namespace {
 // after EINTR: restart when every installed handler has SA_RESTART (the one that ran is among them).
 bool restartable_interrupt() {
   for (int sig = 1; sig < SIGRTMAX; ++sig) {
+    // Faults are delivered to the faulting thread, never to one asleep here (sanitizers and crash
+    // reporters install handlers for them without SA_RESTART).
+    if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP || sig == SIGSYS)
+      continue;
     struct sigaction sa{};
     if (sigaction(sig, nullptr, &sa) != 0) continue;
     const bool handled = (sa.sa_flags & SA_SIGINFO) ? sa.sa_sigaction != nullptr
