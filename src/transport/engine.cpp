@@ -249,7 +249,7 @@ void Engine::quiet_sleep() {
     deadline = next_deadline_ns();
   }
   quiet_.store(true, std::memory_order_seq_cst);
-  // Rechecked after announcing the sleep: poll_cq clears app_polling_ before it looks at quiet_.
+  // Announced before the sleep: a post that finds the lock taken rouses a quiet thread (doorbell).
   if (app_polling_.load(std::memory_order_seq_cst)) {
     // At most kQuietCheckNs, then look whether the application still polls (it may have stopped without
     // a poll that found anything: a thread gone elsewhere, or gone altogether). While a channel's waiter
@@ -879,20 +879,25 @@ void Engine::place_direct() {
   lock_.unlock();
 }
 
+bool Engine::packet_peers() const {
+  return !direct_active_.load(std::memory_order_relaxed) || packet_qps_.load(std::memory_order_relaxed) != 0;
+}
+
+void Engine::app_drives() {
+  if (!opts_.progress_thread) return;
+  app_polls_.fetch_add(1, std::memory_order_relaxed);
+  if (!app_polling_.load(std::memory_order_relaxed)) app_polling_.store(true, std::memory_order_release);
+}
+
 bool Engine::waiter_arrives() {
   // A context whose progress thread never goes quiet (one-sided requests, direct peers) is served by
   // it: the waiter would only take its core. Without a progress thread, the waiter is the only one.
   // With direct peers only, their messages wake the waiter through the pipe and the progress thread
   // serves the rare packet; with peers by packets too, as without direct peers (poll_cq).
-  const bool packets =
-      !direct_active_.load(std::memory_order_relaxed) || packet_qps_.load(std::memory_order_relaxed) != 0;
-  const bool drives = packets && (!opts_.progress_thread || !serves_passive(now()));
-  if (drives && opts_.progress_thread) {
-    // The progress thread goes quiet, as for a spinning poller: from now on this thread does the work,
-    // even when the event it came for is there already (it comes back for the next one).
-    app_polls_.fetch_add(1, std::memory_order_relaxed);
-    if (!app_polling_.load(std::memory_order_relaxed)) app_polling_.store(true, std::memory_order_release);
-  }
+  const bool drives = packet_peers() && (!opts_.progress_thread || !serves_passive(now()));
+  // The progress thread goes quiet, as for a spinning poller: from now on this thread does the work,
+  // even when the event it came for is there already (it comes back for the next one).
+  if (drives) app_drives();
   return drives;
 }
 
@@ -956,8 +961,7 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     if (placed) got += cq->poll(out + got, n - got);
   } else if (got == 0) {
     // With peers by packets (or no direct peer at all), the whole poll serves them: run to completion.
-    const bool packets =
-        !direct_active_.load(std::memory_order_relaxed) || packet_qps_.load(std::memory_order_relaxed) != 0;
+    const bool packets = packet_peers();
     if (lock_for_caller()) {
       // With a direct peer, an empty poll must see what intra-host initiators left (after
       // ibv_req_notify_cq an initiator may have found the CQ unarmed and woken nobody, direct.cpp). When
@@ -984,10 +988,7 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
     // Run to completion even when this poll found the lock taken: the progress thread holds it for a
     // pass, and seeing a poller it goes quiet, so the next polls find it free (were this poll not
     // counted, a progress thread woken by every post would keep the lock busy for good).
-    if (got == 0 && opts_.progress_thread && packets) {
-      app_polls_.fetch_add(1, std::memory_order_relaxed);
-      if (!app_polling_.load(std::memory_order_relaxed)) app_polling_.store(true, std::memory_order_release);
-    }
+    if (got == 0 && packets) app_drives();
   }
   // A poll that returns completions does not end run to completion: the application may go off to do
   // something else, and then the quiet progress thread serves the engine again within kQuietCheckNs (no

@@ -214,6 +214,12 @@ class Engine {
   // The progress thread while an application thread drives the engine from poll_cq: it sleeps on the
   // doorbell alone, for at most kQuietCheckNs or until a timer is due, then does one pass.
   void quiet_sleep();
+  // Some peer reaches this context by packets (no direct peer at all, or packet_qps_): its polls and
+  // waiters serve the sockets themselves.
+  bool packet_peers() const;
+  // An application thread drives the engine (a poll that found nothing, a channel's waiter): counted,
+  // so that the progress thread goes or stays quiet.
+  void app_drives();
   static constexpr uint64_t kQuietCheckNs = 1000000;
   bool progress_once();  // lock held; true when anything was done
   // Lock held: operations in flight drop their host pointers into the region's pages (deregistration,
