@@ -193,8 +193,7 @@ bool PacketCipher::seal(uint8_t* pkt, size_t hdr_len, const uint8_t* payload, si
   if (pad_len) std::memset(body + len, 0, pad_len);
   if (fast_) return seal_fast(pkt, hdr_len, payload, len, pad_len, trailer);
   uint8_t iv[12];
-  std::memcpy(iv, salt_, 4);
-  std::memcpy(iv + 4, trailer, 8);
+  nonce(trailer, iv);
   int n = 0;
   if (EVP_EncryptInit_ex(ctx_, nullptr, nullptr, nullptr, iv) != 1 || !aad(pkt, hdr_len, trailer)) return false;
   if (mode_ == Protection::Auth) {
@@ -220,8 +219,7 @@ bool PacketCipher::open(const uint8_t* pkt, size_t hdr_len, size_t body_len, uin
     return true;
   }
   uint8_t iv[12];
-  std::memcpy(iv, salt_, 4);
-  std::memcpy(iv + 4, trailer, 8);
+  nonce(trailer, iv);
   uint8_t tag[kProtectTagLen];
   std::memcpy(tag, trailer + kProtectCounterLen, kProtectTagLen);
   int n = 0;
@@ -248,8 +246,7 @@ bool PacketCipher::seal_fast(uint8_t* pkt, size_t hdr_len, const uint8_t* payloa
                              uint8_t* trailer) {
   IMB_MGR* m = imb_manager();
   uint8_t iv[12];
-  std::memcpy(iv, salt_, 4);
-  std::memcpy(iv + 4, trailer, 8);
+  nonce(trailer, iv);
   uint8_t a[kProtectCounterLen + kMaxHeaders];
   const size_t n_aad = header_aad(pkt, hdr_len, trailer, a);
   uint8_t* body = pkt + hdr_len;
@@ -287,8 +284,7 @@ bool PacketCipher::open_fast(const uint8_t* pkt, size_t hdr_len, size_t body_len
                              const uint8_t* trailer) {
   IMB_MGR* m = imb_manager();
   uint8_t iv[12];
-  std::memcpy(iv, salt_, 4);
-  std::memcpy(iv + 4, trailer, 8);
+  nonce(trailer, iv);
   uint8_t a[kProtectCounterLen + kMaxHeaders];
   const size_t n_aad = header_aad(pkt, hdr_len, trailer, a);
   const uint8_t* body = pkt + hdr_len;

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 struct evp_cipher_ctx_st;
 
@@ -97,6 +98,11 @@ class PacketCipher {
   Fast* fast_ = nullptr;              // the multi-buffer library's key data
   Protection mode_ = Protection::Off;
   uint8_t salt_[4] = {};
+  // The AES-GCM nonce of a packet: the direction's salt, then the trailer's 8-byte counter.
+  void nonce(const uint8_t* trailer, uint8_t iv[12]) const {
+    std::memcpy(iv, salt_, 4);
+    std::memcpy(iv + 4, trailer, 8);
+  }
 };
 
 // Counters seen, within kSize of the highest: a counter is new once (IPsec-style anti-replay, RFC 4303
