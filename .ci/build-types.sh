@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Builds what is installed (libraries, the softrdma command; BUILD_TESTING=OFF) once per CMake build
-# type, warnings as errors, and once as a Debian packager would: build type None with
+# type, warnings as errors, or (type dpkg) as a Debian packager would: build type None with
 # dpkg-buildflags' hardening flags (fortify, stack protector, relro) and no -Werror of ours, only
-# Debian's own -Werror=format-security. tools/test.sh builds the whole tree, tests included, as
-# RelWithDebInfo (the default) and with sanitizers, with -Werror and -Wformat-security; the tests
-# are three quarters of the compile time, so they are not built again here.
-#   .ci/build-types.sh [TYPE...]    default: Debug Release MinSizeRel dpkg
+# Debian's own -Werror=format-security; CI builds that one in .ci/deb.sh, which packages it.
+# tools/test.sh builds the whole tree, tests included, as RelWithDebInfo (the default) and with
+# sanitizers, with -Werror and -Wformat-security; the tests are three quarters of the compile time,
+# so they are not built again here.
+#   .ci/build-types.sh [TYPE...]    default: Debug Release MinSizeRel
+#   BUILD_TYPES_DIR=DIR ...         build in DIR/<type> and keep it (.ci/deb.sh packages DIR/dpkg)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
 types=("$@")
-((${#types[@]})) || types=(Debug Release MinSizeRel dpkg)
-out=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-types.XXXXXX")
+((${#types[@]})) || types=(Debug Release MinSizeRel)
+out=${BUILD_TYPES_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/softrdma-types.XXXXXX")}
 status=0
 for t in "${types[@]}"; do
   dir="$out/$t"
@@ -27,13 +29,13 @@ for t in "${types[@]}"; do
   fi
   echo "=== build type $t ==="
   if env "${env_flags[@]}" cmake -S "$root" -B "$dir" -G Ninja "${args[@]}" >"$dir.log" 2>&1 &&
-    ninja -C "$dir" >>"$dir.log" 2>&1; then
+    ninja -C "$dir" -j "$(nproc)" >>"$dir.log" 2>&1; then
     echo "=== build type $t: ok ==="
   else
     grep -E -B2 -A8 'error|FAILED' "$dir.log" | tail -n 60
     echo "=== build type $t: FAILED (log: $dir.log) ==="
     status=1
   fi
-  rm -rf "$dir"  # only the verdict is kept
+  [[ -n ${BUILD_TYPES_DIR:-} ]] || rm -rf "$dir"  # only the verdict is kept
 done
 exit $status

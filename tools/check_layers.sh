@@ -17,14 +17,14 @@ set -u
 read -r -d '' TABLE <<'EOF'
 src/config            config
 src/wire              wire config
-src/net               net config
+src/net               net wire config
 src/core              core config
 src/transport         transport core net wire cm config
 src/verbs             verbs transport core net config
 src/cm                cm net wire config
 src/rdmacm            rdmacm cm verbs config
 src/stubs             -
-tools                 core config
+tools                 core net config
 tests/unit/config     config
 tests/unit/wire       wire config
 tests/unit/net        net config
@@ -38,6 +38,7 @@ tests/hostile         wire net core verbs transport config
 tests/rdmacm          -
 tests/compat          -
 tests/interop         -
+tests/tools           -
 fuzz                  wire transport core net config
 EOF
 

@@ -11,7 +11,9 @@ python3-pyverbs 44). The suite is not part of this repository: fetch it, point t
 Each module runs in its own process (tools/conformance_driver.py under `softrdma run`), so a crash costs
 that module only and is reported as such. As root, the run happens in a private network namespace with
 a veth pair, on the device of the veth (the suite wants a device whose interface has an IP address, as a
-NIC has; rdma_cm tests bind it). Without root, pass --dev. Each mode is one pass over the modules:
+NIC has; rdma_cm tests bind it). Without root, pass --dev. The modules of --lo-modules (default
+test_rdmacm) run a second time on softrdma_lo (their rows say "on softrdma_lo"): a bind to 127.0.0.1
+attaches the loopback device as the kernel attaches the device holding an address. Each mode is one pass over the modules:
 "direct" is softrdma's default (the intra-host direct path between contexts), "packets" sets
 SOFTRDMA_DIRECT=0 so that everything goes through RoCEv2 packets.
 """
@@ -30,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DRIVER = os.path.join(HERE, 'conformance_driver.py')
 HUGEPAGES = '/proc/sys/vm/nr_hugepages'
+LO_DEV = 'softrdma_lo'  # the loopback device, present in every namespace
 
 # Why a skip is legitimate: the test needs hardware or software softrdma is not (a vendor's device, a
 # GPU), or the machine lacks something the run can provide (huge pages). Anything else is a gap.
@@ -124,8 +127,8 @@ def list_modules(suite, wanted):
 
 def run_module(args, module, mode, prefix, dev, workdir):
     """Runs one module; returns (records, note) where note says how the process ended abnormally."""
-    out = os.path.join(workdir, f'{mode}-{module}.jsonl')
-    log = os.path.join(workdir, f'{mode}-{module}.log')
+    out = os.path.join(workdir, f'{mode}-{module}-{dev}.jsonl')
+    log = os.path.join(workdir, f'{mode}-{module}-{dev}.log')
     env = dict(os.environ)
     env.pop('SOFTRDMA_DIRECT', None)
     if mode == 'packets':
@@ -201,10 +204,9 @@ def render(args, dev, modes, results, meta):
                  'namespace and veth; `--hugepages N` reserves 2 MiB huge pages for the run and restores the '
                  'previous count after).')
     lines.append('')
-    lines.append('Why a veth and not `softrdma_lo`: the suite\'s rdma_cm tests bind the device\'s address, and '
-                 'pyverbs\' `CMID.bind_addr` expects a device attached after binding a specific address; '
-                 'softrdma attaches none to 127/8 addresses, which libfabric needs (docs/rdmacm.md). Every '
-                 'other module gives the same results on `softrdma_lo`.')
+    lines.append('The rows "on softrdma_lo" run their module a second time on the loopback device (`--lo-modules`): '
+                 'the suite\'s rdma_cm tests bind the device\'s address, 127.0.0.1 there, and pyverbs\' '
+                 '`CMID` uses the device attached by that bind (docs/rdmacm.md).')
     lines.append('')
     for mode in modes:
         per_module = results[mode]
@@ -249,6 +251,8 @@ def main():
     ap.add_argument('--dev', help='device to test (default, as root: the veth of a private namespace)')
     ap.add_argument('--modes', default='direct,packets')
     ap.add_argument('--modules', default='', help='comma-separated subset, e.g. test_mr,test_cq')
+    ap.add_argument('--lo-modules', default='test_rdmacm',
+                    help='comma-separated modules to run a second time on softrdma_lo ("" for none)')
     ap.add_argument('--hugepages', type=int, default=0,
                     help='reserve this many 2 MiB huge pages for the run (root), restored after')
     ap.add_argument('--timeout', type=int, default=600, help='seconds per module')
@@ -266,6 +270,7 @@ def main():
     if set(modes) - {'direct', 'packets'}:
         sys.exit('conformance: --modes takes direct and/or packets')
     modules = list_modules(args.suite, [m for m in args.modules.split(',') if m])
+    lo_modules = [m for m in args.lo_modules.split(',') if m in modules]
     root = os.geteuid() == 0
     if not args.dev and not root:
         sys.exit('conformance: not root, so no namespace of its own: pass --dev (a device with an IP address)')
@@ -289,11 +294,14 @@ def main():
             dev = netns.dev if netns else args.dev
             for mode in modes:
                 results[mode] = {}
-                for module in modules:
-                    records, note = run_module(args, module, mode, prefix, dev, workdir)
+                runs = [(m, dev, m) for m in modules]
+                if dev != LO_DEV:
+                    runs += [(m, LO_DEV, f'{m} on {LO_DEV}') for m in lo_modules]
+                for module, on, row in runs:
+                    records, note = run_module(args, module, mode, prefix, on, workdir)
                     s = summarize(records)
-                    results[mode][module] = s
-                    print(f'{mode:7} {module:28} ran {s["ran"]:3}  passed {s["pass"]:3}  '
+                    results[mode][row] = s
+                    print(f'{mode:7} {row:28} ran {s["ran"]:3}  passed {s["pass"]:3}  '
                           f'skipped {sum(s["skip"].values()):3}  failed {len(s["fail"]):2}'
                           f'{"  (" + note + ")" if note else ""}', flush=True)
     finally:

@@ -1,6 +1,6 @@
 // The softrdma command: lists the devices our libibverbs offers, and runs unmodified RDMA
 // programs over our libraries, in a view that shows the devices where the kernel would
-// (device_view.h). `devices` uses only the public verbs API, so what it prints is
+// (device_view.h), optionally capturing their packets (net/capture.h). `devices` uses only the public verbs API, so what it prints is
 // exactly what any verbs program sees. `config` lists the environment variables (config/config.h).
 
 #include <CLI/CLI.hpp>
@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <endian.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -27,6 +28,7 @@
 #include "config/config.h"
 #include "core/stats.h"
 #include "device_view.h"
+#include "net/capture.h"
 
 namespace softrdma::tools {
 namespace {
@@ -442,11 +444,27 @@ fs::path self_exe_dir() {
   return ec ? fs::path(".") : exe.parent_path();
 }
 
+// Where the libraries a program is given may be, relative to this command: the installed layout
+// keeps them in a private directory (SOFTRDMA_INSTALL_RELDIR, never the system's libibverbs
+// directory), the build tree next to bin/. The first that holds libibverbs.so.1 is used.
+std::vector<fs::path> lib_dir_candidates() {
+  std::vector<fs::path> dirs;
+  for (const char* rel : {SOFTRDMA_INSTALL_RELDIR, "../lib"}) {
+    std::error_code ec;
+    fs::path dir = fs::weakly_canonical(self_exe_dir() / rel, ec);
+    dirs.push_back(ec ? self_exe_dir() / rel : dir);
+  }
+  return dirs;
+}
+
 fs::path lib_dir() {
   if (const std::string env = config::parse().lib_dir; !env.empty()) return fs::path(env);
-  std::error_code ec;
-  fs::path dir = fs::weakly_canonical(self_exe_dir() / ".." / "lib", ec);
-  return ec ? self_exe_dir() / ".." / "lib" : dir;
+  auto dirs = lib_dir_candidates();
+  for (const fs::path& dir : dirs) {
+    std::error_code ec;
+    if (fs::exists(dir / "libibverbs.so.1", ec)) return dir;
+  }
+  return dirs.front();
 }
 
 std::string gcc_runtime(const char* name) {
@@ -508,9 +526,12 @@ int cmd_run(const std::vector<std::string>& argv_in, bool print_env, bool want_v
   fs::path libdir = lib_dir();
   std::error_code ec;
   if (!fs::exists(libdir / "libibverbs.so.1", ec)) {
-    fmt::print(stderr,
-               "softrdma run: {} holds no libibverbs.so.1 (build it, or set SOFTRDMA_LIB_DIR)\n",
-               libdir.string());
+    std::string looked = libdir.string();
+    if (config::parse().lib_dir.empty())
+      for (const fs::path& dir : lib_dir_candidates())
+        if (dir != libdir) looked += " nor " + dir.string();
+    fmt::print(stderr, "softrdma run: {} holds no libibverbs.so.1 (build it, or set SOFTRDMA_LIB_DIR)\n",
+               looked);
     return 127;
   }
   show_devices(want_view, print_env);
@@ -540,6 +561,28 @@ int cmd_run(const std::vector<std::string>& argv_in, bool print_env, bool want_v
   int err = errno;
   fmt::print(stderr, "softrdma run: cannot execute {}: {}\n", argv_in[0], std::strerror(err));
   return err == ENOENT ? 127 : 126;
+}
+
+// `capture`: `run`, with every RoCE packet of PROGRAM (and of the processes it starts, which inherit
+// SOFTRDMA_CAPTURE) appended to a fresh pcapng file (net/capture.h).
+int cmd_capture(const std::string& file, const std::vector<std::string>& argv_in, bool print_env, bool want_view,
+                bool iwarp) {
+  if (file.empty()) {
+    fmt::print(stderr, "softrdma capture: -w FILE is required\n");
+    return 2;
+  }
+  int fd = open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 || !net::Capture::write_header(fd)) {
+    fmt::print(stderr, "softrdma capture: cannot write {}: {}\n", file, std::strerror(errno));
+    if (fd >= 0) close(fd);
+    return 1;
+  }
+  close(fd);
+  std::error_code ec;
+  const fs::path abs = fs::absolute(file, ec);
+  setenv("SOFTRDMA_CAPTURE", ec ? file.c_str() : abs.c_str(), 1);
+  if (print_env) fmt::print(stderr, "softrdma capture: SOFTRDMA_CAPTURE={}\n", std::getenv("SOFTRDMA_CAPTURE"));
+  return cmd_run(argv_in, print_env, want_view, iwarp);
 }
 
 // Live counters of every softrdma context on this host, read from their shared-memory stats pages.
@@ -626,6 +669,12 @@ int main(int argc, char** argv) {
   run->add_flag("--iwarp", run_iwarp, "Offer iWARP devices only (softrdma_iw_*; SOFTRDMA_TRANSPORT=iwarp)");
   run->footer("PROGRAM ARGS...: the program to run and its arguments (a leading -- is optional)");
 
+  auto* capture = app.add_subcommand(
+      "capture", "Run PROGRAM ARGS... as `run` does, writing its RoCE packets to a pcapng file (-w FILE)");
+  std::string capture_file;
+  capture->add_option("-w", capture_file, "The pcapng file to write (truncated first)");
+  capture->footer("Also takes run's options. PROGRAM ARGS...: the program to run and its arguments (after --)");
+
   auto* version = app.add_subcommand("version", "Print the version and the library in use");
 
   auto* stat = app.add_subcommand("stat", "Live counters of the running softrdma processes (as rdma statistic)");
@@ -640,31 +689,35 @@ int main(int argc, char** argv) {
 
   // `run` takes its own few options, then PROGRAM: everything from PROGRAM on is PROGRAM's, which
   // a general option parser would try to interpret, so `run` is split off by hand.
-  if (argc >= 2 && std::string_view(argv[1]) == "run") {
+  const bool is_capture = argc >= 2 && std::string_view(argv[1]) == "capture";
+  if (argc >= 2 && (std::string_view(argv[1]) == "run" || is_capture)) {
     std::vector<std::string> rest;
     int i = 2;
     for (; i < argc; ++i) {
       std::string_view a = argv[i];
-      if (a == "--print-env") {
+      if (is_capture && a == "-w" && i + 1 < argc) {
+        capture_file = argv[++i];
+      } else if (a == "--print-env") {
         print_env = true;
       } else if (a == "--no-view") {
         no_view = true;
       } else if (a == "--iwarp") {
         run_iwarp = true;
       } else if (a == "-h" || a == "--help") {
-        fmt::print("{}", run->help());
+        fmt::print("{}", (is_capture ? capture : run)->help());
         return 0;
       } else if (a == "--") {
         ++i;
         break;
       } else if (!a.empty() && a.front() == '-') {
-        fmt::print(stderr, "softrdma run: unknown option {} (use -- before PROGRAM)\n", a);
+        fmt::print(stderr, "softrdma {}: unknown option {} (use -- before PROGRAM)\n", argv[1], a);
         return 2;
       } else {
         break;
       }
     }
     for (; i < argc; ++i) rest.emplace_back(argv[i]);
+    if (is_capture) return cmd_capture(capture_file, rest, print_env, !no_view, run_iwarp);
     return cmd_run(rest, print_env, !no_view, run_iwarp);
   }
 

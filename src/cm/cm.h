@@ -114,6 +114,9 @@ struct Connection {
   bool ud = false;             // a datagram port space: SIDR instead of REQ/REP/RTU
   uint16_t port_space = 0;     // for IP service IDs
   int sock = -1;  // UDP socket holding this endpoint's port (and receiving REQs while listening)
+  // An IPv6 socket (IPV6_V6ONLY) holding the port in IPv6's port space, for a bind to "::": never
+  // polled, no CM datagram comes over IPv6 yet (docs/rdmacm.md).
+  int sock6 = -1;
   const Device* dev = nullptr;
   uint32_t local_ip_be = 0;    // the bound or resolved source address
   uint16_t local_port = 0;     // the port bound (host order)
@@ -187,6 +190,9 @@ class Consumer {
   virtual int attach_iwarp(Connection&, const IwarpConn&) { return EOPNOTSUPP; }
   // Whether ids bound to no device (wildcard, loopback) are iWARP: the first device's transport.
   virtual bool default_iwarp() { return false; }
+  // Whether the connection's QP says its peer's process is gone (a peer on another host; its kernel
+  // tells: transport/engine.h, peer_gone).
+  virtual bool peer_gone(const Connection&) { return false; }
   // A connection refused for a wire protection mismatch (protect.h), by either side: counted.
   virtual void wire_rejected(Connection&) {}
 };
@@ -224,6 +230,9 @@ class Manager {
 
   // Binds c's UDP socket (its port is the rdma_cm port; docs/rdmacm.md "port space"). 0 or an errno.
   int bind_port(Connection& c, uint32_t ip_be, uint16_t port_be);
+  // A bind to "::": the port in IPv6's port space and, unless v6_only, IPv4's wildcard too (the
+  // connections that can come). 0 or an errno.
+  int bind_port_v6(Connection& c, bool v6_only, uint16_t port_be);
   int listen(Connection& c);  // binds to the wildcard first if unbound; 0 or an errno
   // Address resolution: the source address (src_ip_be, or what the route to dst picks), its device,
   // the port bound. 0: resolved; > 0: an errno for an ADDR_ERROR event; < 0: -errno of the bind.

@@ -24,6 +24,7 @@
 #include "cm/protect.h"
 #include "config/config.h"
 #include "net/interfaces.h"
+#include "net/os_socket.h"
 #include "net/registry.h"
 #include "net/udp_port.h"
 #include "wire/headers.h"
@@ -80,7 +81,7 @@ bool owner_alive(uint32_t comm_id) {
 bool is_local(uint32_t ip_be) { return net::is_local_ip(ip_be); }
 
 int route_source(uint32_t dst_ip_be, uint16_t dst_port_be, uint32_t& src_ip_be) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int fd = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_in probe{};
   probe.sin_family = AF_INET;
   probe.sin_addr.s_addr = dst_ip_be;
@@ -104,7 +105,7 @@ Manager& Manager::get() {
 }
 
 Manager::Manager() {
-  sock_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sock_ = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   // DF with IP identification 0, as softrdma's data sockets send: the ICRC covers both
   // (wire/icrc.h), and kernel rxe drops MADs whose ICRC does not match.
   int pmtu = IP_PMTUDISC_DO;
@@ -246,7 +247,7 @@ int Manager::bind_port(Connection& c, uint32_t ip_be, uint16_t port_be) {
 }
 
 int Manager::bind_socket(Connection& c, int type, uint32_t ip_be, uint16_t port_be) {
-  int fd = socket(AF_INET, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int fd = net::os_socket(AF_INET, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
   if (type == SOCK_STREAM) {
     int one = 1;
@@ -270,10 +271,43 @@ int Manager::bind_socket(Connection& c, int type, uint32_t ip_be, uint16_t port_
   return 0;
 }
 
+int Manager::bind_port_v6(Connection& c, bool v6_only, uint16_t port_be) {
+  if (!v6_only)
+    if (int e = bind_port(c, INADDR_ANY, port_be)) return e;
+  int fd = net::os_socket(AF_INET6, (c.iwarp ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int one = 1;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_any;
+  a.sin6_port = v6_only ? port_be : htons(c.local_port);
+  if (fd < 0 || setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    int e = fd < 0 ? EAFNOSUPPORT : errno;
+    if (fd >= 0) close(fd);
+    if (c.sock >= 0) close(c.sock);
+    c.sock = -1;
+    c.st = St::Idle;
+    return e;
+  }
+  socklen_t l = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
+  c.sock6 = fd;
+  if (v6_only) {
+    c.service_port = c.local_port = ntohs(a.sin6_port);
+    c.local_ip_be = 0;
+    if (c.st == St::Idle) c.st = St::Bound;
+  }
+  return 0;
+}
+
 int Manager::listen(Connection& c) {
-  if (c.sock < 0)
+  if (c.sock < 0 && c.sock6 < 0)
     if (int e = bind_port(c, INADDR_ANY, 0)) return e;
   if (c.st != St::Bound && c.st != St::Listen) return EINVAL;
+  if (c.sock < 0) {  // IPv6 only: it holds its port, and hears nothing until IPv6 is carried
+    c.st = St::Listen;
+    return 0;
+  }
   if (c.iwarp) return iw_listen(c);
   // A wildcard listener hears every device, as the kernel's: open them all, so that this host has a
   // 4791 holder to forward REQs from other hosts even when no other softrdma process runs here.
@@ -537,6 +571,8 @@ void Manager::destroy(Connection& c, std::unique_lock<std::mutex>& lock) {
     close(c.sock);
     c.sock = -1;
   }
+  if (c.sock6 >= 0) close(c.sock6);
+  c.sock6 = -1;
 }
 
 void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Connection* L) {
@@ -929,8 +965,10 @@ void Manager::timers() {
     }
   }
   for (Connection* c : conns_) {
-    if (c->st != St::Connected || !c->peer_local || c->ud || c->iwarp) continue;
-    if (owner_alive(c->remote_comm_id)) continue;
+    if (c->st != St::Connected || c->ud || c->iwarp) continue;
+    // A remote peer's host answers our probes only while a process holds its 4791 (the dead one
+    // may have been the holder); the QP's peer context's kernel tells at once (reliability.md).
+    if (c->peer_local ? owner_alive(c->remote_comm_id) : !(consumer_ && consumer_->peer_gone(*c))) continue;
     c->st = St::Disconnected;
     post(*c, Event{EventKind::Disconnected});
   }

@@ -25,8 +25,14 @@ constexpr Variable kTable[] = {
      "src/net/impairment.h)"},
     {"SOFTRDMA_SPIN_US", Type::Uint, "200", "libibverbs",
      "how long the progress thread spins after its last work before it blocks (microseconds)"},
+    {"SOFTRDMA_PEER_PAUSE_MS", Type::Uint, "60000", "libibverbs",
+     "how long an RC requester keeps resending, past retry_cnt, to a peer whose host and process are "
+     "known to exist (a paused or starved process); `0`: IBTA retry counting only (docs/reliability.md)"},
     {"SOFTRDMA_GSO", Type::Bool, "1", "libibverbs",
      "`0`: no UDP segmentation/receive offload, one datagram per packet (docs/architecture.md)"},
+    {"SOFTRDMA_CAPTURE", Type::Path, "", "libibverbs",
+     "append every RoCE packet of this process to this pcapng file, as `softrdma capture` does "
+     "(docs/debugging.md)"},
     {"SOFTRDMA_COUNTERS", Type::Flag, "", "libibverbs",
      "set: each context prints its nonzero counters to stderr when it closes (docs/reliability.md)"},
     {"SOFTRDMA_STATS_MODE", Type::Octal, "0600", "libibverbs",
@@ -54,7 +60,7 @@ constexpr Variable kTable[] = {
      "how long iWARP connection setup waits for the MPA reply and request (both)"},
     {"SOFTRDMA_MPA_CRC", Type::Bool, "0", "librdmacm", "`1`: ask for MPA CRCs on every FPDU (docs/iwarp.md)"},
     // the softrdma command
-    {"SOFTRDMA_LIB_DIR", Type::Path, "<dir of softrdma>/../lib", "softrdma",
+    {"SOFTRDMA_LIB_DIR", Type::Path, "<dir of softrdma>/../lib/softrdma (installed), ../lib (build)", "softrdma",
      "directory of the libraries `softrdma run` gives the program"},
     {"SOFTRDMA_VIEW", Type::Bool, "1", "softrdma",
      "`0`: no device view: the program sees the host's `/sys` and `/dev` (as `--no-view`; "
@@ -243,7 +249,9 @@ Settings parse(const Lookup& lookup) {
   s.direct = bool_value(lookup, "SOFTRDMA_DIRECT", s.impair.empty());
   s.direct_peers = peers_value(value(lookup, "SOFTRDMA_DIRECT_PEERS"));
   s.spin_us = uint_value(lookup, "SOFTRDMA_SPIN_US");
+  s.peer_pause_ms = uint_value(lookup, "SOFTRDMA_PEER_PAUSE_MS");
   s.gso = bool_value(lookup, "SOFTRDMA_GSO", table_default("SOFTRDMA_GSO") != 0);
+  s.capture = text_value(lookup, "SOFTRDMA_CAPTURE");
   s.counters = value(lookup, "SOFTRDMA_COUNTERS") != nullptr;
   s.stats_mode = octal_value(value(lookup, "SOFTRDMA_STATS_MODE"));
   s.registry = text_value(lookup, "SOFTRDMA_REGISTRY");

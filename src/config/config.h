@@ -63,7 +63,9 @@ struct Settings {
   DirectPeers direct_peers = DirectPeers::User;    // SOFTRDMA_DIRECT_PEERS
   std::string impair;                              // SOFTRDMA_IMPAIR, the spec (net/impairment.h)
   uint64_t spin_us = 200;                          // SOFTRDMA_SPIN_US
+  uint64_t peer_pause_ms = 60000;                  // SOFTRDMA_PEER_PAUSE_MS
   bool gso = true;                                 // SOFTRDMA_GSO
+  std::string capture;                             // SOFTRDMA_CAPTURE ("": no capture)
   bool counters = false;                           // SOFTRDMA_COUNTERS
   std::optional<uint32_t> stats_mode;              // SOFTRDMA_STATS_MODE; nullopt: not octal or unset
   std::string registry;                            // SOFTRDMA_REGISTRY ("": the default path)
@@ -76,7 +78,7 @@ struct Settings {
   std::optional<uint64_t> mpa_timeout_ms;          // SOFTRDMA_MPA_TIMEOUT_MS; nullopt: siw's timers
   bool mpa_crc = false;                            // SOFTRDMA_MPA_CRC
   // the softrdma command
-  std::string lib_dir;                             // SOFTRDMA_LIB_DIR ("": <dir of softrdma>/../lib)
+  std::string lib_dir;                             // SOFTRDMA_LIB_DIR ("": found next to softrdma)
   bool view = true;                                // SOFTRDMA_VIEW
 };
 

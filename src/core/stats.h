@@ -35,7 +35,12 @@ namespace softrdma::core {
   X(direct_refused) /* local direct-path clients refused: wrong user (SOFTRDMA_DIRECT_PEERS) or no QP connection */ \
   X(direct_bad_inbox) /* inbox entries a connected direct peer wrote that fail their checks (dropped, QP to error) */ \
   X(poll_passes) /* progress passes that empty ibv_poll_cq calls ran in the application's thread (run to completion) */ \
-  X(poll_rx_packets) /* packets those passes received, of rx_packets (the rest: the progress thread, posts) */
+  X(poll_rx_packets) /* packets those passes received, of rx_packets (the rest: the progress thread, posts) */ \
+  X(peer_paused) /* retry budgets refilled past retry_cnt: the peer's kernel vouched for its process (reliability.md) */ \
+  X(peer_gone) /* requests failed at once: the peer's kernel said its process is gone (refused, reset, closed) */ \
+  X(direct_unavailable) /* direct-path set-ups that failed: this context's endpoint, or a connection to a peer's (packets instead) */ \
+  X(roce_port_shared) /* this context took the host's UDP 4791 socket from another process's offer (net/port_share.h) */ \
+  X(roce_stand_in) /* this context began reading 4791 for a holder that did not (stopped, starved or gone) */
 
 // iWARP (transport/iwarp_*.cpp): FPDUs each way, and every refused input by the reason its
 // Terminate names (RFC 5040 §4.8, RFC 5041 §7, RFC 5044 §8).

@@ -1,4 +1,5 @@
 #include "net/interfaces.h"
+#include "net/os_socket.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -50,7 +51,7 @@ void fill_link_details(int sock, Interface& itf) {
 std::vector<Interface> list_interfaces() {
   std::vector<Interface> out;
   IfAddrs addrs;
-  int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int sock = os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   for (ifaddrs* ifa = addrs.head; ifa; ifa = ifa->ifa_next) {
     if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET) continue;
     if (!(ifa->ifa_flags & IFF_UP)) continue;

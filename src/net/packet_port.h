@@ -20,6 +20,8 @@ struct Datagram {
   uint32_t segment = 0;
 };
 
+class Liveness;  // net/liveness.h
+
 class PacketPort {
  public:
   static constexpr size_t kBatch = 64;  // datagrams per receive() / per send batch
@@ -29,6 +31,8 @@ class PacketPort {
   virtual uint32_t ip_be() const = 0;
   // A file descriptor that becomes readable when datagrams arrive (for epoll); -1 when there is none.
   virtual int fd() const { return -1; }
+  // What this port's peers' kernels say of them (liveness.h); nullptr where nobody can be asked.
+  virtual Liveness* liveness() { return nullptr; }
   // Up to max (at most kBatch) datagrams; out[i].data stays valid until the next receive().
   virtual size_t receive(Datagram* out, size_t max) = 0;
   // Room for one datagram of len bytes to (dst_ip_be, dst_port), for the caller to write in place and

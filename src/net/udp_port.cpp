@@ -1,10 +1,14 @@
 #include "net/udp_port.h"
 
+#include "net/capture.h"
 #include "net/impairment.h"
+#include "net/os_socket.h"
 #include "net/gso.h"
+#include "net/liveness.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <netinet/udp.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -21,6 +25,7 @@
 #include <system_error>
 
 #include "config/config.h"
+#include "wire/headers.h"
 
 namespace softrdma::net {
 namespace {
@@ -74,9 +79,8 @@ struct UdpPort::Buffers {
 
 UdpPort::UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings)
     : ip_be_(ip_be), buf_(std::make_unique<Buffers>()) {
-  const uint64_t index = g_ports_created.fetch_add(1, std::memory_order_relaxed);
-  if (auto cfg = impairment_from(settings.impair)) impair_ = std::make_unique<PortImpairment>(*cfg, index);
-  fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  open_hooks(settings);
+  fd_ = os_socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0) throw_errno(errno, "socket");
   auto fail = [this](const char* what) {
     int err = errno;
@@ -106,20 +110,66 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings
   if (port == 0) {
     // Random tries, then the kernel's choice (a receiver then only checks us less strictly than it could).
     static std::atomic<uint64_t> draw{static_cast<uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull};
+    // The TCP number too, for the liveness listener (liveness.h); the last tries take a UDP port alone.
+    int listener = -1;
     for (int attempt = 0; attempt < 64 && !bound; ++attempt) {
       uint64_t r = draw.fetch_add(0x9E3779B97F4A7C15ull, std::memory_order_relaxed);
       r ^= r >> 29;
-      addr.sin_port = htons(static_cast<uint16_t>(kContextPortBegin + r % (kContextPortEnd - kContextPortBegin)));
+      const uint16_t number = static_cast<uint16_t>(kContextPortBegin + r % (kContextPortEnd - kContextPortBegin));
+      addr.sin_port = htons(number);
+      listener = Liveness::listen_on(ip_be, number);
+      if (listener < 0 && attempt < 48) continue;
       bound = bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
-      if (!bound && errno != EADDRINUSE) fail("bind");
+      if (!bound) {
+        const int err = errno;
+        if (listener >= 0) close(listener);
+        listener = -1;
+        errno = err;
+        if (err != EADDRINUSE) fail("bind");
+      }
     }
+    if (bound) liveness_ = std::make_unique<Liveness>(listener, ip_be);
     addr.sin_port = 0;
   }
   if (!bound && bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) fail("bind");
   socklen_t alen = sizeof(addr);
   if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) fail("getsockname");
   port_ = ntohs(addr.sin_port);
+  init_buffers();
+}
 
+UdpPort::UdpPort(Adopt, int fd, const config::Settings& settings)
+    : fd_(fd), buf_(std::make_unique<Buffers>()) {
+  open_hooks(settings);
+  auto fail = [this](int err, const char* what) {
+    close(fd_);
+    fd_ = -1;
+    throw_errno(err, what);
+  };
+  sockaddr_in addr{};
+  socklen_t alen = sizeof(addr);
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) fail(errno, "getsockname");
+  ip_be_ = addr.sin_addr.s_addr;
+  port_ = ntohs(addr.sin_port);
+  // Receiving must split what the socket's owner asked to get segmented: a port whose own settings
+  // differ (SOFTRDMA_GSO=0 against a segmenting socket, or a kernel that cannot say) does not adopt it.
+  int gro = 0;
+  socklen_t glen = sizeof(gro);
+  if (getsockopt(fd_, SOL_UDP, UDP_GRO, &gro, &glen) != 0) fail(errno, "UDP_GRO");
+  if ((gro != 0) != settings.gso) fail(EPROTONOSUPPORT, "segmentation differs from the socket's owner");
+  gso_ = gro != 0;
+  int nonblocking = fcntl(fd_, F_GETFL);
+  if (nonblocking < 0 || !(nonblocking & O_NONBLOCK)) fail(EINVAL, "a blocking socket");
+  init_buffers();
+}
+
+void UdpPort::open_hooks(const config::Settings& settings) {
+  const uint64_t index = g_ports_created.fetch_add(1, std::memory_order_relaxed);
+  if (auto cfg = impairment_from(settings.impair)) impair_ = std::make_unique<PortImpairment>(*cfg, index);
+  capture_ = Capture::open(settings.capture);
+}
+
+void UdpPort::init_buffers() {
   // Message headers point at fixed storage once; receive()/send() only refresh lengths.
   Buffers& b = *buf_;
   for (size_t i = 0; i < kBatch; ++i) {
@@ -256,6 +306,10 @@ size_t UdpPort::receive_raw(Datagram* out, size_t max) {
     d.peer_ip_be = b.rx_peer_ip[i];
     d.peer_port = b.rx_peer_port[i];
     d.local_ip_be = b.rx_local_ip[i];
+    // From this host, the sender's port captured it (when it is captured too): one frame per packet.
+    if (capture_ && d.peer_ip_be != d.local_ip_be) [[unlikely]]
+      capture_->packet(d.data, d.len, {d.peer_ip_be, d.local_ip_be, d.peer_port, port_, static_cast<uint16_t>(d.segment)},
+                       Capture::Direction::Inbound);
     ++stats_.rx_packets;
     stats_.rx_bytes += d.len;
     if (b.rx_cursor.done() && ++rx_next_ < rx_got_)
@@ -303,7 +357,11 @@ uint8_t* UdpPort::place(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, boo
     placing_new_ = false;
     GsoRun& r = b.tx_run[placing_slot_];
     *ip_id = static_cast<uint16_t>(r.segments);
-    return static_cast<uint8_t*>(b.tx_iov[placing_slot_].iov_base) + r.bytes;
+    placing_id_ = *ip_id;
+    placing_at_ = static_cast<uint8_t*>(b.tx_iov[placing_slot_].iov_base) + r.bytes;
+    placing_ip_ = dst_ip_be;
+    placing_port_ = dst_port;
+    return placing_at_;
   }
   if (tx_count_ == kBatch) send_batch();
   placing_slot_ = tx_count_;
@@ -312,11 +370,18 @@ uint8_t* UdpPort::place(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, boo
   placing_port_ = dst_port;
   placing_coalesce_ = coalesce;
   *ip_id = 0;
-  return static_cast<uint8_t*>(b.tx_iov[placing_slot_].iov_base);
+  placing_id_ = 0;
+  placing_at_ = static_cast<uint8_t*>(b.tx_iov[placing_slot_].iov_base);
+  return placing_at_;
 }
 
 void UdpPort::place_commit() {
   Buffers& b = *buf_;
+  // From 4791 to this host's own address is the 4791 holder handing a packet from another host to its
+  // owner (transport/roce_ports.cpp), already framed as it arrived.
+  if (capture_ && !(port_ == wire::kRoceUdpPort && placing_ip_ == ip_be_)) [[unlikely]]
+    capture_->packet(placing_at_, placing_len_, {ip_be_, placing_ip_, port_, placing_port_, placing_id_},
+                     Capture::Direction::Outbound);
   GsoRun& r = b.tx_run[placing_slot_];
   if (!placing_new_) {
     r.add(placing_len_);

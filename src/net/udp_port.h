@@ -11,6 +11,8 @@
 namespace softrdma::net {
 
 struct PortImpairment;  // net/impairment.h
+class Capture;          // net/capture.h
+class Liveness;         // net/liveness.h
 
 class UdpPort final : public PacketPort {
  public:
@@ -19,6 +21,7 @@ class UdpPort final : public PacketPort {
   // Port 0 binds a free port in [kContextPortBegin, kContextPortEnd): below the 0xC000 and up that RoCE
   // stacks send from, so that a receiver knows a softrdma context (identification 0) by its source port.
   static constexpr uint16_t kContextPortBegin = 32768, kContextPortEnd = 0xC000;
+  static constexpr bool is_context_port(uint16_t port) { return port >= kContextPortBegin && port < kContextPortEnd; }
 
   // Binds an unconnected, nonblocking UDP socket to (ip_be, port) (port 0: see above), with DF set
   // (IP_PMTUDISC_DO: the kernel then sends IP identification 0, which the ICRC covers), IP_PKTINFO on,
@@ -26,6 +29,11 @@ class UdpPort final : public PacketPort {
   // Throws std::system_error on failure.
   // settings: SOFTRDMA_IMPAIR and SOFTRDMA_GSO, from the environment when the port opens unless given.
   UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings = config::parse());
+  // Takes fd, a nonblocking UDP socket another port bound and configured (net/port_share.h: a
+  // process's duplicate of the host's 4791 socket). Throws std::system_error (closing fd) when its
+  // segmentation differs from what settings ask, since received buffers would then be misread.
+  struct Adopt {};
+  UdpPort(Adopt, int fd, const config::Settings& settings = config::parse());
   ~UdpPort();
   UdpPort(const UdpPort&) = delete;
   UdpPort& operator=(const UdpPort&) = delete;
@@ -33,6 +41,8 @@ class UdpPort final : public PacketPort {
   int fd() const override { return fd_; }
   uint16_t port() const override { return port_; }  // host order; the actual port when 0 was asked
   uint32_t ip_be() const override { return ip_be_; }
+  // A context port (port 0 asked) also listens on TCP at its number, when that was free.
+  Liveness* liveness() override { return liveness_.get(); }
 
   // Receives up to max (at most kBatch) datagrams with one recvmmsg into the port's own buffers; a
   // buffer that arrived segmented (UDP_GRO) gives one datagram per segment, over as many calls as it
@@ -60,6 +70,9 @@ class UdpPort final : public PacketPort {
   const PortImpairment* impairment() const { return impair_.get(); }
 
  private:
+  // SOFTRDMA_IMPAIR's faults (seeded by the port's index in this process) and SOFTRDMA_CAPTURE.
+  void open_hooks(const config::Settings& settings);
+  void init_buffers();
   size_t receive_raw(Datagram* out, size_t max);
   size_t receive_impaired(Datagram* out, size_t max);
   uint8_t* place(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id);
@@ -77,13 +90,16 @@ class UdpPort final : public PacketPort {
   size_t placing_slot_ = 0;
   bool placing_new_ = false;
   uint32_t placing_len_ = 0, placing_ip_ = 0;
-  uint16_t placing_port_ = 0;
+  uint16_t placing_port_ = 0, placing_id_ = 0;
+  uint8_t* placing_at_ = nullptr;
   bool placing_coalesce_ = false;
   // Receive side: slots filled by the last recvmmsg, and the one being split into its segments.
   size_t rx_got_ = 0, rx_next_ = 0;
   Stats stats_{};
   std::unique_ptr<Buffers> buf_;
   std::unique_ptr<PortImpairment> impair_;
+  std::shared_ptr<Capture> capture_;  // SOFTRDMA_CAPTURE; nullptr when off
+  std::unique_ptr<Liveness> liveness_;
 };
 
 // Whether some socket of this network namespace is bound to UDP `port` (any local address), read from

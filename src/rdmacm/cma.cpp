@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -42,6 +43,57 @@ uint32_t gid_ip(const uint8_t* raw) {
 
 sockaddr_in* sin_of(sockaddr* a) { return reinterpret_cast<sockaddr_in*>(a); }
 
+// The IPv4 address an rdma_cm address stands for: an IPv4 one, and of IPv6 the IPv4-mapped
+// (::ffff:a.b.c.d) and the wildcard (::, as 0.0.0.0). False for any other IPv6 address: RoCE over
+// IPv6 is not carried yet. Ports sit at the same offset in both families (sin_port, sin6_port).
+bool ipv4_of(const sockaddr* a, uint32_t& ip_be) {
+  if (a->sa_family == AF_INET) {
+    ip_be = reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr;
+    return true;
+  }
+  if (a->sa_family != AF_INET6) return false;
+  const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+  if (IN6_IS_ADDR_UNSPECIFIED(&v6)) {
+    ip_be = INADDR_ANY;
+    return true;
+  }
+  if (!IN6_IS_ADDR_V4MAPPED(&v6)) return false;
+  std::memcpy(&ip_be, &v6.s6_addr[12], 4);
+  return true;
+}
+
+// Writes ip:port into an rdma_cm address slot in the family the id uses (IPv4-mapped, or :: for the
+// wildcard, when AF_INET6).
+void set_addr(sockaddr* slot, sa_family_t family, uint32_t ip_be, uint16_t port_be) {
+  if (family == AF_INET6) {
+    auto* s6 = reinterpret_cast<sockaddr_in6*>(slot);
+    std::memset(s6, 0, sizeof *s6);
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = port_be;
+    if (ip_be != INADDR_ANY) {
+      s6->sin6_addr.s6_addr[10] = s6->sin6_addr.s6_addr[11] = 0xFF;
+      std::memcpy(&s6->sin6_addr.s6_addr[12], &ip_be, 4);
+    }
+    return;
+  }
+  auto* s4 = sin_of(slot);
+  std::memset(s4, 0, sizeof *s4);
+  s4->sin_family = AF_INET;
+  s4->sin_addr.s_addr = ip_be;
+  s4->sin_port = port_be;
+}
+
+// The kernel's default for RDMA_OPTION_ID_AFONLY on an AF_INET6 id: net.ipv6.bindv6only.
+bool default_v6_only() {
+  FILE* f = std::fopen("/proc/sys/net/ipv6/bindv6only", "re");
+  int v = 0;
+  if (f) {
+    if (std::fscanf(f, "%d", &v) != 1) v = 0;
+    std::fclose(f);
+  }
+  return v != 0;
+}
+
 // UD port spaces connect with SIDR (IBTA 12.11) instead of REQ/REP/RTU.
 bool is_ud(const Id* id) { return id->conn.ud; }
 
@@ -59,10 +111,7 @@ Id* id_of(cm::Connection& c) { return static_cast<Id*>(c.owner); }
 
 // The id's route after the protocol bound or resolved its addresses.
 void set_src(Id* id) {
-  auto* src = sin_of(&id->pub.route.addr.src_addr);
-  src->sin_family = AF_INET;
-  src->sin_addr.s_addr = id->conn.local_ip_be;
-  src->sin_port = htons(id->conn.local_port);
+  set_addr(&id->pub.route.addr.src_addr, id->family, id->conn.local_ip_be, htons(id->conn.local_port));
 }
 
 // What the ABI layer keeps beside the protocol (under cm::Manager::mu).
@@ -82,6 +131,10 @@ struct Abi final : cm::Consumer {
     return qp ? qp->qp_num : 0;
   }
   int attach_iwarp(cm::Connection& c, const cm::IwarpConn& ic) override;
+  bool peer_gone(const cm::Connection& c) override {
+    ibv_qp* qp = static_cast<const Id*>(c.owner)->pub.qp;
+    return qp && softrdma_qp_peer_gone(qp) == 1;
+  }
   void wire_rejected(cm::Connection& c) override {
     if (Device* d = device_for(c.local_ip_be)) softrdma_count_wire_reject(d->ctx);
   }
@@ -433,7 +486,7 @@ SOFTRDMA_EXPORT int rdma_create_id(rdma_event_channel* ch, rdma_cm_id** out, voi
       return -1;
     }
     ch = &c->pub;
-    id->sync = true;
+    id->sync = id->owns_channel = true;
   }
   id->pub.channel = ch;
   id->pub.context = context;
@@ -472,7 +525,7 @@ SOFTRDMA_EXPORT int rdma_destroy_id(rdma_cm_id* pid) {
   const bool unacked = id->events_out > 0;
   m.destroy(id->conn, lock);
   lock.unlock();
-  if (id->sync) release_channel(reinterpret_cast<Channel*>(id->pub.channel), false);
+  if (id->owns_channel) release_channel(reinterpret_cast<Channel*>(id->pub.channel), false);
   free(id->pub.route.path_rec);
   id->pub.route.path_rec = nullptr;
   if (unacked) {
@@ -539,38 +592,47 @@ SOFTRDMA_EXPORT int rdma_ack_cm_event(rdma_cm_event* ev) {
 
 SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
   if (!pid || !addr) return fail(EINVAL);
-  if (addr->sa_family != AF_INET) return fail(EAFNOSUPPORT);
+  uint32_t ip;
+  if (!ipv4_of(addr, ip)) return fail(EAFNOSUPPORT);
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
-  if (id->conn.sock >= 0) return fail(EINVAL);
-  uint32_t ip = sin_of(addr)->sin_addr.s_addr;
-  // A loopback address binds to no device, as the wildcard does: id->verbs stays NULL, and ids that
-  // connect through this one find the loopback device then. The kernel would attach the device holding
-  // the address; libfabric's verbs provider needs this instead (its default source, "localhost", must
-  // not pick one device: docs/rdmacm.md).
-  const bool loopback = (ntohl(ip) >> 24) == 127;
-  if (ip != INADDR_ANY && !loopback) {
+  if (id->conn.sock >= 0 || id->conn.sock6 >= 0) return fail(EINVAL);
+  id->family = addr->sa_family;
+  // A specific address attaches the device that holds it, as the kernel's rdma_bind_addr does; any
+  // 127/8 address is the loopback device's (softrdma_lo holds the host's loopback). One departure
+  // (docs/rdmacm.md): a synchronous id bound to loopback with port 0 -- libfabric's verbs provider
+  // probing its default source, "localhost" -- attaches none, or libfabric would keep only
+  // softrdma_lo's domains and, never offering FI_EP_MSG on a loopback interface, offer none.
+  const bool probe = (ntohl(ip) >> 24) == 127 && sin_of(addr)->sin_port == 0 && id->sync;
+  if (ip != INADDR_ANY && !probe) {
     id->conn.dev = abi().device_for(ip);
     if (!id->conn.dev) return fail(EADDRNOTAVAIL);
     attach_device(id);
-    set_gid(id->pub.route.addr.addr.ibaddr.sgid, ip);
+    set_gid(id->pub.route.addr.addr.ibaddr.sgid, id->conn.dev->ip_be);
   }
   // The port is a TCP port on iWARP (docs/iwarp.md); unbound to a device, the first device decides.
   id->conn.iwarp = id->conn.dev ? id->conn.dev->iwarp : abi().default_iwarp();
-  if (int e = M().bind_port(id->conn, ip, sin_of(addr)->sin_port)) return fail(e);
+  if (id->family == AF_INET6 && ip == INADDR_ANY) {
+    // "::" takes the port in IPv6's port space and, unless AFONLY, is IPv4's wildcard as well.
+    const bool v6_only = id->afonly >= 0 ? id->afonly != 0 : default_v6_only();
+    if (v6_only && id->conn.iwarp) return fail(EAFNOSUPPORT);  // an iWARP listener needs its TCP socket
+    if (int e = M().bind_port_v6(id->conn, v6_only, sin_of(addr)->sin_port)) return fail(e);
+  } else if (int e = M().bind_port(id->conn, ip, sin_of(addr)->sin_port)) {
+    return fail(e);
+  }
   set_src(id);
   return 0;
 }
 
 SOFTRDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* pid, sockaddr* src, sockaddr* dst, int /*timeout_ms*/) {
   if (!pid || !dst) return fail(EINVAL);
-  if (dst->sa_family != AF_INET || (src && src->sa_family != AF_INET)) return fail(EAFNOSUPPORT);
+  uint32_t dst_ip, src_ip = 0;
+  if (!ipv4_of(dst, dst_ip) || (src && !ipv4_of(src, src_ip))) return fail(EAFNOSUPPORT);
   Id* id = to_id(pid);
   auto& m = M();
   {
     std::lock_guard lock(m.mu);
-    uint32_t dst_ip = sin_of(dst)->sin_addr.s_addr;
-    uint32_t src_ip = src ? sin_of(src)->sin_addr.s_addr : 0;
+    if (id->conn.sock < 0 && id->conn.sock6 < 0) id->family = dst->sa_family;  // the source follows
     int rc = m.resolve_addr(id->conn, src_ip, src ? sin_of(src)->sin_port : 0, dst_ip);
     if (rc < 0) return fail(-rc);
     if (rc > 0) {
@@ -578,7 +640,7 @@ SOFTRDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* pid, sockaddr* src, sockaddr* 
     } else {
       attach_device(id);
       set_src(id);
-      std::memcpy(&id->pub.route.addr.dst_addr, dst, sizeof(sockaddr_in));
+      std::memcpy(&id->pub.route.addr.dst_addr, dst, dst->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
       set_gid(id->pub.route.addr.addr.ibaddr.sgid, id->conn.local_ip_be);
       set_gid(id->pub.route.addr.addr.ibaddr.dgid, dst_ip);
       id->pub.route.addr.addr.ibaddr.pkey = 0xFFFF;
@@ -850,9 +912,9 @@ SOFTRDMA_EXPORT int rdma_migrate_id(rdma_cm_id* pid, rdma_event_channel* ch) {
       }
     }
   }
-  bool destroy_old = id->sync;
+  bool destroy_old = id->owns_channel;
   id->pub.channel = ch;
-  id->sync = sync;
+  id->sync = id->owns_channel = sync;
   lock.unlock();
   if (destroy_old && old && old != nc) release_channel(old, false);
   return 0;
@@ -866,7 +928,13 @@ SOFTRDMA_EXPORT int rdma_set_option(rdma_cm_id* pid, int level, int optname, voi
     id->conn.ack_timeout_opt = std::min<uint8_t>(*static_cast<uint8_t*>(optval), 31);
     return 0;
   }
-  if (level == RDMA_OPTION_ID || level == RDMA_OPTION_IB) return 0;  // TOS, REUSEADDR, AFONLY, path: accepted
+  if (level == RDMA_OPTION_ID && optname == RDMA_OPTION_ID_AFONLY && optlen == sizeof(int)) {
+    std::lock_guard lock(M().mu);
+    if (id->conn.sock >= 0 || id->conn.sock6 >= 0) return fail(EINVAL);  // before the bind, as the kernel
+    id->afonly = *static_cast<int*>(optval) != 0;
+    return 0;
+  }
+  if (level == RDMA_OPTION_ID || level == RDMA_OPTION_IB) return 0;  // TOS, REUSEADDR, path: accepted
   return fail(ENOSYS);
 }
 
@@ -967,43 +1035,52 @@ SOFTRDMA_EXPORT void rdma_destroy_srq(rdma_cm_id* pid) {
 }
 
 namespace {
-// A copy of an IPv4 address given in hints (NULL when absent; false when it is not IPv4).
-bool hint_addr(const sockaddr* a, socklen_t len, sockaddr_in** out) {
+// The length of an rdma_cm socket address of family f (0: a family rdma_getaddrinfo does not give).
+socklen_t addr_len(int f) { return f == AF_INET ? sizeof(sockaddr_in) : f == AF_INET6 ? sizeof(sockaddr_in6) : 0; }
+
+// A malloc'd copy of an address of family AF_INET or AF_INET6 (NULL when absent; false when it is of
+// another family or short).
+bool copy_addr(const sockaddr* a, socklen_t len, sockaddr** out) {
   *out = nullptr;
   if (!a || !len) return true;
-  if (a->sa_family != AF_INET || len < sizeof(sockaddr_in)) return false;
-  *out = static_cast<sockaddr_in*>(malloc(sizeof(sockaddr_in)));
-  if (*out) std::memcpy(*out, a, sizeof(sockaddr_in));
+  const socklen_t want = addr_len(a->sa_family);
+  if (!want || len < want) return false;
+  *out = static_cast<sockaddr*>(malloc(want));
+  if (*out) std::memcpy(*out, a, want);
   return true;
 }
 }  // namespace
 
 // Without node and service the addresses come from hints.ai_src_addr / ai_dst_addr (rdma_getaddrinfo(3)),
-// as libfabric's verbs provider asks for a connecting endpoint.
+// as libfabric's verbs provider asks for a connecting endpoint. A node or service is resolved in the
+// hints' family: AF_INET unless AF_INET6 is asked for (then IPv4 names come back IPv4-mapped, and a
+// passive service alone is "::").
 SOFTRDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
                                      rdma_addrinfo** res) {
   const bool hinted = hints && ((hints->ai_src_addr && hints->ai_src_len) || (hints->ai_dst_addr && hints->ai_dst_len));
   if (!res || (!node && !service && !hinted)) return fail(EINVAL);
-  if (hints && hints->ai_family && hints->ai_family != AF_INET) return EAI_FAMILY;
+  const int family = hints && hints->ai_family ? hints->ai_family : AF_INET;
+  if (!addr_len(family)) return EAI_FAMILY;
   const bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
-  sockaddr_in* named = nullptr;  // what node/service resolve to
+  sockaddr* named = nullptr;  // what node/service resolve to
   if (node || service) {
     addrinfo h{};
-    h.ai_family = AF_INET;
+    h.ai_family = family;
     h.ai_socktype = SOCK_STREAM;
     if (passive) h.ai_flags |= AI_PASSIVE;
+    if (family == AF_INET6) h.ai_flags |= AI_V4MAPPED;
     if (hints && (hints->ai_flags & RAI_NUMERICHOST)) h.ai_flags |= AI_NUMERICHOST;
     addrinfo* ai = nullptr;
     int rc = getaddrinfo(node, service, &h, &ai);
     if (rc) return rc;
-    named = static_cast<sockaddr_in*>(malloc(sizeof(sockaddr_in)));
-    if (named) std::memcpy(named, ai->ai_addr, sizeof *named);
+    const bool ok = copy_addr(ai->ai_addr, ai->ai_addrlen, &named);
     freeaddrinfo(ai);
+    if (!ok) return EAI_FAMILY;
     if (!named) return EAI_MEMORY;
   }
-  sockaddr_in *src = nullptr, *dst = nullptr;
-  if (!hint_addr(hints ? hints->ai_src_addr : nullptr, hints ? hints->ai_src_len : 0, &src) ||
-      !hint_addr(hints ? hints->ai_dst_addr : nullptr, hints ? hints->ai_dst_len : 0, &dst)) {
+  sockaddr *src = nullptr, *dst = nullptr;
+  if (!copy_addr(hints ? hints->ai_src_addr : nullptr, hints ? hints->ai_src_len : 0, &src) ||
+      !copy_addr(hints ? hints->ai_dst_addr : nullptr, hints ? hints->ai_dst_len : 0, &dst)) {
     free(named);
     free(src);
     free(dst);
@@ -1011,7 +1088,7 @@ SOFTRDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service, cons
   }
   if (named) {
     // The named address replaces the hinted one on its side: the source when passive, else the destination.
-    sockaddr_in*& side = passive ? src : dst;
+    sockaddr*& side = passive ? src : dst;
     free(side);
     side = named;
   }
@@ -1026,15 +1103,15 @@ SOFTRDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service, cons
     return EAI_MEMORY;
   }
   r->ai_flags = hints ? hints->ai_flags : 0;
-  r->ai_family = AF_INET;
+  r->ai_family = src ? src->sa_family : dst ? dst->sa_family : family;
   r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
   r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type
                   : r->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD
                                                     : IBV_QPT_RC;
-  r->ai_src_addr = reinterpret_cast<sockaddr*>(src);
-  r->ai_src_len = src ? sizeof *src : 0;
-  r->ai_dst_addr = reinterpret_cast<sockaddr*>(dst);
-  r->ai_dst_len = dst ? sizeof *dst : 0;
+  r->ai_src_addr = src;
+  r->ai_src_len = src ? addr_len(src->sa_family) : 0;
+  r->ai_dst_addr = dst;
+  r->ai_dst_len = dst ? addr_len(dst->sa_family) : 0;
   *res = r;
   return 0;
 }

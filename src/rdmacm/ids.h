@@ -36,6 +36,13 @@ struct Id {
   rdma_cm_id pub{};  // first: applications hold &pub
   cm::Connection conn;  // the protocol endpoint (conn.owner == this)
   bool sync = false;
+  // The id made its channel itself (rdma_create_id or rdma_migrate_id without one) and releases it.
+  // A synchronous listener's requests share its channel until rdma_get_request gives them their own.
+  bool owns_channel = false;
+  // The family of the id's addresses as the application gave them: AF_INET6 for "::" and IPv4-mapped
+  // addresses, which are carried as IPv4 (docs/rdmacm.md).
+  sa_family_t family = AF_INET;
+  int afonly = -1;  // RDMA_OPTION_ID_AFONLY (-1: not set; net.ipv6.bindv6only decides)
   int events_out = 0;  // delivered to the application, not yet acked
   // rdma_create_ep on a passive id: what rdma_get_request gives each new connection.
   bool has_ep_attr = false;

@@ -122,13 +122,21 @@ void Completer::nak_error(Qp& qp, uint32_t psn, WcStatus status) {
   requester_error(qp, status);
 }
 
+// Forward progress restores the retry budgets (timeouts and RNR NAKs both count per request, not per
+// connection: rxe resets both counters as an ACK completes a WQE) and ends a wait for a paused peer.
+static void forward_progress(Qp& qp) {
+  qp.comp.retries_left = qp.retry_cnt;
+  qp.comp.rnr_retries_left = qp.rnr_retry;
+  qp.comp.paused_since_ns = 0;
+}
+
 // All request PSNs before psn are acknowledged (explicitly, or implicitly by a later response).
 static void acknowledge_before(Qp& qp, uint32_t psn) {
   if (int32_t n = wire::psn_diff(psn, qp.comp.acked_psn); n > 0) {
     // Each acknowledged PSN lets one more out: the window doubles per round trip back to the maximum.
     qp.req.cwnd = std::min(kPsnWindow, qp.req.cwnd + static_cast<uint32_t>(n));
     qp.comp.acked_psn = psn;
-    qp.comp.retries_left = qp.retry_cnt;  // forward progress restores the retry budget
+    forward_progress(qp);
   }
   // Every started WQE counts, also those a rewind put back at or beyond send_index.
   for (uint64_t i = qp.sq.tail.load(std::memory_order_relaxed); i < qp.sq.head.load(std::memory_order_acquire); ++i) {
@@ -167,6 +175,36 @@ void Completer::reissue_read(Qp& qp, SqEntry& e) {
   rewind_to(qp, wire::psn_add(e.first_psn, static_cast<uint32_t>(e.read_received / qp.mtu)));
 }
 
+net::Liveness::Verdict Completer::ask_peer(const Qp& qp, uint64_t now) {
+  const uint64_t timeout_ns = wire::ack_timeout_us(qp.timeout) * 1000;
+  // How long a query may go unacknowledged by the peer's kernel: a stopped process's kernel delays its
+  // ACKs (up to 200 ms: nobody reads, so nothing carries them), and a host that went away must not be
+  // vouched for much longer than retry_cnt takes to run out.
+  const uint64_t max_age = std::max<uint64_t>(2 * timeout_ns, 250'000'000);
+  // An answer tells that the peer's engine ran while this QP went unanswered when its query was
+  // asked after the silence began (about retry_cnt + 1 timeouts ago) and a whole timeout ago, so
+  // that the engine had the time to answer this QP's packets too.
+  const uint64_t budget = (uint64_t{qp.retry_cnt} + 1) * timeout_ns;
+  return peer_liveness(qp, max_age, now > budget ? now - budget : 0, now > timeout_ns ? now - timeout_ns : 0);
+}
+
+bool Completer::wait_for_paused_peer(Qp& qp, net::Liveness::Verdict peer, uint64_t now) {
+  // retry_cnt is spent. IBTA ends the request here; a NIC's peer would have answered long before, so
+  // a peer whose host vouches for its process is a process that does not run (stopped, debugged,
+  // starved): wait for it, up to SOFTRDMA_PEER_PAUSE_MS from the first time the budget ran out.
+  // A process that runs and still leaves the QP unanswered gets IBTA's answer.
+  const uint64_t bound = peer_pause_ns();
+  if (peer != net::Liveness::Verdict::Paused || bound == 0) return false;
+  if (!qp.comp.paused_since_ns) {
+    qp.comp.paused_since_ns = now;
+  } else if (now - qp.comp.paused_since_ns > bound) {
+    return false;
+  }
+  count(&qp, &core::Counters::peer_paused);
+  qp.comp.retries_left = qp.retry_cnt + 1;  // the caller spends one
+  return true;
+}
+
 void Completer::check_timers(Qp& qp, uint64_t now) {
   if (!qp.comp.timer_deadline_ns || now < qp.comp.timer_deadline_ns) return;
   // A timer that fires a whole timeout (and at least 10 ms) late means this engine itself was not
@@ -179,7 +217,16 @@ void Completer::check_timers(Qp& qp, uint64_t now) {
   if (tail == qp.req.send_index && qp.req.send_offset_pkts == 0) return;
   count(&qp, &core::Counters::timeouts);
   if (starved) ++qp.comp.retries_left;  // undone below: this expiry is not counted
-  if (qp.comp.retries_left == 0) {
+  // Silence is no evidence; the peer's kernel may have some (net/liveness.h). A process that is gone
+  // fails the request now; one that exists but does not run (or has not denied the QP) keeps its
+  // requests past retry_cnt.
+  const net::Liveness::Verdict peer = ask_peer(qp, now);
+  if (peer == net::Liveness::Verdict::Dead) {
+    count(&qp, &core::Counters::peer_gone);
+    requester_error(qp, WcStatus::RetryExcErr);
+    return;
+  }
+  if (qp.comp.retries_left == 0 && !wait_for_paused_peer(qp, peer, now)) {
     count(&qp, &core::Counters::retry_exceeded);
     requester_error(qp, WcStatus::RetryExcErr);
     return;
@@ -187,7 +234,7 @@ void Completer::check_timers(Qp& qp, uint64_t now) {
   --qp.comp.retries_left;
   qp.req.cwnd = kMinCwnd;  // nothing came back for a whole timeout: restart from the floor
   // The peer may have come up (or moved) since RTR: look its port up again.
-  resolve_destination(qp);
+  resolve_destination(qp, true);
   // Go back to the oldest unacknowledged request.
   for (uint64_t i = tail; i <= qp.req.send_index && i < qp.sq.head.load(); ++i) {
     SqEntry& e = qp.sq.at(i);
@@ -290,7 +337,7 @@ void Completer::completer_nak(Qp& qp, const wire::Packet& pkt, uint64_t now) {
   uint8_t code = wire::aeth_value(pkt.aeth.syndrome);
   if (code == wire::kNakPsnSeqErr) {
     // The responder lost something: resend from the PSN it expects.
-    if (qp.comp.retries_left == 0) {
+    if (qp.comp.retries_left == 0 && !wait_for_paused_peer(qp, ask_peer(qp, now), now)) {
       count(&qp, &core::Counters::retry_exceeded);
       requester_error(qp, WcStatus::RetryExcErr);
       return;
@@ -325,7 +372,7 @@ bool Completer::completer_check_response(Qp& qp, const wire::Packet& pkt, const 
     acknowledge_before(qp, psn);
     if (e.host[0]) std::memcpy(e.host[0], &pkt.atomic_ack_orig, 8);
     e.acked = true;
-    qp.comp.retries_left = qp.retry_cnt;  // new response data is forward progress, even below acked_psn
+    forward_progress(qp);  // new response data is forward progress, even below acked_psn
     return true;
   }
   if (is_atomic_write(e)) {
@@ -340,7 +387,7 @@ bool Completer::completer_check_response(Qp& qp, const wire::Packet& pkt, const 
     }
     acknowledge_before(qp, psn);
     e.acked = true;
-    qp.comp.retries_left = qp.retry_cnt;
+    forward_progress(qp);
     return true;
   }
   if (!is_read(e)) {
@@ -376,7 +423,7 @@ bool Completer::completer_read_response(Qp& qp, SqEntry& e, const wire::Packet& 
   acknowledge_before(qp, psn);
   scatter(e, e.read_received, pkt.payload, pkt.payload_len);
   e.read_received += pkt.payload_len;
-  qp.comp.retries_left = qp.retry_cnt;  // as for ATOMIC: later ACKs may have moved acked_psn past this READ
+  forward_progress(qp);  // as for ATOMIC: later ACKs may have moved acked_psn past this READ
   if (last) e.acked = true;
   return true;
 }

@@ -63,7 +63,14 @@ class DirectEndpoint {
     target_.qp_destroyed(qp);
   }
   void release_inbox(Qp& qp) { target_.release_inbox(qp); }
-  // The QP's inbox, once it is connected (RC without SRQ): where initiators put SENDs.
+  // An SRQ's descriptor for initiators (at create), the ring ibv_modify_srq replaces (around the
+  // change), and the descriptor gone (at destroy); the SRQ's producer index after ibv_post_srq_recv.
+  void srq_created(Srq& srq) { target_.srq_created(srq); }
+  void srq_ring_changing(Srq& srq) { DirectTarget::srq_ring_changing(srq); }
+  void srq_ring_changed(Srq& srq) { target_.srq_ring_changed(srq); }
+  void srq_destroyed(Srq& srq) { target_.srq_destroyed(srq); }
+  static void publish_srq_head(Srq& srq, uint64_t head) { DirectTarget::publish_srq_head(srq, head); }
+  // The QP's inbox, once it is connected (RC, on an SRQ too): where initiators put SENDs.
   DirectInbox* inbox(const Qp& qp) const { return qp.direct.inbox; }
   // Mirrors of the receive queue's indices for initiators: after ibv_post_recv, and after the RQ's
   // consumer index or the inbox's consumed count moved.

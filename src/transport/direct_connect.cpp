@@ -120,7 +120,9 @@ void DirectInitiator::attach(Qp& qp, int32_t pid, uint16_t port) {
   qp.direct.retry_pid = pid;
   qp.direct.retry_port = port;
   qp.direct.retries = 0;
-  if (connect_peer(qp) == EAGAIN) qp.direct.retry_ns = 1;  // due at the first execute
+  const int err = connect_peer(qp);
+  if (err == EAGAIN) qp.direct.retry_ns = 1;  // due at the first execute
+  else if (err) gate_.unavailable();
 }
 
 int DirectInitiator::open_peer(const Qp& qp, int32_t pid, uint16_t port, std::shared_ptr<DirectPeer>* out) {
@@ -202,6 +204,7 @@ DirectPeer* DirectInitiator::reconnect_if_due(Qp& qp, uint64_t& now) {
     const int err = connect_peer(qp);
     qp.direct.retries = retries;
     qp.direct.retry_ns = err == EAGAIN && retries < 10000 ? now + 1000000 : 0;
+    if (!qp.direct.retry_ns && err) gate_.unavailable();
   }
   return qp.direct.peer.get();
 }

@@ -40,6 +40,8 @@ class DirectGate {
   // The process at the other end of the Unix socket fd passes our policy; its pid in *pid.
   bool credentials_pass(int fd, int32_t* pid) const;
   void refused() { __atomic_fetch_add(&counters_->direct_refused, 1, __ATOMIC_RELAXED); }
+  // A connection to a peer's endpoint failed for another reason than its QP not being in RTR yet.
+  void unavailable() { __atomic_fetch_add(&counters_->direct_unavailable, 1, __ATOMIC_RELAXED); }
 
   // Under the engine lock: what the server may rely on for the QP with descriptor desc; clear: nothing.
   void publish(uint32_t desc, const Qp& qp);

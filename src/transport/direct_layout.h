@@ -24,6 +24,8 @@ struct DirectQpDesc {
   std::atomic<uint64_t> inbox_off;
   std::atomic<uint64_t> rq_ring_off;
   std::atomic<uint64_t> recv_cq_arm_off;
+  // A QP on an SRQ: the arena offset of the SRQ's DirectSrqDesc (0: the QP's own receive queue).
+  std::atomic<uint64_t> srq_off;
   // Moved by each ibv_post_recv and each message received; an initiator reads them only when what it
   // knows runs out. The receive queue's consumer index (low 32 bits) and the inbox entries consumed
   // (high 32) share one word: a consistent pair says which RQ WQE the next message takes.
@@ -40,7 +42,7 @@ struct DirectInboxEntry {
   uint32_t length;              // payload bytes (SEND) or bytes the WRITE placed (WRITE_WITH_IMM)
   uint32_t imm_be;
   uint32_t solicited;
-  uint32_t pad;
+  uint32_t srq_index;           // a QP on an SRQ: the low 32 bits of the SRQ WQE the initiator claimed
   uint8_t inline_data[kInlineBytes];
 };
 static_assert(sizeof(DirectInboxEntry) == 64);
@@ -57,6 +59,22 @@ struct DirectInbox {
   alignas(64) std::atomic<uint64_t> data_tail;  // payload bytes consumed (target)
   alignas(64) DirectInboxEntry entries[kEntries];
   alignas(64) uint8_t data[kDataBytes];
+};
+
+// An SRQ that direct-path QPs are attached to (target side), in the arena: what initiators need to take
+// one of its WQEs for a message they leave in an inbox. Every taker -- the target's responder for
+// packets and each initiator -- claims the next WQE by moving the claim word (in the writable area) from
+// i to i + 1 while i < head; an initiator first checks WQE i as the responder would, then names i in its
+// inbox entry, and the target takes exactly that WQE. So WQEs leave the SRQ out of order, and the target
+// checks each index against its own head and its own record of what was taken, never trusting the
+// claim word, which any connected peer may write.
+struct DirectSrqDesc {
+  alignas(64) std::atomic<uint64_t> head;  // WQEs posted (a mirror of the SRQ's producer index)
+  std::atomic<uint64_t> ring_off;          // arena offset of its ring of RecvWqe
+  std::atomic<uint64_t> claim_off;         // writable-area offset of its claim word
+  std::atomic<uint32_t> ring_mask;
+  std::atomic<uint32_t> pd;                // receive buffers are checked against the SRQ's PD
+  std::atomic<uint32_t> ring_seq;          // odd while ibv_modify_srq replaces the ring
 };
 
 struct DirectPeerSlot {

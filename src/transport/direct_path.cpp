@@ -1,8 +1,8 @@
 // The intra-host direct path's object (direct_path.h): joining at RTR, the requester's step that
 // executes WQEs on the peer's memory (through DirectEndpoint, direct.h) before handing the rest to the
 // RC path, and the receive side. An initiator of this host left SENDs and the immediates of
-// WRITE_WITH_IMMs in a QP's inbox, each after seeing the receive WQE it will take; they are placed
-// here, in order, as the responder would have placed the same packets.
+// WRITE_WITH_IMMs in a QP's inbox, each after seeing the receive WQE it will take (on an SRQ, after
+// claiming it); they are placed here, in order, as the responder would have placed the same packets.
 #include "transport/direct_path.h"
 
 #include <algorithm>
@@ -26,7 +26,8 @@ bool DirectPath::receive_inbox(Qp& qp) {
     const uint32_t op = slot.op, length = slot.length, imm_be = slot.imm_be;
     const bool solicited = slot.solicited != 0;
     const bool send = op == DirectInbox::kSend || op == DirectInbox::kSendImm;
-    RecvWqe* w = placement().next_recv_wqe(qp);
+    // On an SRQ, the WQE the initiator claimed (and checked) for this message; else the RQ's next.
+    RecvWqe* w = qp.srq ? placement().take_claimed_srq_wqe(qp, slot.srq_index) : placement().next_recv_wqe(qp);
     ++qp.direct.inbox_tail;
     did = true;
     if ((!send && op != DirectInbox::kWriteImm) || (send && length > DirectInbox::kMaxMessage) || !w) {
@@ -146,6 +147,7 @@ bool DirectPath::transmit_direct(Qp& qp, uint64_t now) {
       if (qp.direct.peer) count(&qp, &core::Counters::direct_fallbacks);  // not while still asking
       break;  // by packets, from the RC requester
     }
+    if (capture()) [[unlikely]] requester().capture_direct(qp, e);
     e.started = true;
     e.acked = true;
     e.npkts = 0;

@@ -81,6 +81,15 @@ class DirectPeer {
 
 enum class DirectResult { Done, Fallback };
 
+// The completion event an initiator raises for the message it just left in a target QP's inbox
+// (direct_execute.cpp, wake_if_armed): takes the receive CQ's arm (core::CompletionQueue::kClaimed)
+// if that message raises the event, and returns the arm it took (then the caller writes the event's
+// byte), else kUnarmed. sent: the inbox's head after the message; tails: the QP's DirectQpDesc::tails,
+// whose high half counts the messages the target placed. An arm made after the message was placed
+// (the application armed again after polling its CQE) is not taken: no CQE of that message is left to
+// raise the event, and the byte would have none behind it -- a waiter woken by it would sleep on.
+int claim_event(std::atomic<int>& arm, const std::atomic<uint64_t>& tails, uint32_t sent, bool solicited);
+
 class DirectInitiator {
  public:
   // gate: our policy, which a target's server must pass too; refusals are counted there.

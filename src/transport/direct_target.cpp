@@ -76,6 +76,8 @@ void DirectTarget::qp_created(Qp& qp) {
   d.recv_cq_arm_off.store(
       arm_shared ? static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(rcq->arm_word()) - rw_->base()) : 0,
       std::memory_order_relaxed);
+  d.srq_off.store(qp.srq && qp.srq->direct ? static_cast<uint64_t>(reinterpret_cast<uint8_t*>(qp.srq->direct) - arena_.base()) : 0,
+                  std::memory_order_relaxed);
   d.rq_head.store(0, std::memory_order_relaxed);
   d.tails.store(0, std::memory_order_relaxed);
   d.generation.fetch_add(1, std::memory_order_relaxed);
@@ -89,12 +91,14 @@ void DirectTarget::qp_created(Qp& qp) {
 
 void DirectTarget::maybe_give_inbox(Qp& qp, DirectQpDesc& d) {
   // An inbox for a connected RC QP whose peer is another context here (attach found it: the peer is
-  // symmetric). With an SRQ, initiators could not know which WQE a message takes: packets.
+  // symmetric); on an SRQ only when initiators can claim its WQEs (not a tag-matching one: its
+  // messages are matched by the responder).
   // (Or will be: its server said EAGAIN, and the peer may already be sending to us.)
   // A receive CQ with a channel whose arm word initiators cannot reach could never be woken: packets.
   const core::CompletionQueue* rcq = qp.cfg.recv_cq;
   const bool wakeable = !rcq || !rcq->notifies() || rcq->arm_arena() == rw_.get();
-  if (qp.direct.inbox || !(qp.direct.peer || qp.direct.retry_ns) || qp.cfg.type != QpType::Rc || qp.srq ||
+  const bool srq_ok = !qp.srq || (qp.srq->direct && !qp.srq->tm);
+  if (qp.direct.inbox || !(qp.direct.peer || qp.direct.retry_ns) || qp.cfg.type != QpType::Rc || !srq_ok ||
       !wakeable)
     return;
   if (void* mem = rw_->allocate(sizeof(DirectInbox))) {  // zeroed, in the writable area
@@ -104,6 +108,14 @@ void DirectTarget::maybe_give_inbox(Qp& qp, DirectQpDesc& d) {
 }
 
 void DirectTarget::reset_inbox(Qp& qp, DirectQpDesc& d) {
+  if (DirectInbox* in = qp.direct.inbox; in && qp.srq) {
+    // The messages dropped here had claimed SRQ WQEs, which the SRQ's other QPs may still use.
+    for (uint32_t t = qp.direct.inbox_tail;; ++t) {
+      const DirectInboxEntry& en = in->entries[t % DirectInbox::kEntries];
+      if (en.stamp.load(std::memory_order_acquire) != t + 1) break;
+      qp.srq->give_back(qp.srq->index_of(en.srq_index));
+    }
+  }
   if (DirectInbox* in = qp.direct.inbox) {
     in->head = 0;
     in->data_head = 0;
@@ -180,6 +192,53 @@ void DirectTarget::wait_copies() {
       sched_yield();
     }
   }
+}
+
+void DirectTarget::srq_created(Srq& srq) {
+  auto* desc = static_cast<DirectSrqDesc*>(arena_.allocate(sizeof(DirectSrqDesc)));
+  auto* word = static_cast<std::atomic<uint64_t>*>(rw_->allocate(sizeof(std::atomic<uint64_t>)));
+  if (!desc || !word) {
+    if (desc) arena_.release(desc, sizeof(DirectSrqDesc));
+    if (word) rw_->release(word, sizeof(std::atomic<uint64_t>));
+    return;
+  }
+  word->store(srq.own_claim.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  desc->claim_off.store(static_cast<uint64_t>(reinterpret_cast<uint8_t*>(word) - rw_->base()), std::memory_order_relaxed);
+  desc->pd.store(srq.pd, std::memory_order_relaxed);
+  desc->head.store(srq.rq.head.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  desc->ring_seq.store(0, std::memory_order_relaxed);
+  srq.direct = desc;
+  srq.claim_word = word;
+  srq_ring_changed(srq);
+}
+
+void DirectTarget::srq_ring_changing(Srq& srq) {
+  // A seqlock: an initiator that read a WQE through the old ring while it was replaced (and perhaps
+  // reused) sees the number move, and does not trust what it read.
+  srq.direct->ring_seq.fetch_add(1, std::memory_order_acq_rel);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void DirectTarget::srq_ring_changed(Srq& srq) {
+  DirectSrqDesc& d = *srq.direct;
+  d.ring_off.store(static_cast<uint64_t>(reinterpret_cast<uint8_t*>(srq.rq.slots) - arena_.base()), std::memory_order_relaxed);
+  d.ring_mask.store(srq.rq.mask, std::memory_order_relaxed);
+  // Even again (srq_created starts at 0 and leaves it there: 0 then 2 would mean the same).
+  if (d.ring_seq.load(std::memory_order_relaxed) & 1) d.ring_seq.fetch_add(1, std::memory_order_release);
+}
+
+void DirectTarget::srq_destroyed(Srq& srq) {
+  // No QP is attached any more, and each one's destruction waited out the copies of its initiators.
+  if (!srq.direct) return;
+  srq.own_claim.store(srq.claim_word->load(std::memory_order_relaxed), std::memory_order_relaxed);
+  rw_->release(srq.claim_word, sizeof(std::atomic<uint64_t>));
+  arena_.release(srq.direct, sizeof(DirectSrqDesc));
+  srq.claim_word = &srq.own_claim;
+  srq.direct = nullptr;
+}
+
+void DirectTarget::publish_srq_head(Srq& srq, uint64_t head) {
+  srq.direct->head.store(head, std::memory_order_release);
 }
 
 DirectTarget::Hello DirectTarget::hello() const {

@@ -16,6 +16,7 @@
 #include "transport/direct_gate.h"
 #include "transport/direct_layout.h"
 #include "transport/qp.h"
+#include "transport/srq.h"
 
 namespace softrdma::transport {
 
@@ -47,6 +48,15 @@ class DirectTarget {
   }
   void wait_copies();
   std::shared_ptr<core::Arena> writable_area() const { return rw_; }
+
+  // --- SRQs (under the engine lock; publish_srq_head under the SRQ's producer lock) ---
+  // Publishes a DirectSrqDesc and moves the SRQ's claims to a word in the writable area; without room
+  // for them, the SRQ stays the engine's alone (its QPs get no inbox).
+  void srq_created(Srq& srq);
+  static void srq_ring_changing(Srq& srq);
+  void srq_ring_changed(Srq& srq);
+  void srq_destroyed(Srq& srq);
+  static void publish_srq_head(Srq& srq, uint64_t head);
 
   // --- for the server thread ---
   // What an admitted client is sent (kHello): both files, their sizes, where DirectShared is.

@@ -76,17 +76,21 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   paths_[2] = rc_.get();
   paths_[3] = direct_path_.get();
   paths_[4] = datagram_.get();
-  if (!opts_.open_port)
+  if (!opts_.open_port) {
     opts_.open_port = [](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
       return std::make_unique<net::UdpPort>(ip_be, port);
     };
+    opts_.adopt_port = [](int fd) -> std::unique_ptr<net::PacketPort> {
+      return std::make_unique<net::UdpPort>(net::UdpPort::Adopt{}, fd);
+    };
+  }
   doorbell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (doorbell_fd_ < 0 || epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
   quiet_epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   input_epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (quiet_epoll_fd_ < 0 || input_epoll_fd_ < 0) throw std::system_error(errno, std::generic_category(), "engine fds");
-  ports_ = std::make_unique<RocePorts>(*this, opts_.open_port, opts_.take_roce_port);
+  ports_ = std::make_unique<RocePorts>(*this, opts_.open_port, opts_.adopt_port, opts_.take_roce_port, opts_.capture);
   {
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -111,6 +115,7 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
                                                  &stats_.device(), opts_.direct_peers);
     } catch (const std::system_error&) {
       direct_.reset();  // this context is reached by packets only
+      ++stats_.device().direct_unavailable;
     }
   }
   // The progress thread takes none of the application's signals (SIGALRM timers, SIGINT handlers):
@@ -147,6 +152,7 @@ Engine::~Engine() {
     delete qp;
   }
   srq_table_.reset();  // its rings are in the arena
+  ports_->stop_watching();
   close(doorbell_fd_);
   close(epoll_fd_);
   close(quiet_epoll_fd_);
@@ -231,8 +237,13 @@ void Engine::progress_loop() {
       } else {
         nev = epoll_pwait2(epoll_fd_, evs, 4, nullptr, nullptr);
       }
-      for (int i = 0; i < nev; ++i)
+      for (int i = 0; i < nev; ++i) {
         if (link_ && evs[i].data.fd == link_->fd()) check_link(now(), true);
+        if (evs[i].data.fd != doorbell_fd_) {
+          std::lock_guard lock(lock_);  // the ports' service sockets (liveness, 4791's offer)
+          ports_->serve(evs[i].data.fd);
+        }
+      }
       uint64_t v;
       unrung = read(doorbell_fd_, &v, sizeof v) != sizeof v;
     }
@@ -362,6 +373,10 @@ Path& Engine::path_of(const Qp& qp) const {
   }
 }
 
+void PathServices::place_inbox(Qp& qp) {
+  if (qp.direct.inbox) e_.direct_path_->receive_inbox(qp);
+}
+
 // Every socket and stream goes into both sets: the progress thread's and the one a completion
 // channel's waiter sleeps on (Engine::input_fd).
 int PathServices::watch(int fd, uint32_t events) {
@@ -417,6 +432,7 @@ void Engine::flush_queues(Qp& qp) {
   qp.req.send_index = qp.sq.tail.load();
   qp.req.send_offset_pkts = 0;
   qp.req.reads_outstanding = 0;
+  placement_->give_back_srq_claim(qp);
   if (qp.resp.srq_wqe_held) {
     // The SRQ WQE this QP had taken is its own now; the SRQ's other WQEs are not flushed.
     qp.resp.srq_wqe_held = false;
@@ -656,6 +672,7 @@ void Engine::destroy_qp(Qp* qp) {
       direct_path_->receive_inbox(*qp);
       direct_->release_inbox(*qp);
     }
+    placement_->give_back_srq_claim(*qp);
     qp->sq_credit->renew();  // its CQEs still in a CQ give nothing back to the slot's next QP
     free_credits_.push_back(qp->sq_credit_slot);
     arena_.release(qp->rq.slots, qp->rq_bytes);
@@ -720,6 +737,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
           path_of(*qp).reset(*qp);  // an iWARP connection ends; the QP may connect again
           set_packet_peer(*qp, false);
           srq_table_->tm_drop_sq(*qp);
+          placement_->give_back_srq_claim(*qp);
           reset_transport_state(*qp);
           WireProtection::forget_keys(*qp);
           // Its completions not yet polled go too (IBTA allows either; mlx4/mlx5 clean them, and
@@ -736,8 +754,6 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
             direct_path_->join(*qp);
             if (!protection_->derive_keys(*qp)) return ENOMEM;  // the QP stays where it was
           }
-          // SENDs to a QP on an SRQ come by packets even from a direct peer (direct-path.md).
-          set_packet_peer(*qp, qp->on_path() != direct_path_.get() || qp->srq);
           break;
         case QpState::Err:
           move_to_error(*qp);
@@ -750,13 +766,28 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
         direct_->qp_changed(*qp);
         if (qp->direct.peer || qp->direct.retry_ns) direct_active_.store(true, std::memory_order_relaxed);
       }
+      // Its SENDs come by packets unless a direct peer has an inbox to leave them in (none on a
+      // tag-matching SRQ, or without room: direct-path.md).
+      if (m.state == QpState::Rtr)
+        set_packet_peer(*qp, qp->on_path() != direct_path_.get() || !qp->direct.inbox);
     } else if ((m.mask & kModAccessFlags) && direct_) {
       // The flags alone (RTS to RTS): initiators and the server thread check the new ones from now on.
       direct_->qp_access_changed(*qp);
     }
   }
-  doorbell();
+  // A quiet progress thread too: the flush of a QP moved to error needs a pass, and a completion
+  // channel's waiter, who does the passes meanwhile, may sleep on its sockets without a timer due
+  // (rping's server joined its CQ thread forever, waiting for the flush's event after rdma_disconnect).
+  doorbell(true);
   return 0;
+}
+
+bool Engine::peer_gone(Qp* qp) {
+  std::lock_guard lock(lock_);
+  const QpState st = qp->state.load(std::memory_order_relaxed);
+  if (qp->cfg.type != QpType::Rc || (st != QpState::Rts && st != QpState::Sqd)) return false;
+  // Only Dead is used: the age bound and the query window matter for Paused alone.
+  return ports_->peer_liveness(*qp, 250'000'000, 0, 0) == net::Liveness::Verdict::Dead;
 }
 
 int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_batch) {
@@ -823,7 +854,9 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     lock_.unlock();
     // Everything done here (the direct path completes at once): no need to wake the progress thread.
     if (qp->sq.count() == 0) return rc;
-    doorbell();
+    // A completion channel's waiter asleep on the sockets took its timeout before this post armed the
+    // retransmission timer, and the quiet progress thread sleeps on its behalf: rouse that one.
+    doorbell(waiters_.load(std::memory_order_seq_cst) != 0);
     return rc;
   }
   // The lock's holder may be a completion channel's waiter about to sleep again without seeing this
@@ -845,7 +878,7 @@ int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
     rc = push_recv_wqes(qp->rq, wqes, n, qp->cfg.max_recv_sge, bad, &head);
     if (direct_) direct_->publish_rq_head(*qp, head);
   }
-  if (qp->state.load() == QpState::Err) doorbell();
+  if (qp->state.load() == QpState::Err) doorbell(true);  // flushed by the next pass (modify_qp)
   return rc;
 }
 
@@ -970,13 +1003,30 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
       // direct message at once. With peers by packets too (UCX connects an MPI rank to itself as well as
       // to other hosts), every empty poll is a whole pass (whose first step is the inboxes) and serves
       // them, run to completion: left to the progress thread, each of their packets waited for its wake-up.
-      if (packets || (!direct_path_->receive_inboxes(qp_list_) && (++empty_polls_ & 1023) == 0)) {
-        const uint64_t rx = stats_.device().rx_packets;
+      // Packet peers quiet for a while (no packet or FPDU either way) beside direct ones: a pass on every
+      // 64th empty poll, a few microseconds for the rare packet, while direct messages are seen at once.
+      // Any packet counted since (the progress thread's too) brings back a pass on every poll.
+      const core::Counters& dev = stats_.device();
+      // True (and quiet no more) when packets or FPDUs moved since last looked at.
+      auto packets_moved = [&] {
+        const uint64_t a = dev.rx_packets + dev.tx_packets + dev.iw_rx_fpdus + dev.iw_tx_fpdus;
+        if (a == packet_activity_) return false;
+        packet_activity_ = a;
+        quiet_passes_ = 0;
+        return true;
+      };
+      const bool mixed = packets && direct_active_.load(std::memory_order_relaxed);
+      if (mixed) packets_moved();
+      const bool every_poll = packets && (!mixed || quiet_passes_ < kQuietPasses);
+      if (every_poll ||
+          (!direct_path_->receive_inboxes(qp_list_) && (++empty_polls_ & (packets ? 63 : 1023)) == 0)) {
+        const uint64_t rx = dev.rx_packets;
         app_pass_ = true;
         progress_once();
         app_pass_ = false;
         count(nullptr, &core::Counters::poll_passes);
-        count(nullptr, &core::Counters::poll_rx_packets, stats_.device().rx_packets - rx);
+        count(nullptr, &core::Counters::poll_rx_packets, dev.rx_packets - rx);
+        if (mixed && !packets_moved() && quiet_passes_ < kQuietPasses) ++quiet_passes_;
       }
       lock_.unlock();
       got = cq->poll(out, n);

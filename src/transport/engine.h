@@ -81,6 +81,10 @@ struct QpModify {
 struct EngineOptions {
   // Opens the packet port at (ip, port); port 0 means any. Throws std::system_error when it cannot.
   std::function<std::unique_ptr<net::PacketPort>(uint32_t ip_be, uint16_t port)> open_port;
+  // Wraps fd, another process's UDP 4791 socket taken from its offer (net/port_share.h), as a port;
+  // throws std::system_error (closing fd) when it cannot. Empty: 4791 is never shared (ports that
+  // are not UDP sockets). The default goes with the default open_port.
+  std::function<std::unique_ptr<net::PacketPort>(int fd)> adopt_port;
   const net::Clock* clock = nullptr;  // nullptr: net::SystemClock
   bool progress_thread = true;
   bool link_monitor = true;
@@ -88,9 +92,12 @@ struct EngineOptions {
   bool take_roce_port = true;   // try to hold UDP 4791 for the address (docs/architecture.md)
   // How long the progress thread keeps spinning after its last piece of work before it blocks.
   uint64_t spin_us = config::Settings{}.spin_us;  // SOFTRDMA_SPIN_US
+  // How long a requester resends past retry_cnt to a peer known to exist (docs/reliability.md).
+  uint64_t peer_pause_ms = config::Settings{}.peer_pause_ms;  // SOFTRDMA_PEER_PAUSE_MS
   bool dump_counters = false;   // print the context's counters to stderr when it closes (SOFTRDMA_COUNTERS)
   config::DirectPeers direct_peers = config::Settings{}.direct_peers;  // SOFTRDMA_DIRECT_PEERS
   std::optional<uint32_t> stats_mode;  // the counters page's file mode (SOFTRDMA_STATS_MODE)
+  std::string capture;          // the pcapng file of packet capture (SOFTRDMA_CAPTURE; "": off)
 };
 
 // A device context's options from the configuration table's settings.
@@ -98,9 +105,11 @@ inline EngineOptions context_options(const config::Settings& s) {
   EngineOptions o;
   o.direct = s.direct;
   o.spin_us = s.spin_us;
+  o.peer_pause_ms = s.peer_pause_ms;
   o.dump_counters = s.counters;
   o.direct_peers = s.direct_peers;
   o.stats_mode = s.stats_mode;
+  o.capture = s.capture;
   return o;
 }
 
@@ -149,6 +158,10 @@ class Engine {
   Qp* create_qp(const QpConfig& cfg);
   void destroy_qp(Qp* qp);
   int modify_qp(Qp* qp, const QpModify& m);
+  // Whether the kernel of the QP's peer says the peer's process is gone (net/liveness.h): rdma_cm
+  // reports DISCONNECTED for a connection idle when its peer died. Asks again on each call (the
+  // first only connects); never true for a peer that is not a softrdma context's own port.
+  bool peer_gone(Qp* qp);
   // Wire protection of RC and UC QPs' packets (protect.h).
   WireProtection& protection() { return *protection_; }
   // iWARP: moves an RC QP in INIT to RTS over a connected TCP socket (the iWARP path, iwarp_qp.cpp).
@@ -273,6 +286,13 @@ class Engine {
   std::vector<Qp*> qp_list_;
   core::StatsPage stats_;
   uint32_t empty_polls_ = 0;  // poll_cq calls that found nothing (under lock_)
+  // Under lock_: the packets and FPDUs counted when a poll's pass last saw them move, and the passes
+  // since that saw none. With direct peers too, packet peers quiet for kQuietPasses passes (a few
+  // milliseconds of spinning) get a pass on every 64th empty poll only: UCX's UD wire-up QP stays a
+  // packet peer after its connections moved to the direct path.
+  uint64_t packet_activity_ = 0;
+  uint32_t quiet_passes_ = 0;
+  static constexpr uint32_t kQuietPasses = 4096;
   bool app_pass_ = false;  // under lock_: the pass is an application's poll
   uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
   const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
@@ -346,14 +366,21 @@ inline std::mutex& PathServices::engine_lock() { return e_.lock_; }
 inline Requester& PathServices::requester() { return e_.rc_->requester(); }
 inline Completer& PathServices::completer() { return e_.rc_->completer(); }
 inline Responder& PathServices::responder() { return e_.rc_->responder(); }
-inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
-  e_.ports_->send_packet(qp, pkt, payload, len);
+inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
+                                      const char* synthetic) {
+  e_.ports_->send_packet(qp, pkt, payload, len, synthetic);
 }
+inline net::Capture* PathServices::capture() { return e_.ports_->capture(); }
 inline void PathServices::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
                                          uint32_t dest_ip_be, uint16_t dest_port) {
   e_.ports_->send_packet_to(qp, pkt, payload, len, dest_ip_be, dest_port);
 }
-inline void PathServices::resolve_destination(Qp& qp) { e_.ports_->resolve_destination(qp); }
+inline void PathServices::resolve_destination(Qp& qp, bool again) { e_.ports_->resolve_destination(qp, again); }
+inline net::Liveness::Verdict PathServices::peer_liveness(const Qp& qp, uint64_t max_age_ns, uint64_t asked_from_ns,
+                                                         uint64_t asked_until_ns) {
+  return e_.ports_->peer_liveness(qp, max_age_ns, asked_from_ns, asked_until_ns);
+}
+inline uint64_t PathServices::peer_pause_ns() const { return e_.opts_.peer_pause_ms * 1'000'000ull; }
 inline Qp* PathServices::find_qp(uint32_t qpn) const {
   auto it = e_.qps_.find(qpn);
   return it == e_.qps_.end() ? nullptr : it->second;
@@ -362,6 +389,7 @@ inline void PathServices::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from
 inline void PathServices::batch_done() { e_.batch_done(); }
 inline WireProtection& PathServices::protection() { return *e_.protection_; }
 inline DirectEndpoint* PathServices::direct() { return e_.direct_.get(); }
+
 inline const std::vector<Srq*>& PathServices::srqs() const { return e_.srq_table_->list(); }
 inline const std::vector<Qp*>& PathServices::qps() const { return e_.qp_list_; }
 inline void PathServices::forget_events_of(const Srq* srq) {

@@ -33,9 +33,11 @@
 #include "core/cq.h"
 #include "core/mr.h"
 #include "core/stats.h"
+#include "net/liveness.h"
 
 namespace softrdma::net {
 struct Interface;
+class Capture;
 }
 namespace softrdma::wire {
 struct Packet;
@@ -138,7 +140,10 @@ class PathServices {
   Responder& responder();
   // RoCEv2 packets out of the context's port (engine.cpp): to the QP's peer, or to any address and
   // port (UD). resolve_destination looks the peer's port up again (it may have moved).
-  void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len);
+  // synthetic: not sent but given to the packet capture with this note (a direct-path operation's).
+  void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, const char* synthetic = nullptr);
+  // Packet capture (net/capture.h), nullptr when off.
+  net::Capture* capture();
   // The ports' side (roce_ports.h): a packet past the port's checks to its QP (Engine::deliver), the
   // end of a batch received, and the protected QPs' keys.
   void deliver(Qp& qp, wire::Packet& pkt, const Arrival& from);
@@ -146,9 +151,16 @@ class PathServices {
   WireProtection& protection();
   void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
                       uint16_t dest_port);
-  void resolve_destination(Qp& qp);
-  // The intra-host direct path's endpoint (direct.h; nullptr when off).
+  void resolve_destination(Qp& qp, bool again = false);
+  // Whether the QP's peer process exists, as its host's kernel says (net/liveness.h), and how long a
+  // requester may resend to one that does past retry_cnt (SOFTRDMA_PEER_PAUSE_MS).
+  net::Liveness::Verdict peer_liveness(const Qp& qp, uint64_t max_age_ns, uint64_t asked_from_ns,
+                                       uint64_t asked_until_ns);
+  uint64_t peer_pause_ns() const;
+  // The intra-host direct path's endpoint (direct.h; nullptr when off), and the placing of what its
+  // initiators left in a QP's inbox (DirectPath::receive_inbox).
   DirectEndpoint* direct();
+  void place_inbox(Qp& qp);
   // Shared receive queues (the XRC target's lookup), and the SQ side of tag matching: an SQ entry at
   // index completed with status; true when it was the engine's own (tag_matching.cpp).
   const std::vector<Srq*>& srqs() const;

@@ -87,43 +87,72 @@ void Placement::fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq) {
   finish_recv(qp, wqe_cqe(qp.qpn, active_recv_wqe(qp).wr_id, status, core::WcOpcode::Recv), cq, false);
 }
 
-bool Placement::alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes) {
+bool Placement::alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes, uint32_t ring_depth) {
   const uint32_t depth = std::max<uint32_t>(max_wr, 1);
-  *bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(depth);
+  *bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(std::max(depth, ring_depth));
   auto* ring = static_cast<RecvWqe*>(arena().allocate(*bytes));
   if (!ring) {
     errno = ENOMEM;
     return false;
   }
-  q.init(ring, depth);
+  q.init(ring, depth, ring_depth);
   return true;
 }
 
 RecvWqe* Placement::next_recv_wqe(Qp& qp) {
   if (qp.resp.srq_wqe_held) return &qp.resp.srq_wqe;  // taken by a message that was given up (UC): reused
-  WorkQueue<RecvWqe>& q = qp.recv_queue();
+  if (qp.srq) {
+    // Other takers (initiators of this host) may claim the SRQ's WQEs at any time: the one this
+    // message would take is claimed now, and held by the QP until a message completes it. WQEs given
+    // back by initiators (Srq::give_back) go first.
+    Srq& srq = *qp.srq;
+    if (!srq.returned.empty()) {
+      qp.resp.srq_wqe = srq.returned.back();
+      srq.returned.pop_back();
+      qp.resp.srq_wqe_held = true;
+      check_srq_limit(srq);
+      return &qp.resp.srq_wqe;
+    }
+    uint64_t index;
+    while (srq.claim(&index))
+      if (take_srq_wqe(qp, index)) return &qp.resp.srq_wqe;
+    return nullptr;
+  }
+  WorkQueue<RecvWqe>& q = qp.rq;
   uint64_t t = q.tail.load(std::memory_order_relaxed);
   return t == q.head.load(std::memory_order_acquire) ? nullptr : &q.at(t);
 }
 
 RecvWqe& Placement::take_recv_wqe(Qp& qp) {
   if (!qp.srq) return qp.rq.at(qp.rq.tail.load(std::memory_order_relaxed));
-  if (qp.resp.srq_wqe_held) return qp.resp.srq_wqe;
+  // Every caller asked next_recv_wqe() first, which claimed it.
+  return qp.resp.srq_wqe;
+}
+
+RecvWqe* Placement::take_srq_wqe(Qp& qp, uint64_t index) {
   Srq& srq = *qp.srq;
-  uint64_t t = srq.rq.tail.load(std::memory_order_relaxed);
-  const RecvWqe& w = srq.rq.at(t);
-  qp.resp.srq_wqe.wr_id = w.wr_id;
-  qp.resp.srq_wqe.num_sge = w.num_sge;
-  qp.resp.srq_wqe.length = w.length;
-  std::memcpy(qp.resp.srq_wqe.sge, w.sge, sizeof(Sge) * w.num_sge);
-  srq.rq.tail.store(t + 1, std::memory_order_release);
+  if (qp.resp.srq_wqe_held || !srq.take(index, &qp.resp.srq_wqe)) return nullptr;
   qp.resp.srq_wqe_held = true;
+  check_srq_limit(srq);
+  return &qp.resp.srq_wqe;
+}
+
+void Placement::check_srq_limit(Srq& srq) {
   // The low watermark (IBTA 11.2.3.2 / ibv_modify_srq(3)): once, then disarmed until set again.
-  if (srq.limit && srq.rq.count() < srq.limit) {
+  if (srq.limit && srq.left() < srq.limit) {
     srq.limit = 0;
     raise(AsyncEvent{AsyncEventType::SrqLimitReached, nullptr, nullptr, &srq});
   }
-  return qp.resp.srq_wqe;
+}
+
+RecvWqe* Placement::take_claimed_srq_wqe(Qp& qp, uint32_t index_low) {
+  return take_srq_wqe(qp, qp.srq->index_of(index_low));
+}
+
+void Placement::give_back_srq_claim(Qp& qp) {
+  if (!qp.srq || !qp.resp.srq_wqe_held || qp.resp.recv_active) return;
+  qp.srq->returned.push_back(qp.resp.srq_wqe);
+  qp.resp.srq_wqe_held = false;
 }
 
 RecvWqe& Placement::active_recv_wqe(Qp& qp) {
@@ -131,12 +160,12 @@ RecvWqe& Placement::active_recv_wqe(Qp& qp) {
 }
 
 void Placement::retire_recv_wqe(Qp& qp) {
-  if (qp.srq) {
+  if (qp.srq)
     qp.resp.srq_wqe_held = false;
-  } else {
+  else
     qp.rq.tail.store(qp.rq.tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-    if (DirectEndpoint* d = direct()) d->publish_tails(qp);
-  }
+  // (With the inbox's consumed count: what its initiator waits for.)
+  if (DirectEndpoint* d = direct()) d->publish_tails(qp);
 }
 
 void Placement::report_last_wqe(Qp& qp) {

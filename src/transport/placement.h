@@ -49,8 +49,14 @@ class Placement : PathServices {
   explicit Placement(Engine& e) : PathServices(e) {}
   // The receive WQE a message fills, from the QP's RQ or its SRQ alike (any QP type).
   RecvWqe* next_recv_wqe(Qp& qp);    // the WQE the next message would take; nullptr when none is posted
-  RecvWqe& take_recv_wqe(Qp& qp);    // a message starts on next_recv_wqe(): SRQ WQEs leave the SRQ now
+  RecvWqe& take_recv_wqe(Qp& qp);    // a message starts on next_recv_wqe() (which took an SRQ's WQE)
+  // The SRQ WQE an initiator of this host claimed for the message it left in qp's inbox (the low 32
+  // bits of its index), taken; nullptr when that is no WQE it could have claimed.
+  RecvWqe* take_claimed_srq_wqe(Qp& qp, uint32_t index_low);
   RecvWqe& active_recv_wqe(Qp& qp);  // the WQE taken by the message in progress
+  // The QP leaves error, reset or destruction with an SRQ WQE claimed for a message that never started
+  // (next_recv_wqe before a WRITE_WITH_IMM's checks): it is still the SRQ's, not flushed.
+  void give_back_srq_claim(Qp& qp);
   void retire_recv_wqe(Qp& qp);      // that message is complete (or failed): an RQ WQE leaves the RQ
   // After a flush of a QP attached to an SRQ: IBV_EVENT_QP_LAST_WQE_REACHED, once per error.
   void report_last_wqe(Qp& qp);
@@ -74,7 +80,12 @@ class Placement : PathServices {
   void fail_recv(Qp& qp, WcStatus status, core::CompletionQueue* cq);
   // A receive ring of max(max_wr, 1) WQEs in the context's arena (QP RQ, SRQ, WQ), with its size in
   // *bytes for the release; false (errno ENOMEM) when the arena is full.
-  bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes);
+  bool alloc_recv_ring(WorkQueue<RecvWqe>& q, uint32_t max_wr, size_t* bytes, uint32_t ring_depth = 0);
+
+ private:
+  // SRQ WQE index (claimed) into qp.resp.srq_wqe, held; nullptr when it cannot be taken.
+  RecvWqe* take_srq_wqe(Qp& qp, uint64_t index);
+  void check_srq_limit(Srq& srq);
 };
 
 }  // namespace softrdma::transport

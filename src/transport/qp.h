@@ -122,9 +122,10 @@ struct WorkQueue {
     while (cap < depth) cap <<= 1;
     return cap;
   }
-  void init(Slot* storage, uint32_t depth) {
+  // ring_depth: slots for more than depth WQEs (an SRQ's, taken out of order: srq.h).
+  void init(Slot* storage, uint32_t depth, uint32_t ring_depth = 0) {
     slots = storage;
-    mask = capacity_for(depth) - 1;
+    mask = capacity_for(std::max(depth, ring_depth)) - 1;
     max_wr = depth;
   }
   Slot& at(uint64_t index) { return slots[index & mask]; }
@@ -134,13 +135,18 @@ struct WorkQueue {
 // Appends receive WQEs to a receive ring (a QP's RQ, an SRQ, a WQ); the caller holds its producer lock.
 // Stops at the first WQE with more than max_sge SGEs (EINVAL) or that finds the ring full (ENOMEM),
 // with *bad its index. The new head is published either way and returned in *new_head.
+// taken_ahead: WQEs between tail and head already taken (an SRQ's, out of order), which do not count
+// against max_wr; the ring itself must still have a free slot.
 inline int push_recv_wqes(WorkQueue<RecvWqe>& q, const RecvWqe* wqes, int n, uint32_t max_sge, int* bad,
-                          uint64_t* new_head) {
+                          uint64_t* new_head, const std::atomic<uint64_t>* taken_ahead = nullptr) {
   int rc = 0;
   uint64_t head = q.head.load(std::memory_order_relaxed);
+  // The tail first: the taker stores its count of taken WQEs before the tail it moved.
+  const uint64_t tail = q.tail.load(std::memory_order_acquire);
+  const uint64_t ahead = taken_ahead ? taken_ahead->load(std::memory_order_relaxed) : 0;
   for (int i = 0; i < n; ++i) {
     const RecvWqe& w = wqes[i];
-    if (w.num_sge > max_sge || head - q.tail.load(std::memory_order_acquire) >= q.max_wr) {
+    if (w.num_sge > max_sge || head - tail - std::min(ahead, head - tail) >= q.max_wr || head - tail > q.mask) {
       *bad = i;
       rc = w.num_sge > max_sge ? EINVAL : ENOMEM;
       break;
@@ -326,6 +332,7 @@ struct Qp {
     uint32_t retries_left = 7, rnr_retries_left = 7;  // refilled from retry_cnt/rnr_retry
     uint64_t timer_deadline_ns = 0;  // retransmit timer, 0 = stopped
     uint64_t rnr_resume_ns = 0;      // RNR back-off: no sending before this
+    uint64_t paused_since_ns = 0;    // retry_cnt first ran out with the peer known to exist (0: not)
   } comp;
 
   // Responder (responder.cpp; the UC one in datagram.cpp): the expected PSN, the message being

@@ -34,8 +34,7 @@ void RcPath::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) {
       return;
     }
   }
-  if (qp.dest_port == wire::kRoceUdpPort && peer_ip == qp.dest_ip_be && peer_port >= net::UdpPort::kContextPortBegin &&
-      peer_port < net::UdpPort::kContextPortEnd) {
+  if (qp.dest_port == wire::kRoceUdpPort && peer_ip == qp.dest_ip_be && net::UdpPort::is_context_port(peer_port)) {
     // The peer is a softrdma context on another host (RoCE stacks send from 0xC000 up): from now on it
     // is reached at its own port, not through the 4791 holder of its host (docs/architecture.md), and
     // our packets to it may travel segmented.

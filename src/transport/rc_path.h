@@ -28,8 +28,11 @@ class Requester : PathServices {
   bool prepare_wqe(Qp& qp, SqEntry& e);
   // Bind MW and Local Invalidate, executed in order; false: it failed, the SQ is stopped.
   bool execute_local_wqe(Qp& qp, SqEntry& e);
-  // Packet pkt_index of e (also a retransmission).
-  void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index);
+  // Packet pkt_index of e (also a retransmission); synthetic: to the packet capture only, with that note.
+  void send_request_packet(Qp& qp, SqEntry& e, uint64_t pkt_index, const char* synthetic = nullptr);
+  // Packet capture: the request packets e would have been, for a WQE the direct path executed (their
+  // PSNs from the next one, which they do not consume).
+  void capture_direct(Qp& qp, SqEntry& e);
   void arm_retransmit_timer(Qp& qp, uint64_t now_ns);
 
  private:
@@ -69,6 +72,11 @@ class Completer : PathServices {
   void nak_error(Qp& qp, uint32_t psn, WcStatus status);
   void rewind_to(Qp& qp, uint32_t psn);
   void reissue_read(Qp& qp, SqEntry& e);
+  // retry_cnt is spent: true (the budget refilled) when the peer's kernel vouches for its process,
+  // which does not run, and SOFTRDMA_PEER_PAUSE_MS has not run out since the budget first ran out (docs/reliability.md).
+  bool wait_for_paused_peer(Qp& qp, net::Liveness::Verdict peer, uint64_t now_ns);
+  // What the peer's kernel and engine say of the QP's peer (RocePorts::peer_liveness).
+  net::Liveness::Verdict ask_peer(const Qp& qp, uint64_t now_ns);
 };
 
 // A responder check stage's verdict. RC answers a refusal with a NAK (Responder::rc_refuse), UC drops

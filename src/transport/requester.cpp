@@ -74,7 +74,16 @@ bool Requester::prepare_wqe(Qp& qp, SqEntry& e) {
   return true;
 }
 
-void Requester::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
+void Requester::capture_direct(Qp& qp, SqEntry& e) {
+  static constexpr char kNote[] =
+      "softrdma direct path: executed through shared memory, no packet sent; synthetic frame (its PSN is "
+      "not consumed)";
+  e.first_psn = qp.req.next_psn;
+  const uint64_t n = work_request(e.wqe.op, qp.cfg.type).read_or_atomic() ? 1 : e.npkts;  // requests only
+  for (uint64_t i = 0; i < n; ++i) send_request_packet(qp, e, i, kNote);
+}
+
+void Requester::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx, const char* synthetic) {
   const SendWqe& w = e.wqe;
   const RequestOpcodes opcodes = work_request(w.op, qp.cfg.type).opcodes;  // UC: its own class
   wire::Packet pkt{};
@@ -123,7 +132,7 @@ void Requester::send_request_packet(Qp& qp, SqEntry& e, uint64_t idx) {
   }
   pkt.bth.ack_req = last || (idx % kAckReqInterval) == kAckReqInterval - 1;
   if (qp.cfg.type == QpType::Uc) pkt.bth.ack_req = false;  // nothing is acknowledged
-  send_packet(qp, pkt, payload, len);
+  send_packet(qp, pkt, payload, len, synthetic);
 }
 
 void Requester::arm_retransmit_timer(Qp& qp, uint64_t now) {

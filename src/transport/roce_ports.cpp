@@ -2,18 +2,24 @@
 // arrives at 4791 for another local process, sending a QP's packets, and the multicast groups' sockets.
 #include "transport/roce_ports.h"
 
+#include "net/liveness.h"
+#include "net/os_socket.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 
 #include "core/limits.h"
 #include "net/registry.h"
+#include "net/udp_port.h"
 #include "transport/engine.h"
 #include "wire/cm_mad.h"
 #include "wire/icrc.h"
@@ -29,35 +35,78 @@ namespace {
 constexpr uint32_t kForwardTrailerLen = 13;
 constexpr uint8_t kForwardMagic[4] = {'S', 'R', 'F', 'W'};
 constexpr uint32_t kMaxDatagram = 8192;  // far above MTU 4096 plus every header
+// Sharing 4791 (net/port_share.h). A stand-by looks at the socket every 25 ms, so datagrams wait at
+// most about 50 ms for a stopped reader (kernel rxe's shortest usual timeout, 14, is 67 ms; it
+// resends anyway); a stand-in reads 2 s before it looks again whether it is still needed. A taker
+// collects an offer's answer in steps 5 ms apart, 20 at most, then tries again a second later.
+constexpr auto kStandbyLook = std::chrono::milliseconds(25);
+constexpr uint64_t kStandInNs = 2'000'000'000;
+constexpr uint64_t kTakeStepNs = 5'000'000;
+constexpr unsigned kTakeSteps = 20;
+// Packet capture's notes on protected packets, which it shows unsealed.
+constexpr char kProtectedNote[] =
+    "softrdma protected wire: sent sealed (authenticated or encrypted); shown before sealing, with the ICRC of "
+    "the plain packet";
+constexpr char kOpenedNote[] =
+    "softrdma protected wire: received sealed (authenticated or encrypted); shown after opening, with the ICRC "
+    "of the plain packet";
 }  // namespace
 
-RocePorts::RocePorts(Engine& e, OpenPort open_port, bool take_roce_port)
-    : PathServices(e), open_port_(std::move(open_port)), take_roce_port_(take_roce_port) {
+RocePorts::RocePorts(Engine& e, OpenPort open_port, AdoptPort adopt_port, bool take_roce_port,
+                     const std::string& capture)
+    : PathServices(e), capture_(net::Capture::open(capture)), open_port_(std::move(open_port)),
+      take_roce_port_(take_roce_port), adopt_port_(std::move(adopt_port)) {
   port_ = open_port_(iface().ip_be, 0);
   if (port_->fd() >= 0) watch(port_->fd(), EPOLLIN);
+  if (liveness_fd() >= 0) watch(liveness_fd(), EPOLLIN);
 }
 
 RocePorts::~RocePorts() {
+  stop_watching();
   for (McastGroup& g : mcast_) close(g.fd);
+}
+
+void RocePorts::stop_watching() {
+  if (!roce_watch_.joinable()) return;
+  {
+    std::lock_guard lock(roce_watch_mu_);
+    roce_watch_stop_ = true;
+  }
+  roce_watch_cv_.notify_all();
+  roce_watch_.join();
 }
 
 bool RocePorts::receive(bool app_pass) {
   bool did = false;
   receive_from(*port_, did);
-  try_take_roce_port(now());
-  if (roce_port_) {
-    // Softrdma peers move to our own port after their first packets (peer_port_learned), so an empty
-    // 4791 is looked at again only every 8th pass of a polling application: a system call saved on
-    // most of its polls. The progress thread looks every pass.
-    if (!app_pass || roce_busy_ || (++roce_skips_ & 7) == 0) {
-      bool got = false;
-      receive_from(*roce_port_, got);
-      roce_busy_ = got;
-      did |= got;
-    }
-  }
+  const uint64_t t = now();
+  try_take_roce_port(t);
+  if (roce_port_) read_roce_port(app_pass, did, t);
   if (!mcast_.empty()) mcast_receive(did);
+  // Peers asking whether this process exists (liveness.h): their kernel already has its answer, so
+  // the connections and probe bytes are only drained, every 64th pass (a system call saved on most).
+  if ((++liveness_skips_ & 63) == 0) {
+    serve_liveness();
+    if (roce_share_) roce_share_->serve();  // processes waiting for 4791's socket (port_share.h)
+  }
   return did;
+}
+
+void RocePorts::serve_liveness() {
+  net::Liveness* l = port_->liveness();
+  if (!l) return;
+  // A QP answers "receiving" only to its own peer's address: nobody else learns which QPNs exist.
+  l->serve([this](uint32_t qpn, uint32_t asker_ip_be) {
+    const Qp* qp = find_qp(qpn);
+    if (!qp || qp->dest_ip_be != asker_ip_be) return false;
+    const QpState st = qp->state.load(std::memory_order_relaxed);
+    return st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd;
+  });
+}
+
+int RocePorts::liveness_fd() {
+  net::Liveness* l = port_->liveness();
+  return l ? l->fd() : -1;
 }
 
 void RocePorts::flush() {
@@ -66,16 +115,141 @@ void RocePorts::flush() {
 }
 
 void RocePorts::try_take_roce_port(uint64_t now) {
-  // One process of the host holds UDP 4791 for an address and forwards what is not its own; when it
-  // exits, the next one to try takes over. Tried at most once a second.
+  // One process of the host reads UDP 4791 for an address and forwards what is not its own. The
+  // first binds it; the others of its user take the same socket from it and stand by (net/port_share.h).
+  // Another user's process tries to bind it once a second, and takes over when it is free.
   if (!take_roce_port_ || roce_port_ || now < next_roce_try_ns_) return;
   next_roce_try_ns_ = now + 1000000000ull;
-  try {
-    roce_port_ = open_port_(iface().ip_be, wire::kRoceUdpPort);
-  } catch (const std::system_error&) {
-    return;  // held by another process: our peers reach us through it, or on port_ directly
+  if (!roce_taker_) {
+    try {
+      roce_port_ = open_port_(iface().ip_be, wire::kRoceUdpPort);
+    } catch (const std::system_error&) {
+      // held by another process: our peers reach us through it, and we take its socket
+    }
+    if (roce_port_) {
+      hold_roce_port(true);
+      return;
+    }
   }
-  if (roce_port_->fd() >= 0) watch(roce_port_->fd(), EPOLLIN);
+  take_shared_roce_port(now);
+}
+
+void RocePorts::take_shared_roce_port(uint64_t now) {
+  if (!adopt_port_) return;
+  if (!roce_taker_) roce_taker_ = std::make_unique<net::PortShare::Taker>(iface().ip_be, wire::kRoceUdpPort);
+  const int fd = roce_taker_->step();
+  if (fd < 0) {
+    // An offer answers when its process runs: a few more looks shortly, then a new try in a second.
+    if (roce_taker_->waiting() && roce_taker_->steps() < kTakeSteps)
+      next_roce_try_ns_ = now + kTakeStepNs;
+    else
+      roce_taker_.reset();
+    return;
+  }
+  roce_taker_.reset();
+  try {
+    roce_port_ = adopt_port_(fd);
+  } catch (const std::system_error&) {
+    return;  // fd closed; the next try binds again, or asks again
+  }
+  count(nullptr, &core::Counters::roce_port_shared);
+  hold_roce_port(false);
+}
+
+void RocePorts::hold_roce_port(bool bound) {
+  if (!adopt_port_ || roce_port_->fd() < 0) {  // not a socket to share (a test's in-memory port)
+    set_reading(true);
+    return;
+  }
+  roce_share_ = std::make_unique<net::PortShare>(roce_port_->fd(), iface().ip_be, wire::kRoceUdpPort);
+  if (roce_share_->listener() >= 0) watch(roce_share_->listener(), EPOLLIN);
+  // The binder reads; a taker reads only if the reader lock is free (nobody reads: its holder died).
+  if (roce_share_->lock_reader() || bound) set_reading(true);
+  // Any holder may come to stand in: a thread of its own looks at the socket, so that looking wakes
+  // neither the progress thread nor the application (the engine lock is not needed to look).
+  if (roce_share_->reader()) return;
+  try {
+    roce_watch_ = std::thread([this, fd = roce_port_->fd()] { watch_roce_port(fd); });
+  } catch (const std::system_error&) {
+    // No thread to spare: this context holds the socket but never stands in.
+  }
+}
+
+bool RocePorts::become_reader() {
+  if (!roce_share_->lock_reader()) return false;
+  stop_watching();  // the reader for good: nobody left to watch for
+  return true;
+}
+
+void RocePorts::watch_roce_port(int fd) {
+  bool seen = false;
+  std::unique_lock lock(roce_watch_mu_);
+  while (!roce_watch_cv_.wait_for(lock, kStandbyLook, [this] { return roce_watch_stop_; })) {
+    int waiting = 0;
+    if (ioctl(fd, FIONREAD, &waiting) != 0 || waiting <= 0) {
+      seen = false;
+      continue;
+    }
+    if (!seen) {
+      seen = true;
+      continue;
+    }
+    // Datagrams waited through a whole look: the reader does not run (stopped, starved or gone).
+    seen = false;
+    if (!roce_unread_.exchange(true, std::memory_order_acq_rel)) doorbell();
+  }
+}
+
+void RocePorts::set_reading(bool on) {
+  if (on == roce_reading_) return;
+  roce_reading_ = on;
+  if (roce_port_->fd() < 0) return;
+  if (on)
+    watch(roce_port_->fd(), EPOLLIN);
+  else
+    unwatch(roce_port_->fd());
+}
+
+void RocePorts::read_roce_port(bool app_pass, bool& did, uint64_t now) {
+  if (roce_unread_.load(std::memory_order_relaxed) && roce_unread_.exchange(false, std::memory_order_acq_rel) &&
+      !roce_reading_) {
+    // The reader did not read: this context reads for good when the reader lock is free (its holder
+    // died), else stands in for a while.
+    count(nullptr, &core::Counters::roce_stand_in);
+    roce_stand_in_until_ = become_reader() ? 0 : now + kStandInNs;
+    set_reading(true);
+  }
+  if (!roce_reading_) return;
+  // Softrdma peers move to our own port after their first packets (peer_port_learned), so an empty
+  // 4791 is looked at again only every 8th pass of a polling application: a system call saved on
+  // most of its polls. The progress thread looks every pass.
+  if (!app_pass || roce_busy_ || (++roce_skips_ & 7) == 0) {
+    bool got = false;
+    receive_from(*roce_port_, got);
+    roce_busy_ = got;
+    did |= got;
+  }
+  if (roce_stand_in_until_ && now >= roce_stand_in_until_) {
+    // Standing in ends: for good when the reader lock is free now, else back to standing by.
+    roce_stand_in_until_ = 0;
+    if (!become_reader()) set_reading(false);
+  }
+}
+
+uint64_t RocePorts::next_roce_try() const {
+  if (!roce_port_) return take_roce_port_ ? next_roce_try_ns_ : 0;
+  return roce_stand_in_until_;
+}
+
+bool RocePorts::serve(int fd) {
+  if (fd < 0) return false;
+  if (roce_share_ && fd == roce_share_->listener())
+    roce_share_->serve();
+  else if (fd == liveness_fd())
+    serve_liveness();
+  else
+    return false;
+  return true;
 }
 
 void RocePorts::receive_from(net::PacketPort& port, bool& did) {
@@ -146,6 +320,10 @@ void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_i
   if (!sealed && !foreign_sealed &&
       (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident)))
     return;
+  // Opened: framed as it would have been plain (from this host, the sender's capture has it).
+  if (sealed && capture_ && peer_ip != iface().ip_be) [[unlikely]]
+    capture_packet(pkt, pkt.payload, pkt.payload_len, {peer_ip, iface().ip_be, peer_port, local_port},
+                   net::Capture::Direction::Inbound, kOpenedNote);
   // A single P_Key (the default, full or limited member) is all a softrdma port has.
   if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
     count(nullptr, &core::Counters::drop_pkey);
@@ -212,11 +390,33 @@ bool RocePorts::icrc_accepts(const wire::Ipv4UdpAddr& addr, const uint8_t* data,
   return false;
 }
 
-void RocePorts::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len) {
+void RocePorts::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, const char* synthetic) {
   pkt.bth.dest_qp = qp.dest_qpn;
   // XRC QPs send the XRC form of the RC opcode (requests with the XRCETH in pkt.xrc_srqn).
   if (qp.cfg.xrc != XrcRole::None) pkt.bth.opcode |= wire::kXrcClassBits;
+  if (synthetic) [[unlikely]] {
+    if (capture_)
+      capture_packet(pkt, payload, len, {iface().ip_be, qp.dest_ip_be, port_->port(), qp.dest_port},
+                     net::Capture::Direction::Outbound, synthetic);
+    return;
+  }
   send_packet_to(qp, pkt, payload, len, qp.dest_ip_be, qp.dest_port);
+}
+
+void RocePorts::capture_packet(const wire::Packet& in, const uint8_t* payload, uint32_t len,
+                               const net::Capture::Endpoints& ends, net::Capture::Direction dir, const char* note) {
+  wire::Packet pkt = in;
+  pkt.bth.pkey = wire::kDefaultPkey;
+  pkt.bth.pad_count = wire::pad_for(len);
+  pkt.bth.tver = 0;
+  const uint32_t hdr = wire::opcode_info(pkt.bth.opcode).header_len;
+  const uint32_t n = hdr + len + pkt.bth.pad_count + wire::kIcrcLen;
+  std::vector<uint8_t> buf(n, 0);
+  wire::write_headers(pkt, buf.data());
+  if (len) std::memcpy(buf.data() + hdr, payload, len);
+  wire::append_icrc({ends.src_ip_be, ends.dst_ip_be, ends.src_port, ends.dst_port, ends.ip_id}, buf.data(),
+                    n - wire::kIcrcLen);
+  capture_->packet(buf.data(), n, ends, dir, note);
 }
 
 void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
@@ -232,6 +432,10 @@ void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload
   pkt.bth.pad_count = wire::pad_for(len);
   const uint32_t hdr = wire::opcode_info(pkt.bth.opcode).header_len;
   wire::PacketCipher* seal = qp.prot ? qp.prot->tx.get() : nullptr;  // protected: a trailer before the ICRC
+  // The port's capture shows only plain RoCEv2 (TVer 0): a sealed packet is framed here, unsealed.
+  if (seal && capture_) [[unlikely]]
+    capture_packet(pkt, payload, len, {iface().ip_be, dest_ip_be, port_->port(), dest_port},
+                   net::Capture::Direction::Outbound, kProtectedNote);
   const uint32_t n = hdr + len + pkt.bth.pad_count + (seal ? uint32_t{wire::kProtectTrailerLen} : 0) + wire::kIcrcLen;
   // Written in place into the port's send buffer. Packets to a softrdma context (not to 4791, where
   // RoCE stacks listen) may travel as segments of one send; the ICRC covers the identification that
@@ -260,10 +464,21 @@ void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload
   count(&qp, &core::Counters::tx_bytes, n);
 }
 
-void RocePorts::resolve_destination(Qp& qp) {
-  // A QP of a process on this host is reached at that process's own port; any other at 4791.
+net::Liveness::Verdict RocePorts::peer_liveness(const Qp& qp, uint64_t max_age_ns, uint64_t asked_from_ns,
+                                                uint64_t asked_until_ns) {
+  // Only a softrdma context's own port has a listener at its number (4791 may be another process's).
+  net::Liveness* l = port_->liveness();
+  if (!l || !net::UdpPort::is_context_port(qp.dest_port))
+    return net::Liveness::Verdict::Unknown;
+  return l->check(qp.dest_ip_be, qp.dest_port, qp.dest_qpn, now(), max_age_ns, asked_from_ns, asked_until_ns);
+}
+
+void RocePorts::resolve_destination(Qp& qp, bool again) {
   auto ep = net::Registry::instance().lookup(qp.dest_qpn);
-  qp.dest_port = (ep && ep->ip_be == qp.dest_ip_be) ? ep->port : wire::kRoceUdpPort;
+  if (ep && ep->ip_be == qp.dest_ip_be)
+    qp.dest_port = ep->port;
+  else if (!again || !net::UdpPort::is_context_port(qp.dest_port))
+    qp.dest_port = wire::kRoceUdpPort;
 }
 
 // ---- Multicast (IBTA 10.5; RoCE v2: the group's IPv4 multicast address, destination QPN 0xFFFFFF) ----
@@ -280,7 +495,7 @@ int RocePorts::attach_mcast(Qp* qp, uint32_t group_ip_be) {
   if (mcast_.size() >= core::DeviceLimits::kMaxMcastGrp) return ENOMEM;
   // One socket per group and context, bound to group:4791: every process (and context) that joined
   // gets its own copy of each datagram (SO_REUSEADDR on a multicast address).
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno;
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

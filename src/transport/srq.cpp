@@ -8,13 +8,66 @@
 #include <cstring>
 
 #include "core/limits.h"
+#include "transport/direct.h"
 #include "transport/engine.h"
 #include "wire/opcode.h"
 
 namespace softrdma::transport {
 
+namespace {
+// Ring slots for twice max_wr WQEs: taken_ahead (srq.h) lets the application post max_wr more while
+// WQEs claimed out of order still hold the tail.
+uint32_t ring_depth(uint32_t max_wr) { return 2 * std::max<uint32_t>(max_wr, 1); }
+}  // namespace
+
+bool Srq::claim(uint64_t* index) {
+  uint64_t head = rq.head.load(std::memory_order_acquire);
+  const uint64_t tail = rq.tail.load(std::memory_order_relaxed);  // only ours moves it
+  uint64_t c = claim_word->load(std::memory_order_acquire);
+  for (;;) {
+    // WQEs posted since head was read: initiators may have claimed them already (they see a head
+    // published after ours moved).
+    if (c > head) head = rq.head.load(std::memory_order_acquire);
+    // Only a peer's write puts the word below the tail or past the head: mended, never believed.
+    if (c < tail || c > head) {
+      if (claim_word->compare_exchange_weak(c, tail, std::memory_order_acq_rel)) c = tail;
+      continue;
+    }
+    if (c == head) return false;
+    if (claim_word->compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) {
+      *index = c;
+      return true;
+    }
+  }
+}
+
+bool Srq::take(uint64_t index, RecvWqe* out) {
+  uint64_t tail = rq.tail.load(std::memory_order_relaxed);
+  const uint64_t head = rq.head.load(std::memory_order_acquire);
+  if (index < tail || index >= head || taken[index & rq.mask]) return false;
+  const RecvWqe& w = rq.at(index);
+  out->wr_id = w.wr_id;
+  out->num_sge = w.num_sge;
+  out->length = w.length;
+  std::memcpy(out->sge, w.sge, sizeof(Sge) * w.num_sge);
+  taken[index & rq.mask] = 1;
+  uint64_t ahead = taken_ahead.load(std::memory_order_relaxed) + 1;
+  // The ring's slots are free again from the tail up to the first WQE still claimed and not taken.
+  for (; tail != head && taken[tail & rq.mask]; --ahead) taken[tail++ & rq.mask] = 0;
+  taken_ahead.store(ahead, std::memory_order_relaxed);
+  rq.tail.store(tail, std::memory_order_release);
+  return true;
+}
+
+uint64_t Srq::left() const {
+  const uint64_t head = rq.head.load(std::memory_order_acquire);
+  const uint64_t c = std::max(claim_word->load(std::memory_order_relaxed), rq.tail.load(std::memory_order_relaxed));
+  return (c < head ? head - c : 0) + returned.size();
+}
+
 SrqTable::~SrqTable() {
   for (Srq* srq : srqs_) {
+    if (DirectEndpoint* d = direct()) d->srq_destroyed(*srq);
     release_recv_ring(srq->rq.slots, srq->rq_bytes);
     delete srq;
   }
@@ -35,10 +88,11 @@ Srq* SrqTable::create(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t x
   srq->xrcd = xrcd;
   srq->cq = cq;
   srq->max_sge = std::max<uint32_t>(max_sge, 1);
-  if (!placement().alloc_recv_ring(srq->rq, max_wr, &srq->rq_bytes)) {
+  if (!placement().alloc_recv_ring(srq->rq, max_wr, &srq->rq_bytes, ring_depth(max_wr))) {
     delete srq;
     return nullptr;
   }
+  srq->taken.assign(srq->rq.mask + 1, 0);
   std::lock_guard lock(engine_lock());
   if (srqs_.size() >= L::kMaxSrq) {
     release_recv_ring(srq->rq.slots, srq->rq_bytes);
@@ -55,6 +109,9 @@ Srq* SrqTable::create(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t x
       break;
     }
   }
+  // Initiators of this host may take its WQEs (an XRC SRQ's messages come by packets only). Without
+  // room for the descriptor, SENDs to its QPs go by packets.
+  if (DirectEndpoint* d = direct(); d && !xrcd) d->srq_created(*srq);
   srqs_.push_back(srq);
   return srq;
 }
@@ -74,6 +131,7 @@ int SrqTable::destroy(Srq* srq) {
       qp->resp.srq_wqe_held = false;
       qp->resp.recv_active = false;
     }
+    if (DirectEndpoint* d = direct()) d->srq_destroyed(*srq);
     release_recv_ring(srq->rq.slots, srq->rq_bytes);
   }
   forget_events_of(srq);
@@ -95,17 +153,26 @@ int SrqTable::modify(Srq* srq, int mask, uint32_t max_wr, uint32_t limit) {
   }
   if ((mask & kSrqModLimit) && limit > new_max) return EINVAL;
   if (new_max != q.max_wr) {
-    size_t bytes = sizeof(RecvWqe) * WorkQueue<RecvWqe>::capacity_for(new_max);
+    const uint32_t slots = WorkQueue<RecvWqe>::capacity_for(ring_depth(new_max));
+    size_t bytes = sizeof(RecvWqe) * slots;
     auto* ring = static_cast<RecvWqe*>(arena().allocate(bytes));
     if (!ring) return ENOMEM;
-    uint32_t new_mask = WorkQueue<RecvWqe>::capacity_for(new_max) - 1;
+    uint32_t new_mask = slots - 1;
     // Head and tail are running counters: each WQE keeps its index, only its slot moves.
-    for (uint64_t i = q.tail.load(); i != q.head.load(); ++i) ring[i & new_mask] = q.at(i);
+    std::vector<uint8_t> taken(new_mask + 1, 0);
+    for (uint64_t i = q.tail.load(); i != q.head.load(); ++i) {
+      ring[i & new_mask] = q.at(i);
+      taken[i & new_mask] = srq->taken[i & q.mask];
+    }
+    DirectEndpoint* d = srq->direct ? direct() : nullptr;
+    if (d) d->srq_ring_changing(*srq);
     release_recv_ring(q.slots, srq->rq_bytes);
     q.slots = ring;
     q.mask = new_mask;
     q.max_wr = new_max;
     srq->rq_bytes = bytes;
+    srq->taken = std::move(taken);
+    if (d) d->srq_ring_changed(*srq);
   }
   if (mask & kSrqModLimit) srq->limit = limit;
   return 0;
@@ -121,7 +188,38 @@ void SrqTable::query(Srq* srq, uint32_t& max_wr, uint32_t& max_sge, uint32_t& li
 int SrqTable::post_recv(Srq* srq, const RecvWqe* wqes, int n, int* bad) {
   std::lock_guard lock(srq->rq.producer_lock);
   uint64_t head;
-  return push_recv_wqes(srq->rq, wqes, n, srq->max_sge, bad, &head);
+  int rc = push_recv_wqes(srq->rq, wqes, n, srq->max_sge, bad, &head, &srq->taken_ahead);
+  if (rc == ENOMEM && srq->direct && recover_claims(*srq)) {
+    // Room again: the rest of the list.
+    int more = 0;
+    rc = push_recv_wqes(srq->rq, wqes + *bad, n - *bad, srq->max_sge, &more, &head, &srq->taken_ahead);
+    *bad += more;
+  }
+  if (srq->direct) DirectEndpoint::publish_srq_head(*srq, head);
+  return rc;
+}
+
+bool SrqTable::recover_claims(Srq& srq) {
+  // The ring is full. Slots are freed only up to the oldest WQE claimed and not yet taken; an initiator
+  // that died between its claim and its message (a few instructions), or a hostile one, would hold the
+  // tail there for good. Claimed before now and still not taken once every initiator is out of its copy
+  // window and the inboxes are placed: stranded, given back.
+  std::lock_guard lock(engine_lock());
+  const uint64_t head = srq.rq.head.load(std::memory_order_relaxed);
+  const uint64_t claimed = std::min(srq.claim_word->load(std::memory_order_acquire), head);
+  const uint64_t tail = srq.rq.tail.load(std::memory_order_relaxed);
+  if (claimed <= tail) return false;  // full of WQEs nobody took: really full
+  direct()->wait_copies();
+  for (Qp* qp : qps())
+    if (qp->srq == &srq) place_inbox(*qp);
+  bool freed = false;
+  for (uint64_t i = srq.rq.tail.load(std::memory_order_relaxed); i < claimed; ++i)
+    if (!srq.taken[i & srq.rq.mask]) {
+      srq.give_back(i);
+      count(nullptr, &core::Counters::direct_bad_inbox);
+      freed = true;
+    }
+  return freed && srq.rq.tail.load(std::memory_order_relaxed) != tail;
 }
 
 Verdict Responder::xrc_target_srq(Qp& qp, uint32_t srqn, const wire::OpcodeInfo& info) {

@@ -2,6 +2,7 @@
 // whatever its transport service. Applications fill the ring under its producer lock; the engine
 // consumes it under the engine lock, and the limit ("low watermark") state is only touched there.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -67,6 +68,8 @@ struct State {
 };
 }  // namespace tm
 
+struct DirectSrqDesc;  // transport/direct_layout.h
+
 struct Srq {
   void* user = nullptr;     // the verbs object (ibv_srq) that owns this SRQ, for async events
   uint32_t pd = 0;          // receive buffers are checked against the SRQ's PD, not the QP's
@@ -83,6 +86,41 @@ struct Srq {
   uint32_t xrcd = 0;
   core::CompletionQueue* cq = nullptr;
   std::unique_ptr<tm::State> tm;  // IBV_SRQT_TM: its matching list (engine lock)
+
+  // Taking WQEs (engine lock). Each taker claims the next index (claim_word); rq.tail is the oldest WQE
+  // not yet taken, and moves past those taken out of order. Alone, the engine claims exactly at the tail.
+  // With the direct path (DirectSrqDesc), initiators of this host claim WQEs through a shared claim
+  // word and name them in their inbox entries: they leave the SRQ out of order.
+  std::atomic<uint64_t> own_claim{0};
+  std::atomic<uint64_t>* claim_word = &own_claim;
+  DirectSrqDesc* direct = nullptr;  // published for initiators (DirectTarget::srq_created)
+  std::vector<uint8_t> taken;       // per ring slot: its WQE, between tail and head, is taken already
+  // How many WQEs between tail and head are taken (written by take(), before the tail): they are no
+  // longer posted, so the application may post as many again. The ring has room for max_wr more
+  // (SrqTable::create): an application that reposts for each CQE it polled must not find it full
+  // while an earlier WQE, claimed by an initiator, waits for its message (ibv_post_srq_recv ENOMEM
+  // was fatal to UCX).
+  std::atomic<uint64_t> taken_ahead{0};
+  // The next WQE for the engine's own responder, claimed; false when none is posted.
+  bool claim(uint64_t* index);
+  // Takes WQE index (claimed by us, or named by an initiator): false when it is not posted or is taken
+  // already (a peer wrote nonsense).
+  bool take(uint64_t index, RecvWqe* out);
+  // The WQE named by the low 32 bits of its index, as an inbox entry names it (the WQEs an initiator
+  // may claim lie between tail and head, fewer than 2^32 apart).
+  uint64_t index_of(uint32_t low) const {
+    const uint64_t t = rq.tail.load(std::memory_order_relaxed);
+    return t + static_cast<uint32_t>(low - static_cast<uint32_t>(t));
+  }
+  // A WQE claimed for a message that will never be placed (its inbox dropped at reset, its initiator
+  // gone): taken off the ring and kept in returned, which the engine's responder takes from first.
+  void give_back(uint64_t index) {
+    RecvWqe w;
+    if (take(index, &w)) returned.push_back(w);
+  }
+  std::vector<RecvWqe> returned;
+  // WQEs posted and not claimed: what the limit is compared with.
+  uint64_t left() const;
 };
 
 // The context's shared receive queues (srq.cpp) and their tag matching (tag_matching.cpp): the verbs
@@ -119,6 +157,9 @@ class SrqTable : PathServices {
   static uint64_t tm_app_sq_used(Qp& qp, uint64_t head);
 
  private:
+  // post_recv found the ring full: WQEs claimed by initiators and stranded are given back; true when
+  // that freed slots.
+  bool recover_claims(Srq& srq);
   std::vector<Srq*> srqs_;
   uint32_t next_srqn_ = 1;
 };

@@ -358,6 +358,9 @@ ibv_context* open_context(SoftDevice* sd, const config::Settings& settings, uint
   opts.open_port = [settings](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
     return std::make_unique<net::UdpPort>(ip_be, port, settings);
   };
+  opts.adopt_port = [settings](int fd) -> std::unique_ptr<net::PacketPort> {
+    return std::make_unique<net::UdpPort>(net::UdpPort::Adopt{}, fd, settings);
+  };
   std::shared_ptr<ContextShared> shared;
   try {
     shared = std::make_shared<ContextShared>();
@@ -383,7 +386,7 @@ ibv_context* open_context(SoftDevice* sd, const config::Settings& settings, uint
 // list, the registry, librdmacm).
 constexpr std::string_view kContextVariables[] = {"SOFTRDMA_DIRECT", "SOFTRDMA_IMPAIR", "SOFTRDMA_SPIN_US",
                                                   "SOFTRDMA_GSO", "SOFTRDMA_COUNTERS", "SOFTRDMA_DIRECT_PEERS",
-                                                  "SOFTRDMA_STATS_MODE"};
+                                                  "SOFTRDMA_STATS_MODE", "SOFTRDMA_PEER_PAUSE_MS"};
 
 bool context_variable(std::string_view name) {
   for (std::string_view v : kContextVariables)

@@ -71,6 +71,11 @@ int softrdma_qp_set_wire_key(struct ibv_qp *qp, uint32_t mode, const void *secre
  * counted in the device's auth_cm_reject. */
 void softrdma_count_wire_reject(struct ibv_context *ctx);
 
+/* 1 when the kernel of a connected RC QP's peer says the peer's process is gone (its context's
+ * liveness listener refused or closed: docs/reliability.md), else 0 (alive, stopped, unknown, or not
+ * a softrdma peer). librdmacm asks it for connections to other hosts to report DISCONNECTED. */
+int softrdma_qp_peer_gone(struct ibv_qp *qp);
+
 /* softrdma_open_device's options. */
 enum softrdma_open_flags {
   SOFTRDMA_OPEN_PACKETS = 1 << 0, /* no intra-host direct path: every peer by packets, as SOFTRDMA_DIRECT=0 */
@@ -89,7 +94,8 @@ struct ibv_context *softrdma_open_device(const char *name, uint32_t flags);
  * the process's settings (softrdma_set_option, then the environment) for this context only, and are
  * checked against the configuration table (src/config, `softrdma config`). A context takes the
  * variables it reads when it opens and keeps: SOFTRDMA_DIRECT, SOFTRDMA_IMPAIR, SOFTRDMA_SPIN_US,
- * SOFTRDMA_GSO, SOFTRDMA_COUNTERS, SOFTRDMA_DIRECT_PEERS and SOFTRDMA_STATS_MODE. The others are the
+ * SOFTRDMA_GSO, SOFTRDMA_COUNTERS, SOFTRDMA_DIRECT_PEERS, SOFTRDMA_STATS_MODE and SOFTRDMA_PEER_PAUSE_MS.
+ * The others are the
  * process's: give them with softrdma_set_option.
  * softrdma_iwarp_attach decides on the direct path by the process's table (SOFTRDMA_DIRECT,
  * SOFTRDMA_IMPAIR), as librdmacm does, not by the context's.

@@ -6,13 +6,50 @@
 
 namespace softrdma::wire {
 
+namespace {
+
+// The UDP header (checksum masked) and the BTH (resv8a masked) of the pseudo-header at out.
+void udp_bth_part(uint8_t* udp, uint16_t src_port, uint16_t dst_port, const uint8_t* bth, size_t len) {
+  const uint32_t udp_len = static_cast<uint32_t>(8 + len + kIcrcLen);
+  udp[0] = static_cast<uint8_t>(src_port >> 8);
+  udp[1] = static_cast<uint8_t>(src_port);
+  udp[2] = static_cast<uint8_t>(dst_port >> 8);
+  udp[3] = static_cast<uint8_t>(dst_port);
+  udp[4] = static_cast<uint8_t>(udp_len >> 8);
+  udp[5] = static_cast<uint8_t>(udp_len);
+  udp[6] = 0xFF;  // UDP checksum
+  udp[7] = 0xFF;
+  uint8_t* b = udp + 8;
+  __builtin_memcpy(b, bth, kBthLen);
+  b[4] = 0xFF;  // resv8a: FECN/BECN may be set by switches
+}
+
+// The CRC of a pseudo-header h (ending with the BTH) followed by the rest of the packet after the BTH.
+uint32_t icrc_of(const uint8_t* h, size_t hlen, const uint8_t* bth, size_t len) {
+  // crc32_gzip_refl chains like zlib's crc32 (pre- and post-inversion handled inside).
+  uint32_t crc = crc32_gzip_refl(0, h, hlen);
+  return crc32_gzip_refl(crc, bth + kBthLen, len - kBthLen);
+}
+
+void store_icrc(uint32_t crc, uint8_t* p) {
+  p[0] = static_cast<uint8_t>(crc);
+  p[1] = static_cast<uint8_t>(crc >> 8);
+  p[2] = static_cast<uint8_t>(crc >> 16);
+  p[3] = static_cast<uint8_t>(crc >> 24);
+}
+
+uint32_t stored_icrc(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+}  // namespace
+
 uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len) {
   // Pseudo-header: LRH stand-in (8) + IPv4 (20) + UDP (8) + BTH (12), with the variant fields set to ones.
   uint8_t h[8 + 20 + 8 + kBthLen];
   for (int i = 0; i < 8; ++i) h[i] = 0xFF;
   uint8_t* ip = h + 8;
   const uint32_t ip_len = static_cast<uint32_t>(20 + 8 + len + kIcrcLen);
-  const uint32_t udp_len = static_cast<uint32_t>(8 + len + kIcrcLen);
   ip[0] = 0x45;
   ip[1] = 0xFF;  // TOS (DSCP/ECN) may be rewritten in flight
   ip[2] = static_cast<uint8_t>(ip_len >> 8);
@@ -27,46 +64,46 @@ uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len) {
   ip[11] = 0xFF;
   __builtin_memcpy(ip + 12, &addr.src_ip_be, 4);
   __builtin_memcpy(ip + 16, &addr.dst_ip_be, 4);
-  uint8_t* udp = ip + 20;
-  udp[0] = static_cast<uint8_t>(addr.src_port >> 8);
-  udp[1] = static_cast<uint8_t>(addr.src_port);
-  udp[2] = static_cast<uint8_t>(addr.dst_port >> 8);
-  udp[3] = static_cast<uint8_t>(addr.dst_port);
-  udp[4] = static_cast<uint8_t>(udp_len >> 8);
-  udp[5] = static_cast<uint8_t>(udp_len);
-  udp[6] = 0xFF;  // UDP checksum
-  udp[7] = 0xFF;
-  uint8_t* b = udp + 8;
-  __builtin_memcpy(b, bth, kBthLen);
-  b[4] = 0xFF;  // resv8a: FECN/BECN may be set by switches
-
-  // crc32_gzip_refl chains like zlib's crc32 (pre- and post-inversion handled inside).
-  uint32_t crc = crc32_gzip_refl(0, h, sizeof h);
-  return crc32_gzip_refl(crc, bth + kBthLen, len - kBthLen);
+  udp_bth_part(ip + 20, addr.src_port, addr.dst_port, bth, len);
+  return icrc_of(h, sizeof h, bth, len);
 }
 
-void append_icrc(const Ipv4UdpAddr& addr, uint8_t* bth, size_t len) {
-  const uint32_t crc = compute_icrc(addr, bth, len);
-  uint8_t* p = bth + len;
-  p[0] = static_cast<uint8_t>(crc);
-  p[1] = static_cast<uint8_t>(crc >> 8);
-  p[2] = static_cast<uint8_t>(crc >> 16);
-  p[3] = static_cast<uint8_t>(crc >> 24);
+uint32_t compute_icrc_v6(const Ipv6UdpAddr& addr, const uint8_t* bth, size_t len) {
+  // Pseudo-header: LRH stand-in (8) + IPv6 (40) + UDP (8) + BTH (12).
+  uint8_t h[8 + 40 + 8 + kBthLen];
+  for (int i = 0; i < 8; ++i) h[i] = 0xFF;
+  uint8_t* ip = h + 8;
+  const uint32_t payload_len = static_cast<uint32_t>(8 + len + kIcrcLen);
+  ip[0] = 0x6F;  // version 6, traffic class (high nibble) masked
+  ip[1] = 0xFF;  // traffic class (low nibble), flow label (high nibble) masked
+  ip[2] = 0xFF;  // flow label masked
+  ip[3] = 0xFF;
+  ip[4] = static_cast<uint8_t>(payload_len >> 8);
+  ip[5] = static_cast<uint8_t>(payload_len);
+  ip[6] = 17;    // next header: UDP
+  ip[7] = 0xFF;  // hop limit masked
+  __builtin_memcpy(ip + 8, addr.src_ip, 16);
+  __builtin_memcpy(ip + 24, addr.dst_ip, 16);
+  udp_bth_part(ip + 40, addr.src_port, addr.dst_port, bth, len);
+  return icrc_of(h, sizeof h, bth, len);
+}
+
+void append_icrc(const Ipv4UdpAddr& addr, uint8_t* bth, size_t len) { store_icrc(compute_icrc(addr, bth, len), bth + len); }
+void append_icrc_v6(const Ipv6UdpAddr& addr, uint8_t* bth, size_t len) {
+  store_icrc(compute_icrc_v6(addr, bth, len), bth + len);
 }
 
 bool check_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
   if (len_with_icrc < kBthLen + kIcrcLen) return false;
   const size_t len = len_with_icrc - kIcrcLen;
-  const uint8_t* p = bth + len;
-  const uint32_t stored = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-  return stored == compute_icrc(addr, bth, len);
+  return stored_icrc(bth + len) == compute_icrc(addr, bth, len);
 }
 
-namespace {
-uint32_t stored_icrc(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+bool check_icrc_v6(const Ipv6UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
+  if (len_with_icrc < kBthLen + kIcrcLen) return false;
+  const size_t len = len_with_icrc - kIcrcLen;
+  return stored_icrc(bth + len) == compute_icrc_v6(addr, bth, len);
 }
-}  // namespace
 
 std::optional<IpIdent> solve_ip_ident(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
   if (len_with_icrc < kBthLen + kIcrcLen) return std::nullopt;

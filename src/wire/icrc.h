@@ -1,4 +1,4 @@
-// RoCEv2 invariant CRC (IBTA Annex A17.3.3) for IPv4.
+// RoCEv2 invariant CRC (IBTA Annex A17.3.3) for IPv4 and IPv6.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +28,20 @@ uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len);
 void append_icrc(const Ipv4UdpAddr& addr, uint8_t* bth, size_t len);
 // True when the last 4 bytes hold the ICRC of the bytes before them. False if len_with_icrc < 16.
 bool check_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc);
+
+// RoCEv2 over UDP/IPv6 (RoCE v2 GIDs that are not IPv4-mapped).
+struct Ipv6UdpAddr {
+  uint8_t src_ip[16], dst_ip[16];  // network order, as in the GIDs
+  uint16_t src_port, dst_port;     // host order
+};
+
+// ICRC over: 8 bytes of 0xFF (LRH stand-in); the IPv6 header with its variant fields as ones (version
+// 6, traffic class 0xFF, flow label 0xFFFFF, payload length 8+len+4, next header 17, hop limit 0xFF,
+// src, dst: Annex A17.3.3); the UDP header (checksum masked 0xFFFF); the BTH with resv8a as 0xFF; the
+// rest of the len bytes. IPv6 has no identification, so nothing is left to solve at the receiver.
+uint32_t compute_icrc_v6(const Ipv6UdpAddr& addr, const uint8_t* bth, size_t len);
+void append_icrc_v6(const Ipv6UdpAddr& addr, uint8_t* bth, size_t len);
+bool check_icrc_v6(const Ipv6UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc);
 // The IPv4 identification and DF flag a packet was sent with, when the receiver cannot see them (a UDP
 // socket does not report them; Linux rxe and RoCE NICs send changing, non-zero identifications). The
 // ICRC is affine in those 17 bits, so the ICRC difference to the all-zero case is solved for them over

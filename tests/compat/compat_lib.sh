@@ -64,6 +64,50 @@ compat_free_port() {
   echo "$port"
 }
 
+# udp_bound PORT [NS_PREFIX...]: whether a UDP socket is bound to PORT (rdma_cm ports are UDP ports).
+udp_bound() { # PORT PREFIX...
+  local hex
+  hex=$(printf '%04X' "$1")
+  shift
+  "$@" awk -v p=":$hex" 'NR>1 && substr($2, length($2)-4)==p { f=1 } END { exit !f }' /proc/net/udp
+}
+
+# An rdma_cm port is a UDP port here: a free port must be free for UDP too (other softrdma processes
+# hold ephemeral UDP ports), not only for TCP as compat_free_port checks.
+cm_free_port() {
+  local port
+  while :; do
+    port=$(compat_free_port)
+    udp_bound "$port" || { echo "$port"; return; }
+  done
+}
+
+# cm_pair NAME PORT [serving]: runs SRV, waits for its rdma_cm port (a UDP port, docs/rdmacm.md),
+# runs CLI; both must exit 0. With "serving", SRV is a server that never exits: it is stopped once
+# the client is done, and the client's exit code alone counts. CM_PAIR_CHECK (an array, may be
+# empty) is a command run while the server is up, before the client; its failure fails the pair
+# (it may set PAIR_WHY). SRV_PREFIX / CLI_PREFIX as for compat_pair.
+cm_pair() {
+  local name=$1 port=$2 serving=${3:-} i crc=0 src=0 ok=1
+  pair_start_server "$name"
+  for ((i = 0; i < 300; i++)); do
+    udp_bound "$port" "${SRV_PREFIX[@]+"${SRV_PREFIX[@]}"}" && break
+    kill -0 "$PAIR_SRV_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ((${#CM_PAIR_CHECK[@]})); then "${CM_PAIR_CHECK[@]}" || ok=0; fi
+  pair_run_client "$name" || crc=$?
+  [[ -n $serving ]] && kill "$PAIR_SRV_PID" 2>/dev/null
+  wait "$PAIR_SRV_PID" || src=$?
+  [[ -n $serving ]] && src=0
+  if ((crc != 0 || src != 0)); then
+    PAIR_WHY="exit codes: server $src, client $crc"
+    return 1
+  fi
+  return $((1 - ok))
+}
+CM_PAIR_CHECK=()
+
 # compat_wait_listen PORT PID [NS_PREFIX...]: waits until something listens on TCP PORT (in the
 # namespace of the prefix), without connecting to it: perftest servers accept exactly one peer.
 compat_wait_listen() {
@@ -88,31 +132,42 @@ compat_wait_listen() {
 # Returns 0 on success; the caller adds its own output checks and calls compat_result.
 compat_pair() {
   local name=$1 port=$2
-  local slug=${name//[^A-Za-z0-9_.-]/_}
-  PAIR_SRV_LOG=$COMPAT_LOG_DIR/$slug.server.log
-  PAIR_CLI_LOG=$COMPAT_LOG_DIR/$slug.client.log
-  PAIR_WHY=""
-  local -a sp=("${SRV_PREFIX[@]+"${SRV_PREFIX[@]}"}") cp=("${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"}")
-
-  compat_log "$name: server: ${SRV[*]}"
-  "${sp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- "${SRV[@]}" >"$PAIR_SRV_LOG" 2>&1 &
-  local spid=$!
-  if ! compat_wait_listen "$port" "$spid" "${sp[@]}"; then
+  pair_start_server "$name"
+  if ! compat_wait_listen "$port" "$PAIR_SRV_PID" "${SRV_PREFIX[@]+"${SRV_PREFIX[@]}"}"; then
     PAIR_WHY="server never listened on port $port"
-    kill "$spid" 2>/dev/null || true
-    wait "$spid" 2>/dev/null || true
+    kill "$PAIR_SRV_PID" 2>/dev/null || true
+    wait "$PAIR_SRV_PID" 2>/dev/null || true
     return 1
   fi
-  compat_log "$name: client: ${CLI[*]}"
   local crc=0 src=0
-  "${cp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- "${CLI[@]}" >"$PAIR_CLI_LOG" 2>&1 || crc=$?
-  wait "$spid" || src=$?
+  pair_run_client "$name" || crc=$?
+  wait "$PAIR_SRV_PID" || src=$?
   if ((crc != 0 || src != 0)); then
     PAIR_WHY="exit codes: server $src, client $crc"
     ((crc == 124 || src == 124)) && PAIR_WHY+=" (124: killed by timeout after ${COMPAT_TIMEOUT}s)"
     return 1
   fi
   return 0
+}
+
+# pair_start_server NAME: the logs of pair NAME (PAIR_SRV_LOG, PAIR_CLI_LOG), PAIR_WHY cleared, and
+# SRV started in the background (behind SRV_PREFIX), its pid in PAIR_SRV_PID.
+pair_start_server() {
+  local slug=${1//[^A-Za-z0-9_.-]/_}
+  PAIR_SRV_LOG=$COMPAT_LOG_DIR/$slug.server.log
+  PAIR_CLI_LOG=$COMPAT_LOG_DIR/$slug.client.log
+  PAIR_WHY=""
+  local -a sp=("${SRV_PREFIX[@]+"${SRV_PREFIX[@]}"}")
+  compat_log "$1: server: ${SRV[*]}"
+  "${sp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- "${SRV[@]}" >"$PAIR_SRV_LOG" 2>&1 &
+  PAIR_SRV_PID=$!
+}
+
+# pair_run_client NAME: runs CLI (behind CLI_PREFIX) to its end; its exit code.
+pair_run_client() {
+  local -a cp=("${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"}")
+  compat_log "$1: client: ${CLI[*]}"
+  "${cp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- "${CLI[@]}" >"$PAIR_CLI_LOG" 2>&1
 }
 
 # compat_result NAME OK [WHY]: records the outcome of one case and prints the logs of a failure.
@@ -180,6 +235,23 @@ compat_finish() {
   local f
   for f in "${COMPAT_FAILURES[@]+"${COMPAT_FAILURES[@]}"}"; do echo "  FAILED: $f"; done
   ((COMPAT_FAILED == 0 && COMPAT_PASSED > 0))
+}
+
+# compat_short_names NS_A IF_A NEW_A NS_B IF_B NEW_B: renames the two veth ends and waits for the link
+# (UCX keeps 15 characters of a memory domain name, and softrdma names a device softrdma_<interface>).
+compat_short_names() {
+  local i
+  ip -n "$1" link set "$2" down
+  ip -n "$4" link set "$5" down
+  ip -n "$1" link set "$2" name "$3"
+  ip -n "$4" link set "$5" name "$6"
+  ip -n "$1" link set "$3" up
+  ip -n "$4" link set "$6" up
+  for ((i = 0; i < 50; i++)); do
+    ip -n "$1" link show "$3" | grep -q 'state UP' && ip -n "$4" link show "$6" | grep -q 'state UP' && return 0
+    sleep 0.1
+  done
+  return 0
 }
 
 # compat_netns_setup: two "hosts" (network namespaces joined by a veth pair), torn down at exit.

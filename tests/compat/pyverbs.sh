@@ -3,7 +3,8 @@
 # provider modules need complete libmlx5/libefa stubs), and tests/pyverbs/rc_test.py (an RC QP pair:
 # SEND both ways, RDMA WRITE, RDMA READ, data and completions checked) passes: both QPs in one
 # process and in two processes, on the intra-host direct path (default) and on the wire path
-# (SOFTRDMA_DIRECT=0), on the loopback device; as root also between two network namespaces.
+# (SOFTRDMA_DIRECT=0), on the loopback device; as root also between two network namespaces. And
+# rdma-core's own tests/test_rdmacm.py (from python3-pyverbs) passes on softrdma_lo, both paths.
 # The counters of `softrdma stat`, read by rc_test.py before it exits, show which path was taken.
 # Skips (77) only when python3-pyverbs is not installed.
 set -euo pipefail
@@ -122,7 +123,41 @@ for path in "${paths[@]}"; do
   done
 done
 
-# 4. Two "hosts": network namespaces joined by a veth (root only; the wire path, necessarily).
+# 4. rdma-core's own rdma_cm tests (tests/test_rdmacm.py, shipped by python3-pyverbs under
+# /usr/share/doc/rdma-core/tests, some files gzipped) on softrdma_lo: they bind the device's address,
+# 127.0.0.1, and build their objects on the device that bind attached (docs/rdmacm.md). One process
+# per path through tools/conformance_driver.py, which records each test's outcome; every test must pass.
+suite_src=${RDMA_CORE_TESTS:-/usr/share/doc/rdma-core/tests}
+if [[ -f $suite_src/test_rdmacm.py ]]; then
+  suite=$(mktemp -d /tmp/softrdma-pyverbs-suite.XXXXXX)
+  cp -r "$suite_src" "$suite/tests"
+  find "$suite/tests" -name '*.gz' -exec gunzip -f {} +
+  for path in "${paths[@]}"; do
+    envs=()
+    [[ $path == wire ]] && envs=(SOFTRDMA_DIRECT=0)
+    name="rdma-core test_rdmacm on $dev, $path"
+    log=$COMPAT_LOG_DIR/test_rdmacm_$path.log
+    out=$COMPAT_LOG_DIR/test_rdmacm_$path.jsonl
+    rm -f "$out"
+    PAIR_CLI_LOG=$log
+    run_one "$name" "$log" "${envs[@]+"${envs[@]}"}" -- "$PY" "$(compat_repo_root)/tools/conformance_driver.py" \
+      --suite "$suite" --module test_rdmacm --dev "$dev" --out "$out" || true
+    ran=$(grep -vc '"outcome": "started"' "$out" 2>/dev/null || true)
+    passed=$(grep -c '"outcome": "pass"' "$out" 2>/dev/null || true)
+    if ((${ran:-0} > 0 && ${ran:-0} == ${passed:-0})); then
+      compat_log "$name: $passed of $ran passed"
+      compat_result "$name" 1
+    else
+      compat_result "$name" 0 "$passed of $ran passed: $(grep -v '"outcome": "\(started\|pass\)"' "$out" 2>/dev/null |
+        sed 's/.*"test": "[^"]*\.\([^".]*\)".*"detail": "\([^"]*\)".*/\1 (\2)/' | tr '\n' ' ')"
+    fi
+  done
+  rm -rf "$suite"
+else
+  compat_log "no rdma-core test suite at $suite_src: the test_rdmacm cases are left out"
+fi
+
+# 5. Two "hosts": network namespaces joined by a veth (root only; the wire path, necessarily).
 probe=softrdma-pyverbs-probe-$$
 if [[ $(id -u) == 0 ]] && command -v ip >/dev/null && ip netns add "$probe" 2>/dev/null; then
   ip netns del "$probe"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compat.rdmacm: unmodified rdmacm-utils and perftest -R binaries over softrdma's librdmacm, on
-# loopback and across two network namespaces (the second part needs root; skipped without it).
+# loopback and across two network namespaces (the second part needs root; skipped without it),
+# rping also with its server on "::" and its client at the server's IPv4-mapped address.
 # An rdma_cm port is a UDP socket of the listening process (docs/rdmacm.md), so "listening" here
 # means that UDP port is bound.
 # Not covered (docs/rdmacm.md, "Status"): qperf ud_lat/ud_bw (qperf 0.4.11 does not use rdma_cm for
@@ -12,47 +13,6 @@ export SOFTRDMA_CM_TIMEOUT_MS=${SOFTRDMA_CM_TIMEOUT_MS:-200}
 
 SRV_PREFIX=()
 CLI_PREFIX=()
-
-# An rdma_cm port is a UDP port here: a free port must be free for UDP too (other softrdma processes
-# hold ephemeral UDP ports), not only for TCP as compat_free_port checks.
-cm_free_port() {
-  local port
-  while :; do
-    port=$(compat_free_port)
-    udp_bound "$port" || { echo "$port"; return; }
-  done
-}
-
-udp_bound() { # PORT PREFIX...
-  local hex
-  hex=$(printf '%04X' "$1")
-  shift
-  "$@" awk -v p=":$hex" 'NR>1 && substr($2, length($2)-4)==p { f=1 } END { exit !f }' /proc/net/udp
-}
-
-# cm_pair NAME PORT: runs SRV, waits for its rdma_cm port, runs CLI; both must exit 0.
-cm_pair() {
-  local name=$1 port=$2 slug=${1//[^A-Za-z0-9_.-]/_} i spid crc=0 src=0
-  PAIR_SRV_LOG=$COMPAT_LOG_DIR/$slug.server.log
-  PAIR_CLI_LOG=$COMPAT_LOG_DIR/$slug.client.log
-  local -a sp=("${SRV_PREFIX[@]+"${SRV_PREFIX[@]}"}") cp=("${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"}")
-  compat_log "$name: server: ${SRV[*]}"
-  "${sp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- "${SRV[@]}" >"$PAIR_SRV_LOG" 2>&1 &
-  spid=$!
-  for ((i = 0; i < 300; i++)); do
-    udp_bound "$port" "${sp[@]}" && break
-    kill -0 "$spid" 2>/dev/null || break
-    sleep 0.1
-  done
-  compat_log "$name: client: ${CLI[*]}"
-  "${cp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- "${CLI[@]}" >"$PAIR_CLI_LOG" 2>&1 || crc=$?
-  wait "$spid" || src=$?
-  if ((crc != 0 || src != 0)); then
-    PAIR_WHY="exit codes: server $src, client $crc"
-    return 1
-  fi
-  return 0
-}
 
 # qperf_cm LABEL SERVER_IP: one qperf server (it serves until killed; its rdma_cm ids bind ephemeral
 # ports on the wildcard address), one client running the RC tests with -cm1. Every test must print
@@ -115,19 +75,29 @@ mckey_pair() {
   fi
 }
 
-suite() { # LABEL SERVER_IP CLIENT_IP
-  local where=$1 ip=$2 port n
+# rping_pair NAME SERVER_ADDR CLIENT_ADDR COUNT: rping -v with COUNT pings; the client must verify
+# every one (rping checks the data) and the server print the last.
+rping_pair() {
+  local name=$1 port n
   port=$(cm_free_port)
-  SRV=(rping -s -a "$ip" -p "$port" -v -C 1000)
-  CLI=(rping -c -a "$ip" -p "$port" -v -C 1000)
-  if cm_pair "$where rping" "$port"; then
+  SRV=(rping -s -a "$2" -p "$port" -v -C "$4")
+  CLI=(rping -c -a "$3" -p "$port" -v -C "$4")
+  if cm_pair "$name" "$port"; then
     # rping's stdout and stderr interleave mid-line, so count the pattern, not whole lines.
     n=$(grep -o 'rdma-ping-[0-9]*: ' "$PAIR_CLI_LOG" | sort -u | wc -l)
-    if ((n == 1000)) && grep -q 'rdma-ping-999: ' "$PAIR_SRV_LOG"; then compat_result "$where rping" 1
-    else compat_result "$where rping" 0 "client verified $n of 1000 pings"; fi
+    if ((n == $4)) && grep -q "rdma-ping-$(($4 - 1)): " "$PAIR_SRV_LOG"; then compat_result "$name" 1
+    else compat_result "$name" 0 "client verified $n of $4 pings"; fi
   else
-    compat_result "$where rping" 0
+    compat_result "$name" 0
   fi
+}
+
+suite() { # LABEL SERVER_IP CLIENT_IP
+  local where=$1 ip=$2 port n
+  rping_pair "$where rping" "$ip" "$ip" 1000
+  # AF_INET6 as far as softrdma carries it: the server binds "::" (dual-stack, as rping does for
+  # "-a ::"), the client names the server by its IPv4-mapped address (docs/rdmacm.md).
+  rping_pair "$where rping :: / ::ffff:$ip" :: "::ffff:$ip" 100
 
   # The server listens on the wildcard address (its CM must hear every device).
   port=$(cm_free_port)

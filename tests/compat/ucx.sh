@@ -85,22 +85,6 @@ all_cases() {
   done
 }
 
-# short_names NS_A IF_A NEW_A NS_B IF_B NEW_B: renames the two veth ends and waits for the link.
-short_names() {
-  local i
-  ip -n "$1" link set "$2" down
-  ip -n "$4" link set "$5" down
-  ip -n "$1" link set "$2" name "$3"
-  ip -n "$4" link set "$5" name "$6"
-  ip -n "$1" link set "$3" up
-  ip -n "$4" link set "$6" up
-  for ((i = 0; i < 50; i++)); do
-    ip -n "$1" link show "$3" | grep -q 'state UP' && ip -n "$4" link show "$6" | grep -q 'state UP' && return 0
-    sleep 0.1
-  done
-  return 0
-}
-
 check_info "loopback ucx_info -d"
 dev=$(compat_device 127.0.0.1)
 compat_log "loopback device: $dev"
@@ -116,7 +100,7 @@ netns_rc=0
   compat_netns_setup
   # UCX keeps 15 characters of a memory domain's name (UCT_MD_NAME_MAX), and softrdma names a device
   # softrdma_<interface>: the veth ends get names short enough (each namespace is private).
-  short_names "$nsA" "$vethA" uxa "$nsB" "$vethB" uxb
+  compat_short_names "$nsA" "$vethA" uxa "$nsB" "$vethB" uxb
   devA=$(compat_device "$ipA" "${inA[@]}")
   devB=$(compat_device "$ipB" "${inB[@]}")
   compat_log "renamed the veth ends: devices $devA and $devB"

@@ -37,6 +37,7 @@ namespace {
 
 using transport::DirectInbox;
 using transport::DirectShared;
+using transport::DirectSrqDesc;
 
 constexpr uid_t kAttackerId = 61234;
 // A context that serves the direct path whatever the environment says (also under the CI's second
@@ -112,6 +113,34 @@ Answer ask(int s, const Req& r) {
     }
   ans.replied = n == static_cast<ssize_t>(sizeof ans.rep);
   return ans;
+}
+
+// What a connected peer maps from a kHello answer (whose fds it closes): the arena read-only, the
+// writable area read-write, and the DirectShared block in the arena. Unmapped when it goes.
+struct PeerMaps {
+  void* m = MAP_FAILED;
+  void* wm = MAP_FAILED;
+  size_t arena_len = 0, rw_len = 0;
+  const uint8_t* arena = nullptr;
+  uint8_t* rw = nullptr;
+  const DirectShared* sh = nullptr;
+  ~PeerMaps() {
+    if (m != MAP_FAILED) munmap(m, arena_len);
+    if (wm != MAP_FAILED) munmap(wm, rw_len);
+  }
+};
+
+void map_peer(Answer& hello, PeerMaps* p) {
+  p->arena_len = hello.rep.a;
+  p->rw_len = hello.rep.d;
+  p->m = mmap(nullptr, p->arena_len, PROT_READ, MAP_SHARED, hello.fd, 0);
+  p->wm = mmap(nullptr, p->rw_len, PROT_READ | PROT_WRITE, MAP_SHARED, hello.fd2, 0);
+  hello.close_fds();
+  ASSERT_NE(p->m, MAP_FAILED);
+  ASSERT_NE(p->wm, MAP_FAILED);
+  p->arena = static_cast<const uint8_t*>(p->m);
+  p->rw = static_cast<uint8_t*>(p->wm);
+  p->sh = reinterpret_cast<const DirectShared*>(p->arena + hello.rep.b);
 }
 
 // True once the server has closed our socket (EOF within 2 s).
@@ -352,17 +381,14 @@ TEST_F(DirectIsolation, GarbageInInboxHarmsOnlyThatQp) {
   EXPECT_EQ(rw_try, MAP_FAILED) << "the arena fd a peer gets is read-only";
   if (rw_try != MAP_FAILED) munmap(rw_try, 4096);
   EXPECT_EQ(fcntl(hello.fd, F_GETFL) & O_ACCMODE, O_RDONLY);
-  void* m = mmap(nullptr, hello.rep.a, PROT_READ, MAP_SHARED, hello.fd, 0);
-  void* wm = mmap(nullptr, hello.rep.d, PROT_READ | PROT_WRITE, MAP_SHARED, hello.fd2, 0);
-  hello.close_fds();
-  ASSERT_NE(m, MAP_FAILED);
-  ASSERT_NE(wm, MAP_FAILED);
-  const auto* arena = static_cast<const uint8_t*>(m);
-  auto* rw = static_cast<uint8_t*>(wm);
-  const auto* sh = reinterpret_cast<const DirectShared*>(arena + hello.rep.b);
+  const uint64_t rw_len = hello.rep.d;
+  PeerMaps pm;
+  ASSERT_NO_FATAL_FAILURE(map_peer(hello, &pm));
+  uint8_t* rw = pm.rw;
+  const DirectShared* sh = pm.sh;
   const uint64_t inbox_off = sh->qps[desc.rep.index].inbox_off.load();
   ASSERT_NE(inbox_off, 0u) << "b's QP has an inbox";
-  ASSERT_LE(inbox_off + sizeof(DirectInbox), hello.rep.d);
+  ASSERT_LE(inbox_off + sizeof(DirectInbox), rw_len);
   auto* in = reinterpret_cast<DirectInbox*>(rw + inbox_off);
   const auto consumed = static_cast<uint32_t>(sh->qps[desc.rep.index].tails.load() >> 32);
   const uint64_t bad_before = read_stats(p->b.qpn())->dev.direct_bad_inbox;
@@ -385,8 +411,6 @@ TEST_F(DirectIsolation, GarbageInInboxHarmsOnlyThatQp) {
   }
   EXPECT_TRUE(errored) << "the QP whose inbox held garbage is in error";
   EXPECT_GE(read_stats(p->b.qpn())->dev.direct_bad_inbox - bad_before, 1u) << "and the entry was counted";
-  munmap(m, hello.rep.a);
-  munmap(wm, hello.rep.d);
   close(s);
   p->expect_memory_intact();
   // The other QP of b's context: a WRITE and a SEND arrive intact.
@@ -408,6 +432,123 @@ TEST_F(DirectIsolation, GarbageInInboxHarmsOnlyThatQp) {
   EXPECT_EQ(check_pattern(dst2->data, 8192, 91), 8192u) << "byte for byte";
   src2.reset();
   dst2.reset();
+}
+
+// (c') b's QP receives through an SRQ: a connected peer forges an inbox entry naming an SRQ WQE it never
+// claimed, and writes nonsense into the SRQ's claim word (the one word of the SRQ it can write). b's
+// engine drops the entry and puts that QP in error (counted), mends the claim word, and the SRQ's WQEs
+// still serve another QP on it, byte for byte.
+TEST_F(DirectIsolation, ForgedSrqClaimHarmsOnlyThatQp) {
+  QpConfig on_srq;
+  on_srq.srq_wr = 16;
+  Side a3, b3;
+  ASSERT_TRUE(a3.create(p->da, QpConfig{}) && b3.create(p->db, on_srq));
+  auto src = a3.buf(8192), dst = b3.buf(8192);
+  ASSERT_TRUE(src->mr && dst->mr);
+  // a3 first: b3 finds its peer at RTR, and gets an inbox.
+  ASSERT_EQ(bring_up(a3.qp, a3.psn, b3.qpn(), b3.psn, p->db.gid, p->conn, p->db.attr), 0);
+  ASSERT_EQ(bring_up(b3.qp, b3.psn, a3.qpn(), a3.psn, p->da.gid, p->conn, p->da.attr), 0);
+  constexpr uint32_t kWqes = 4, kSlot = 1024;
+  for (uint32_t i = 0; i < kWqes; ++i) {
+    ibv_sge sge = dst->sge(i * kSlot, kSlot);
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_recv(b3.srq, &wr, &bad), 0);
+  }
+
+  int s = connect_to(sa, sa_len);
+  ASSERT_GE(s, 0);
+  const uint64_t conn = uint64_t{b3.qpn()} << 32 | a3.qpn();
+  Answer hello = ask(s, {kHello, 0, conn});
+  ASSERT_EQ(hello.rep.status, 0);
+  Answer desc = ask(s, {kQpDesc, 0, conn});
+  ASSERT_EQ(desc.rep.status, 0);
+  ASSERT_LT(desc.rep.index, DirectShared::kQps);
+  ASSERT_TRUE(hello.fd >= 0 && hello.fd2 >= 0);
+  const uint64_t arena_len = hello.rep.a, rw_len = hello.rep.d;
+  auto pm = std::make_unique<PeerMaps>();
+  ASSERT_NO_FATAL_FAILURE(map_peer(hello, pm.get()));
+  const uint8_t* arena = pm->arena;
+  uint8_t* rw = pm->rw;
+  const auto& qd = pm->sh->qps[desc.rep.index];
+  const uint64_t inbox_off = qd.inbox_off.load(), srq_off = qd.srq_off.load();
+  ASSERT_NE(inbox_off, 0u) << "b3 has an inbox";
+  ASSERT_NE(srq_off, 0u) << "and initiators may claim its SRQ's WQEs";
+  ASSERT_LE(srq_off + sizeof(DirectSrqDesc), arena_len);
+  const auto* sd = reinterpret_cast<const DirectSrqDesc*>(arena + srq_off);
+  EXPECT_EQ(sd->head.load(), kWqes) << "the SRQ's producer index, published";
+  const uint64_t claim_off = sd->claim_off.load();
+  ASSERT_LE(claim_off + 8, rw_len);
+  auto* claim = reinterpret_cast<std::atomic<uint64_t>*>(rw + claim_off);
+  auto* in = reinterpret_cast<DirectInbox*>(rw + inbox_off);
+  const auto consumed = static_cast<uint32_t>(qd.tails.load() >> 32);
+  const uint64_t bad_before = read_stats(b3.qpn())->dev.direct_bad_inbox;
+  claim->store(uint64_t{1} << 40);  // far past what was posted
+  auto& en = in->entries[consumed % DirectInbox::kEntries];
+  en.op = DirectInbox::kSend;
+  en.length = 8;
+  en.imm_be = 0;
+  en.solicited = 0;
+  en.srq_index = 1234;  // never posted, never claimed
+  std::memset(en.inline_data, 0x5A, sizeof en.inline_data);
+  en.stamp.store(consumed + 1);
+  bool errored = false;
+  for (int i = 0; i < 2000 && !errored; ++i) {
+    ibv_wc wc[4];
+    EXPECT_EQ(ibv_poll_cq(b3.rcq, 4, wc), 0) << "a receive completion for a forged message";
+    errored = qp_state(b3.qp) == IBV_QPS_ERR;
+    if (!errored) usleep(1000);
+  }
+  EXPECT_TRUE(errored) << "the QP whose inbox held the forged claim is in error";
+  EXPECT_GE(read_stats(b3.qpn())->dev.direct_bad_inbox - bad_before, 1u) << "and the entry was counted";
+  pm.reset();
+  close(s);
+  p->expect_memory_intact();
+
+  // Another QP on the same SRQ: every WQE posted serves one of its SENDs.
+  Side a4;
+  ASSERT_TRUE(a4.create(p->da, QpConfig{}));
+  ibv_qp_init_attr ia{};
+  ia.send_cq = b3.scq;
+  ia.recv_cq = b3.rcq;
+  ia.srq = b3.srq;
+  ia.cap.max_send_wr = 16;
+  ia.cap.max_send_sge = 1;
+  ia.qp_type = IBV_QPT_RC;
+  ibv_qp* b4 = ibv_create_qp(b3.pd, &ia);
+  ASSERT_NE(b4, nullptr);
+  const uint32_t b4_psn = random_psn();
+  ASSERT_EQ(bring_up(a4.qp, a4.psn, b4->qp_num, b4_psn, p->db.gid, p->conn, p->db.attr), 0);
+  ASSERT_EQ(bring_up(b4, b4_psn, a4.qpn(), a4.psn, p->da.gid, p->conn, p->da.attr), 0);
+  auto src4 = a4.buf(kWqes * kSlot);
+  ASSERT_TRUE(src4->mr);
+  constexpr uint32_t kLen = 1000;
+  for (uint32_t i = 0; i < kWqes; ++i) {
+    fill_pattern(src4->data + i * kSlot, kLen, 500);  // the same bytes: WQEs may be taken in any order
+    SendWr w(i, IBV_WR_SEND, {src4->sge(i * kSlot, kLen)});
+    ASSERT_EQ(post_send(a4.qp, w), 0);
+  }
+  std::vector<bool> seen(kWqes, false);
+  for (uint32_t i = 0; i < kWqes; ++i) {
+    ibv_wc wc{};
+    ASSERT_TRUE(poll_wc(a4.scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    ASSERT_TRUE(poll_wc(b3.rcq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    EXPECT_EQ(wc.qp_num, b4->qp_num);
+    EXPECT_EQ(wc.byte_len, kLen);
+    ASSERT_LT(wc.wr_id, kWqes);
+    EXPECT_FALSE(seen[wc.wr_id]) << "WQE " << wc.wr_id << " taken twice";
+    seen[wc.wr_id] = true;
+    EXPECT_EQ(check_pattern(dst->data + wc.wr_id * kSlot, kLen, 500), kLen) << "WQE " << wc.wr_id;
+  }
+  EXPECT_EQ(ibv_destroy_qp(b4), 0);
+  src.reset();
+  dst.reset();
+  src4.reset();
 }
 
 // ---- issue 17, second review: what a connected peer can do with what it is given ----

@@ -15,6 +15,8 @@
 #                   (SOFTRDMA_IMPAIR=seed=1,tx_drop=0.02), so rxe's NAK/retransmit logic meets ours
 #   rdmacm.*        rping -v -C 100 and udaddy -C 10 between softrdma's librdmacm and the kernel's
 #                   rdma_cm (IBTA CM and SIDR MADs on QP1)
+#   holder.*        ib_write_bw -D 14 while the process that bound the host's UDP 4791 is stopped
+#                   10 s: the pair's host process reads the shared socket in its stead
 #   capture.*       tshark on the bridge during SEND/WRITE/READ/ATOMIC traffic both ways: softrdma's
 #                   packets decode as InfiniBand BTH/RETH/AETH/AtomicETH over UDP 4791 with no
 #                   malformed or warning expert info, and every ICRC of both stacks recomputes
@@ -193,6 +195,7 @@ pair() {
   local -a env_cmd=(env)
   # SOFTRDMA_COUNTERS=1: the host process prints its drops, retransmits and NAKs at exit (the log).
   [[ $impair != - ]] && env_cmd+=("SOFTRDMA_IMPAIR=$impair" SOFTRDMA_COUNTERS=1)
+  [[ ${PAIR_COUNTERS:-0} == 1 ]] && env_cmd+=(SOFTRDMA_COUNTERS=1)
 
   local spid crc=0 src=0 i
   if [[ $role == host-server ]]; then
@@ -328,6 +331,53 @@ for role in host-server host-client; do
   run_perftest "impair.$role.ib_read_bw" "$role" "$IMPAIR" ib_read_bw -n 200
   run_perftest "impair.$role.ib_send_bw" "$role" "$IMPAIR" ib_send_bw -n 200
 done
+
+# The host's UDP 4791, through which rxe reaches every softrdma process of the host, is bound by
+# another process (an ibv_rc_pingpong server that waits for nobody), stopped for 10 s while the pair
+# runs; the pair's host process took the same socket from it and reads it meanwhile
+# (docs/reliability.md, "The 4791 holder"). Each must finish its whole run, the host side's counters
+# must show it stood in, and the holder must have been stopped when the pair began to move data.
+run_holder() { # NAME ROLE
+  local name=$1 role=$2 t0 hport h hpid stopper i n ok=0
+  case_wanted "$name" || return 0
+  t0=$(date +%s)
+  hport=$((PORT++))
+  nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- ibv_rc_pingpong -d "$DEV" -g "$GID_HOST" -p "$hport" \
+    >"$INTEROP_LOG_DIR/$name.holder.log" 2>&1 &
+  h=$!
+  for ((i = 0; i < 100; i++)); do
+    nsx ss -xlH 2>/dev/null | grep -q '@softrdma-share/' && break
+    sleep 0.1
+  done
+  hpid=$(pgrep -P "$h" | head -n1 || true)
+  [[ -n $hpid ]] || hpid=$h
+  # Once the pair's host process has taken the socket (a second offer), the holder stops for 10 s.
+  (
+    for ((i = 0; i < 600; i++)); do
+      n=$(nsx ss -xlH 2>/dev/null | grep -c '@softrdma-share/' || true)
+      ((n >= 2)) && break
+      sleep 0.1
+    done
+    kill -STOP "$hpid"
+    echo "holder stopped" >>"$INTEROP_LOG_DIR/$name.holder.log"
+    sleep 10
+    kill -CONT "$hpid"
+  ) &
+  stopper=$!
+  if PAIR_COUNTERS=1 pair "$name" "$role" - -- ib_write_bw -F -D 14; then
+    if (($(perftest_rows "$CLI_LOG") < 1)); then WHY="client printed no result row"
+    elif ! grep -q 'holder stopped' "$INTEROP_LOG_DIR/$name.holder.log"; then WHY="the holder was never stopped"
+    elif ! grep -hq 'roce_stand_in [1-9]' "$SRV_LOG" "$CLI_LOG"; then WHY="the host side never stood in (roce_stand_in)"
+    else ok=1; fi
+  fi
+  wait "$stopper" 2>/dev/null
+  kill -CONT "$hpid" 2>/dev/null
+  kill "$hpid" 2>/dev/null
+  wait "$h" 2>/dev/null
+  result "$name" "$ok" "$t0"
+}
+run_holder holder.host-server.ib_write_bw host-server
+run_holder holder.host-client.ib_write_bw host-client
 
 # Capture: a little of every operation both ways, then tshark and the ICRC check on the pcap.
 run_capture() {

@@ -1,8 +1,10 @@
 // rdma_bind_addr and rdma_getaddrinfo as libfabric's verbs provider uses them to find the RDMA device
 // behind each interface (vrb_ifa_rdma_info) and its default source (vrb_get_rai_id): a local interface
-// address attaches the id to that address's device; the wildcard and loopback addresses attach none
-// (id->verbs NULL; the kernel would attach a device holding 127.0.0.1, see docs/rdmacm.md); rdma_getaddrinfo without node and service takes the
-// addresses from the hints (rdma_getaddrinfo(3)). No datagram leaves this host: nothing here connects.
+// address attaches the id to that address's device, a loopback address the loopback device (as the
+// kernel attaches the device holding 127.0.0.1), the wildcard none, and libfabric's probe of
+// "localhost" none (docs/rdmacm.md); rdma_getaddrinfo without node and service takes the addresses
+// from the hints (rdma_getaddrinfo(3)); an id bound to 127.0.0.1 listens, and its device, PD and a QP
+// made from them carry a connection. No datagram leaves this host.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -11,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cm_helpers.h"
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -18,13 +22,7 @@
 
 namespace {
 
-sockaddr_in addr(const char* ip, uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, ip, &a.sin_addr);
-  return a;
-}
+using softrdma::cm_test::addr;
 
 std::string ip_of(const sockaddr* a) {
   char s[INET_ADDRSTRLEN] = {};
@@ -86,23 +84,155 @@ TEST(RdmaCmBind, InterfaceAddressAttachesItsDevice) {
   }
 }
 
-// The wildcard and any 127/8 address bind (an ephemeral port is taken) but attach no device (for 127/8
-// a departure from the kernel, docs/rdmacm.md). libfabric binds "localhost" for an endpoint without a
-// source address and gives every device its own address only when id->verbs is NULL; with softrdma_lo attached (a device libfabric
-// never offers for FI_EP_MSG, lo being a loopback interface) fi_getinfo(FI_EP_MSG) found nothing.
-TEST(RdmaCmBind, WildcardAndLoopbackAttachNoDevice) {
-  for (const char* ip : {"0.0.0.0", "127.0.0.1", "127.0.0.2"}) {
-    SCOPED_TRACE(ip);
-    rdma_cm_id* id = nullptr;
-    ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);
-    sockaddr_in a = addr(ip, 0);
-    ASSERT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)), 0) << strerror(errno);
-    EXPECT_EQ(id->verbs, nullptr);
-    EXPECT_NE(rdma_get_src_port(id), 0);
-    EXPECT_EQ(ip_of(rdma_get_local_addr(id)), ip);
-    EXPECT_EQ(rdma_listen(id, 4), 0);
-    rdma_destroy_id(id);
+// The wildcard binds (an ephemeral port is taken) and attaches no device: connections made through the
+// id find theirs later.
+TEST(RdmaCmBind, WildcardAttachesNoDevice) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a = addr("0.0.0.0", 0);
+  ASSERT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)), 0) << strerror(errno);
+  EXPECT_EQ(id->verbs, nullptr);
+  EXPECT_NE(rdma_get_src_port(id), 0);
+  EXPECT_EQ(ip_of(rdma_get_local_addr(id)), "0.0.0.0");
+  EXPECT_EQ(rdma_listen(id, 4), 0);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+}
+
+// Any 127/8 address attaches the loopback device (whose GID 0 is ::ffff:127.0.0.1) with its default
+// PD, as the kernel attaches the device holding the address: a PD, a CQ and a QP can be made from the
+// bound id (pyverbs' CMID does so), and it listens.
+TEST(RdmaCmBind, LoopbackAttachesTheLoopbackDevice) {
+  const in_addr_t lo = htonl(INADDR_LOOPBACK);
+  for (const char* ip : {"127.0.0.1", "127.0.0.2"}) {
+    for (bool explicit_port : {false, true}) {
+      SCOPED_TRACE(std::string(ip) + (explicit_port ? " explicit port" : " port 0"));
+      rdma_event_channel* ch = rdma_create_event_channel();
+      ASSERT_NE(ch, nullptr);
+      rdma_cm_id* id = nullptr;
+      ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+      sockaddr_in a = addr(ip, 0);
+      if (explicit_port) {  // a free port: bind one id to learn it, release it, bind again explicitly
+        ASSERT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)), 0) << strerror(errno);
+        a.sin_port = rdma_get_src_port(id);
+        rdma_destroy_id(id);
+        ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+      }
+      ASSERT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)), 0) << strerror(errno);
+      ASSERT_NE(id->verbs, nullptr);
+      EXPECT_STREQ(ibv_get_device_name(id->verbs->device), "softrdma_lo");
+      EXPECT_EQ(id->port_num, 1);
+      ibv_gid gid{};
+      ASSERT_EQ(ibv_query_gid(id->verbs, id->port_num, 0, &gid), 0);
+      EXPECT_EQ(std::memcmp(gid.raw + 12, &lo, 4), 0);
+      EXPECT_EQ(std::memcmp(id->route.addr.addr.ibaddr.sgid.raw, gid.raw, sizeof gid.raw), 0);
+      ASSERT_NE(id->pd, nullptr);
+      EXPECT_EQ(id->pd->context, id->verbs);
+      ibv_pd* pd = ibv_alloc_pd(id->verbs);
+      ASSERT_NE(pd, nullptr);
+      ibv_cq* cq = ibv_create_cq(id->verbs, 4, nullptr, nullptr, 0);
+      ASSERT_NE(cq, nullptr);
+      ibv_qp_init_attr qa{};
+      qa.send_cq = qa.recv_cq = cq;
+      qa.qp_type = IBV_QPT_RC;
+      qa.cap.max_send_wr = qa.cap.max_recv_wr = 2;
+      qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+      ASSERT_EQ(rdma_create_qp(id, pd, &qa), 0) << strerror(errno);
+      EXPECT_EQ(id->qp->context, id->verbs);
+      EXPECT_EQ(ip_of(rdma_get_local_addr(id)), ip);
+      EXPECT_EQ(rdma_listen(id, 4), 0);
+      rdma_destroy_qp(id);
+      ibv_destroy_cq(cq);
+      ibv_dealloc_pd(pd);
+      rdma_destroy_id(id);
+      rdma_destroy_event_channel(ch);
+    }
   }
+}
+
+// libfabric's verbs provider, for an endpoint without a source address, binds "localhost" on a
+// synchronous id with port 0 and then keeps only the domains of the device attached: that probe
+// attaches none (softrdma_lo would leave FI_EP_MSG no domain). A synchronous id bound to loopback
+// with a port attaches the device as any other.
+TEST(RdmaCmBind, LibfabricLocalhostProbeAttachesNoDevice) {
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  rdma_addrinfo* rai = nullptr;
+  ASSERT_EQ(rdma_getaddrinfo("localhost", nullptr, &hints, &rai), 0);
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_EQ(rdma_bind_addr(id, rai->ai_src_addr), 0) << strerror(errno);
+  EXPECT_EQ(id->verbs, nullptr);
+  EXPECT_NE(rdma_get_src_port(id), 0);
+  const uint16_t port = rdma_get_src_port(id);
+  rdma_destroy_id(id);
+  rdma_freeaddrinfo(rai);
+
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a = addr("127.0.0.1", 0);
+  a.sin_port = port;
+  ASSERT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)), 0) << strerror(errno);
+  ASSERT_NE(id->verbs, nullptr);
+  EXPECT_STREQ(ibv_get_device_name(id->verbs->device), "softrdma_lo");
+  rdma_destroy_id(id);
+}
+
+// A listener bound to 127.0.0.1 carries a connection on the objects made from its bound id, as
+// pyverbs' CMID does: the accepted id is on the listener's device and PD, and a SEND from the client
+// lands in a buffer registered on the listener's PD.
+TEST(RdmaCmBind, LoopbackBoundListenerConnectsOnItsDevice) {
+  using namespace softrdma::cm_test;
+  Listener L;
+  ASSERT_NE(L.port, 0);
+  ASSERT_NE(L.id->verbs, nullptr);
+  ASSERT_NE(L.id->pd, nullptr);
+  std::vector<uint8_t> sbuf(256, 0);
+  ibv_mr* smr = ibv_reg_mr(L.id->pd, sbuf.data(), sbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(smr, nullptr);
+  ibv_cq* scq = ibv_create_cq(L.id->verbs, 4, nullptr, nullptr, 0);
+  ASSERT_NE(scq, nullptr);
+
+  Client C;
+  ASSERT_TRUE(C.resolve(L.port));
+  Side cs;
+  ASSERT_TRUE(cs.setup(C.id, 256));
+  rdma_cm_id* child = connect_for_request(C.id, L.ch);
+  ASSERT_NE(child, nullptr);
+  EXPECT_EQ(child->verbs, L.id->verbs);
+  EXPECT_EQ(child->pd, L.id->pd);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = scq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 2;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ASSERT_EQ(rdma_create_qp(child, L.id->pd, &qa), 0) << strerror(errno);
+  ibv_sge rs{reinterpret_cast<uint64_t>(sbuf.data()), static_cast<uint32_t>(sbuf.size()), smr->lkey};
+  ASSERT_EQ(post_recv_one(child->qp, rs, 5), 0);
+  ASSERT_EQ(accept_until_established(child, C.ch), "");
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id == child) << name(ev);
+  rdma_ack_cm_event(ev);
+
+  for (size_t i = 0; i < 256; ++i) cs.buf[i] = static_cast<uint8_t>(i * 13 + 1);
+  ASSERT_EQ(post_send_one(C.id->qp, cs.sge(0, 256), 6), 0);
+  EXPECT_EQ(cs.poll_one().status, IBV_WC_SUCCESS);
+  ibv_wc wc{};
+  for (int i = 0; i < kWaitMs * 10 && ibv_poll_cq(scq, 1, &wc) == 0; ++i) usleep(100);
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 5u);
+  EXPECT_EQ(wc.byte_len, 256u);
+  EXPECT_EQ(std::memcmp(sbuf.data(), cs.buf.data(), 256), 0);
+
+  ASSERT_EQ(rdma_disconnect(C.id), 0);
+  ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED && ev->id == child) << name(ev);
+  rdma_ack_cm_event(ev);
+  rdma_destroy_qp(child);
+  EXPECT_EQ(rdma_destroy_id(child), 0);
+  ibv_destroy_cq(scq);
+  ibv_dereg_mr(smr);
 }
 
 TEST(RdmaCmBind, AddressOfNoLocalInterfaceIsNotAvailable) {

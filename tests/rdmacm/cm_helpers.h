@@ -72,6 +72,49 @@ inline rdma_conn_param conn_param(const void* data, size_t len, uint8_t resource
   return p;
 }
 
+// One signaled work request of one SGE: a receive, or a send of opcode op. 0 or ibv_post_*'s error.
+inline int post_recv_one(ibv_qp* qp, ibv_sge sge, uint64_t wr_id) {
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_recv(qp, &wr, &bad);
+}
+inline int post_send_one(ibv_qp* qp, ibv_sge sge, uint64_t wr_id, ibv_wr_opcode op = IBV_WR_SEND) {
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = op;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+// Connects id (no private data, one read each way, retries 7) and returns the id that the listener's
+// channel listen_ch announces in CONNECT_REQUEST (nullptr if another event or none came).
+inline rdma_cm_id* connect_for_request(rdma_cm_id* id, rdma_event_channel* listen_ch) {
+  rdma_conn_param cp = conn_param(nullptr, 0, 1, 1, 7, 7);
+  if (rdma_connect(id, &cp)) return nullptr;
+  rdma_cm_event* ev = next_event(listen_ch);
+  rdma_cm_id* child = ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST ? ev->id : nullptr;
+  if (ev) rdma_ack_cm_event(ev);
+  return child;
+}
+
+// Accepts child (no private data, one read each way, rnr_retry 7) and waits for ESTABLISHED on the
+// active side's channel: "" when it came, else what came instead.
+inline std::string accept_until_established(rdma_cm_id* child, rdma_event_channel* active_ch) {
+  rdma_conn_param ap = conn_param(nullptr, 0, 1, 1, 0, 7);
+  if (rdma_accept(child, &ap)) return "rdma_accept failed";
+  rdma_cm_event* ev = next_event(active_ch);
+  const bool ok = ev && ev->event == RDMA_CM_EVENT_ESTABLISHED;
+  std::string what = ok ? "" : name(ev);
+  if (ev) rdma_ack_cm_event(ev);
+  return what;
+}
+
 // One side's verbs resources on a cm id: one CQ, a QP, a registered buffer, and a PD of its own
 // unless own_pd is false (then the id's: rdma_create_qp without one, as the iWARP tests do).
 struct Side {

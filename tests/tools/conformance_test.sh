@@ -51,6 +51,16 @@ class Beta(unittest.TestCase):
     def test_c_never(self):
         pass
 PY
+# test_rdmacm runs twice: on --dev and again on softrdma_lo (conformance.py --lo-modules); it notes
+# the device it was handed.
+cat > "$work/suite/tests/test_rdmacm.py" <<PY
+import unittest
+from args_parser import parser
+class Cm(unittest.TestCase):
+    def test_dev(self):
+        with open('$work/devs', 'a') as f:
+            f.write(parser.args['dev'] + '\\n')
+PY
 cat > "$work/suite/tests/test_mlx5_gamma.py" <<'PY'
 import unittest
 class Gamma(unittest.TestCase):
@@ -76,6 +86,10 @@ row test_alpha | grep -q "test_error (RuntimeError: boom)" || fail "test_alpha's
 grep -q "^| softrdma lacks it: Widget is not supported | 1 |" "$work/out.md" || fail "gap skip not classified"
 grep -q "^| hardware softrdma is not: needs an mlx5 device | 2 |" "$work/out.md" || fail "mlx5 skips not classified"
 grep -q "^| the machine: no huge pages allocated on the machine | 1 |" "$work/out.md" || fail "huge-page skip not classified"
-grep -q "^| \*\*total\*\* | \*\*9\*\* | \*\*2\*\* | \*\*4\*\* | \*\*3\*\* |" "$work/out.md" || fail "totals"
-grep -q "tests passing 2, failing 3, skipped for features softrdma lacks 1" "$work/stdout" || fail "summary line"
+[[ $(row test_rdmacm) == "| test_rdmacm | 1 | 1 | 0 | 0 |" ]] || fail "test_rdmacm: $(row test_rdmacm)"
+[[ $(row "test_rdmacm on softrdma_lo") == "| test_rdmacm on softrdma_lo | 1 | 1 | 0 | 0 |" ]] ||
+  fail "test_rdmacm on softrdma_lo: $(row "test_rdmacm on softrdma_lo")"
+[[ $(sort "$work/devs" | tr '\n' ' ') == "fake_dev softrdma_lo " ]] || fail "test_rdmacm ran on: $(tr '\n' ' ' < "$work/devs")"
+grep -q "^| \*\*total\*\* | \*\*11\*\* | \*\*4\*\* | \*\*4\*\* | \*\*3\*\* |" "$work/out.md" || fail "totals"
+grep -q "tests passing 4, failing 3, skipped for features softrdma lacks 1" "$work/stdout" || fail "summary line"
 echo "PASS: tools.conformance"

@@ -1,6 +1,7 @@
 // Two processes on one host (the target forked before either opens a device): RC two-sided operations
 // between them -- SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consuming the target's receive WQEs, in
-// order, with RNR, a receive buffer too small, a completion channel and messages past 64 KiB. Every
+// order, with RNR, a receive buffer too small, a completion channel and messages past 64 KiB; each
+// case twice, with the target's QP on its own receive queue and on an SRQ (as UCX's rc_verbs). Every
 // case asserts what RC verbs promise (data byte by byte, receive CQE fields exactly), so it holds on
 // real hardware and on both of softrdma's paths (packets, and the intra-host direct path of
 // docs/direct-path.md).
@@ -69,10 +70,14 @@ bool poll_one(ibv_cq* cq, ibv_wc* wc, int timeout_s = kWaitSeconds) {
   }
 }
 
+// The target's QP takes its receive WQEs from its own receive queue, or from an SRQ.
+enum class RecvQueue { Rq, Srq };
+
 // The target: registers R and W, connects, then obeys commands until 'x'. Returns the exit status.
-int serve(int sock, Device& dev, ibv_comp_channel* ch) {
+int serve(int sock, Device& dev, ibv_comp_channel* ch, RecvQueue rq) {
   QpConfig qc;
   qc.recv_channel = ch;
+  qc.srq_wr = rq == RecvQueue::Srq ? 1024 : 0;
   Side s;
   if (!s.create(dev, qc)) return 12;
   auto r = s.buf(kRLen);
@@ -94,7 +99,7 @@ int serve(int sock, Device& dev, ibv_comp_channel* ch) {
     wr.sg_list = sges.empty() ? nullptr : sges.data();
     wr.num_sge = int(sges.size());
     ibv_recv_wr* bad = nullptr;
-    return ibv_post_recv(s.qp, &wr, &bad);
+    return s.srq ? ibv_post_srq_recv(s.srq, &wr, &bad) : ibv_post_recv(s.qp, &wr, &bad);
   };
   for (;;) {
     Cmd cmd;
@@ -207,12 +212,13 @@ int serve(int sock, Device& dev, ibv_comp_channel* ch) {
   }
 }
 
+template <RecvQueue rq>
 int target_main(int sock) {
   Device dev;
   if (!dev.ok()) return 10;
   ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
   if (!ch) return 11;
-  int rc = serve(sock, dev, ch);  // its CQs are gone before the channel
+  int rc = serve(sock, dev, ch, rq);  // its CQs are gone before the channel
   ibv_destroy_comp_channel(ch);
   return rc;
 }
@@ -250,9 +256,12 @@ void expect_packets(const PathProbe& before) {
   EXPECT_GT(probe().tx, before.tx) << "this case goes by packets";
 }
 
-class DirectSend : public ForkedTarget {
+class DirectSend : public ForkedTarget, public ::testing::WithParamInterface<RecvQueue> {
  protected:
-  DirectSend() : ForkedTarget(target_main, kReplySeconds) {}
+  DirectSend()
+      : ForkedTarget(GetParam() == RecvQueue::Srq ? target_main<RecvQueue::Srq> : target_main<RecvQueue::Rq>,
+                     kReplySeconds) {}
+  bool on_srq() const { return GetParam() == RecvQueue::Srq; }
 
   Info peer{};
   std::unique_ptr<Device> dev;
@@ -394,7 +403,7 @@ size_t first_not_sentinel(const std::vector<uint8_t>& v, size_t from, size_t to)
   return to;
 }
 
-TEST_F(DirectSend, SendsOfSeveralSizesArriveIntact) {
+TEST_P(DirectSend, SendsOfSeveralSizesArriveIntact) {
   ASSERT_NO_FATAL_FAILURE(connect());
   const uint32_t sizes[] = {0, 1, 8, 4096, 60 * 1024};
   constexpr size_t kStride = 64 * 1024, kRecvLen = 62 * 1024;
@@ -424,7 +433,7 @@ TEST_F(DirectSend, SendsOfSeveralSizesArriveIntact) {
   expect_direct(before, 5, true);  // PATH ASSERTION
 }
 
-TEST_F(DirectSend, SendWithImmCarriesImmediate) {
+TEST_P(DirectSend, SendWithImmCarriesImmediate) {
   ASSERT_NO_FATAL_FAILURE(connect());
   ASSERT_NO_FATAL_FAILURE(post_recvs(3, 10, 0, 4096, 4096));
   const PathProbe before = probe();
@@ -452,7 +461,7 @@ TEST_F(DirectSend, SendWithImmCarriesImmediate) {
   expect_direct(before, 3, true);  // PATH ASSERTION
 }
 
-TEST_F(DirectSend, WriteWithImmPlacesDataAndConsumesReceive) {
+TEST_P(DirectSend, WriteWithImmPlacesDataAndConsumesReceive) {
   ASSERT_NO_FATAL_FAILURE(connect());
   ASSERT_NO_FATAL_FAILURE(post_recvs(1, 20, 0, 4096));
   ASSERT_NO_FATAL_FAILURE(post_recvs(1, 21, 0, 0));  // no SGE: enough for a WRITE_WITH_IMM
@@ -483,7 +492,7 @@ TEST_F(DirectSend, WriteWithImmPlacesDataAndConsumesReceive) {
 }
 
 // More messages than a 64-entry ring, > 64 KiB in all, while the target re-posts receives as it goes.
-TEST_F(DirectSend, ManySendsArriveInOrder) {
+TEST_P(DirectSend, ManySendsArriveInOrder) {
   ASSERT_NO_FATAL_FAILURE(connect());
   constexpr uint32_t kN = 500, kSlots = 64, kSlotLen = 3072, kSrcSlots = 100;
   auto size_of = [](uint32_t k) { return 4 + (k * 977 + 13) % 2997; };  // 4..3000 bytes
@@ -549,7 +558,7 @@ TEST_F(DirectSend, ManySendsArriveInOrder) {
 
 // Receive CQEs come in post order across SEND, WRITE, SEND_WITH_IMM, WRITE_WITH_IMM, and an earlier
 // WRITE's data is in place when a later receive CQE is polled.
-TEST_F(DirectSend, MixedOperationsCompleteInPostOrder) {
+TEST_P(DirectSend, MixedOperationsCompleteInPostOrder) {
   ASSERT_NO_FATAL_FAILURE(connect());
   ASSERT_NO_FATAL_FAILURE(post_recvs(3, 50, 0, 4096, 4096));
   const PathProbe before = probe();
@@ -587,7 +596,7 @@ TEST_F(DirectSend, MixedOperationsCompleteInPostOrder) {
 
 // No receive WQE when the SEND arrives: RNR NAKs, retried without limit (rnr_retry 7), until the
 // target posts one ~100 ms later.
-TEST_F(DirectSend, SendWaitsForLateReceiveWithInfiniteRnrRetry) {
+TEST_P(DirectSend, SendWaitsForLateReceiveWithInfiniteRnrRetry) {
   conn.rnr_retry = 7;
   ASSERT_NO_FATAL_FAILURE(connect());
   const PathProbe before = probe();
@@ -621,7 +630,7 @@ TEST_F(DirectSend, SendWaitsForLateReceiveWithInfiniteRnrRetry) {
   expect_packets(before);  // PATH ASSERTION: the RNR exchange
 }
 
-TEST_F(DirectSend, SendWithoutReceiveIsRnrRetryExceeded) {
+TEST_P(DirectSend, SendWithoutReceiveIsRnrRetryExceeded) {
   conn.rnr_retry = 0;
   ASSERT_NO_FATAL_FAILURE(connect());
   const PathProbe before = probe();
@@ -640,7 +649,7 @@ TEST_F(DirectSend, SendWithoutReceiveIsRnrRetryExceeded) {
 
 // A message longer than the receive WQE: the sender gets REM_INV_REQ_ERR, the receive completes with
 // LOC_LEN_ERR, and nothing is written past the receive buffer.
-TEST_F(DirectSend, ReceiveTooSmallIsLengthError) {
+TEST_P(DirectSend, ReceiveTooSmallIsLengthError) {
   ASSERT_NO_FATAL_FAILURE(connect());
   constexpr size_t kRecvOff = 4096, kRecvLen = 2000, kSendLen = 3000;
   ASSERT_NO_FATAL_FAILURE(post_recvs(1, 90, kRecvOff, kRecvLen));
@@ -663,7 +672,7 @@ TEST_F(DirectSend, ReceiveTooSmallIsLengthError) {
 }
 
 // The target sleeps on its receive CQ's completion channel and each SEND wakes it.
-TEST_F(DirectSend, CompletionChannelWakesTargetForEachSend) {
+TEST_P(DirectSend, CompletionChannelWakesTargetForEachSend) {
   ASSERT_NO_FATAL_FAILURE(connect());
   constexpr uint32_t kN = 20, kStride = 512;
   ASSERT_NO_FATAL_FAILURE(post_recvs(kN, 200, 0, kStride, kStride));
@@ -700,8 +709,9 @@ TEST_F(DirectSend, CompletionChannelWakesTargetForEachSend) {
 }
 
 // Messages the initiator completed are received even when the target's QP goes to the error state
-// before it polls (an HCA placed them before it failed); the receives left are flushed after them.
-TEST_F(DirectSend, CompletedSendsAreReceivedBeforeTheErrorFlush) {
+// before it polls (an HCA placed them before it failed); the receives left are flushed after them --
+// unless they are an SRQ's, which stay there for its other QPs (IBTA 10.3.1, 11.6.3.1).
+TEST_P(DirectSend, CompletedSendsAreReceivedBeforeTheErrorFlush) {
   ASSERT_NO_FATAL_FAILURE(connect());
   ASSERT_NO_FATAL_FAILURE(post_recvs(5, 30, 0, 4096, 4096));
   const PathProbe before = probe();
@@ -716,12 +726,15 @@ TEST_F(DirectSend, CompletedSendsAreReceivedBeforeTheErrorFlush) {
   f.op = 'f';
   ASSERT_NO_FATAL_FAILURE(send_cmd(f));
   ASSERT_NO_FATAL_FAILURE(recv_ack());
-  auto wcs = wait_recvs(5);
-  ASSERT_EQ(wcs.size(), 5u);
+  auto wcs = wait_recvs(on_srq() ? 3 : 5);
+  ASSERT_EQ(wcs.size(), on_srq() ? 3u : 5u);
   for (uint32_t i = 0; i < 3; ++i) expect_recv(wcs[i], 30 + i, IBV_WC_RECV, sizes[i]);
-  for (uint32_t i = 3; i < 5; ++i) {
+  for (uint32_t i = 3; i < wcs.size(); ++i) {
     EXPECT_EQ(wcs[i].wr_id, 30u + i);
     EXPECT_EQ(wcs[i].status, IBV_WC_WR_FLUSH_ERR) << ibv_wc_status_str(wcs[i].status);
+  }
+  if (on_srq()) {
+    EXPECT_TRUE(drain_recvs().empty()) << "an SRQ's WQE flushed with its QP";
   }
   auto r = region(false, 0, 5 * 4096);
   for (uint32_t i = 0; i < 3; ++i)
@@ -732,8 +745,8 @@ TEST_F(DirectSend, CompletedSendsAreReceivedBeforeTheErrorFlush) {
 
 // A WRITE_WITH_IMM the target's responder refuses (a wrong rkey) writes nothing and takes no receive
 // WQE for a completion: the initiator gets REM_ACCESS_ERR, the target's QP goes to error and its
-// receive is flushed.
-TEST_F(DirectSend, WriteWithImmWithWrongRkeyTouchesNothing) {
+// receive is flushed (an SRQ's stays in the SRQ).
+TEST_P(DirectSend, WriteWithImmWithWrongRkeyTouchesNothing) {
   ASSERT_NO_FATAL_FAILURE(connect());
   ASSERT_NO_FATAL_FAILURE(post_recvs(1, 40, 0, 4096));
   fill_pattern(src->data, 512, 71);
@@ -744,17 +757,21 @@ TEST_F(DirectSend, WriteWithImmWithWrongRkeyTouchesNothing) {
   ASSERT_TRUE(poll_one(s.scq, &wc));
   EXPECT_EQ(wc.wr_id, 1u);
   EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
-  auto wcs = wait_recvs(1);
-  ASSERT_EQ(wcs.size(), 1u);
-  EXPECT_EQ(wcs[0].wr_id, 40u);
-  EXPECT_EQ(wcs[0].status, IBV_WC_WR_FLUSH_ERR) << ibv_wc_status_str(wcs[0].status);
+  if (on_srq()) {
+    EXPECT_TRUE(drain_recvs().empty()) << "the SRQ's WQE flushed with the QP";
+  } else {
+    auto wcs = wait_recvs(1);
+    ASSERT_EQ(wcs.size(), 1u);
+    EXPECT_EQ(wcs[0].wr_id, 40u);
+    EXPECT_EQ(wcs[0].status, IBV_WC_WR_FLUSH_ERR) << ibv_wc_status_str(wcs[0].status);
+  }
   auto wm = region(true, 0, kWLen);
   EXPECT_EQ(check_pattern(wm.data(), kWLen, kWSeed), kWLen) << "target bytes of W";
   auto r = region(false, 0, 4096);
   EXPECT_EQ(first_not_sentinel(r, 0, 4096), 4096u) << "the receive buffer";
 }
 
-TEST_F(DirectSend, SendLargerThan64KiBArrivesIntact) {
+TEST_P(DirectSend, SendLargerThan64KiBArrivesIntact) {
   ASSERT_NO_FATAL_FAILURE(connect());
   constexpr size_t kLen = 256 * 1024, kRecvLen = 300 * 1024;
   ASSERT_NO_FATAL_FAILURE(post_recvs(1, 9, 0, kRecvLen));
@@ -774,6 +791,11 @@ TEST_F(DirectSend, SendLargerThan64KiBArrivesIntact) {
   EXPECT_EQ(first_not_sentinel(r, kLen, kRLen), kRLen);
   expect_packets(before);  // PATH ASSERTION: past 64 KiB
 }
+
+INSTANTIATE_TEST_SUITE_P(RecvQueues, DirectSend, ::testing::Values(RecvQueue::Rq, RecvQueue::Srq),
+                         [](const ::testing::TestParamInfo<RecvQueue>& i) {
+                           return std::string(i.param == RecvQueue::Srq ? "srq" : "rq");
+                         });
 
 }  // namespace
 }  // namespace softrdma::verbs_test

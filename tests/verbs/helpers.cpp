@@ -133,6 +133,8 @@ bool Buffer::reg(ibv_pd* pd, int access) {
 
 void Side::reset() {
   destroy_qp();
+  if (srq) ibv_destroy_srq(srq);
+  srq = nullptr;
   if (scq && scq != rcq) ibv_destroy_cq(scq);
   if (rcq) ibv_destroy_cq(rcq);
   if (pd) ibv_dealloc_pd(pd);
@@ -159,16 +161,27 @@ bool Side::create(Device& d, const QpConfig& cfg) {
     ADD_FAILURE() << "ibv_create_cq: " << strerror(errno);
     return false;
   }
+  if (cfg.srq_wr) {
+    ibv_srq_init_attr sa{};
+    sa.attr.max_wr = cfg.srq_wr;
+    sa.attr.max_sge = cfg.max_recv_sge;
+    srq = ibv_create_srq(pd, &sa);
+    if (!srq) {
+      ADD_FAILURE() << "ibv_create_srq: " << strerror(errno);
+      return false;
+    }
+  }
   ibv_qp_cap want{};
   want.max_send_wr = cfg.max_send_wr;
-  want.max_recv_wr = cfg.max_recv_wr;
+  want.max_recv_wr = srq ? 0 : cfg.max_recv_wr;
   want.max_send_sge = cfg.max_send_sge;
-  want.max_recv_sge = cfg.max_recv_sge;
+  want.max_recv_sge = srq ? 0 : cfg.max_recv_sge;
   want.max_inline_data = cfg.max_inline_data;
   if (!cfg.extended) {
     ibv_qp_init_attr ia{};
     ia.send_cq = scq;
     ia.recv_cq = rcq;
+    ia.srq = srq;
     ia.cap = want;
     ia.qp_type = IBV_QPT_RC;
     ia.sq_sig_all = cfg.sq_sig_all ? 1 : 0;
@@ -178,6 +191,7 @@ bool Side::create(Device& d, const QpConfig& cfg) {
     ibv_qp_init_attr_ex ia{};
     ia.send_cq = scq;
     ia.recv_cq = rcq;
+    ia.srq = srq;
     ia.cap = want;
     ia.qp_type = IBV_QPT_RC;
     ia.sq_sig_all = cfg.sq_sig_all ? 1 : 0;
@@ -464,7 +478,9 @@ void RcPair::TearDown() {
     case Path::Direct:
       if (packets + fpdus > 0) {
         EXPECT_GT(direct, 0u) << "path direct: " << packets << " packets and " << fpdus
-                              << " FPDUs sent, no direct operation or fallback";
+                              << " FPDUs sent, no direct operation or fallback (direct_unavailable "
+                              << my_counter(&core::Counters::direct_unavailable) << ", direct_refused "
+                              << my_counter(&core::Counters::direct_refused) << ")";
       }
       break;
     case Path::Packets:

@@ -117,6 +117,7 @@ struct QpConfig {
   ibv_comp_channel* recv_channel = nullptr;  // completion channel of the receive CQ
   ibv_comp_channel* send_channel = nullptr;
   bool shared_cq = false;  // one CQ for send and receive (recv_cqe, recv_channel), as qperf has
+  uint32_t srq_wr = 0;     // nonzero: the QP receives through an SRQ of this many WQEs (Side::srq)
 };
 
 struct ConnConfig {
@@ -138,11 +139,12 @@ struct Side {
   ibv_cq* rcq = nullptr;
   ibv_qp* qp = nullptr;
   ibv_qp_ex* qpx = nullptr;
+  ibv_srq* srq = nullptr;  // QpConfig::srq_wr: receives are posted here (max_recv_sge SGEs each)
   ibv_qp_cap cap{};  // what create returned
   uint32_t psn = 0;
   Side() = default;
   ~Side() { reset(); }
-  void reset();  // destroys QP, CQs and PD
+  void reset();  // destroys QP, SRQ, CQs and PD
   Side(const Side&) = delete;
   Side& operator=(const Side&) = delete;
   // Creates PD, CQs and QP (RESET state). Returns false (with a gtest failure) on error.

@@ -12,10 +12,10 @@ namespace {
 
 constexpr int kPolls = 16;
 
-// Passes that kPolls empty polls of cq ran.
-uint64_t passes_of_empty_polls(ibv_cq* cq) {
+// Passes that `polls` empty polls of cq ran.
+uint64_t passes_of_empty_polls(ibv_cq* cq, int polls = kPolls) {
   const uint64_t before = my_counter(&core::Counters::poll_passes);
-  for (int i = 0; i < kPolls; ++i) {
+  for (int i = 0; i < polls; ++i) {
     ibv_wc wc{};
     EXPECT_EQ(ibv_poll_cq(cq, 1, &wc), 0);
   }
@@ -51,17 +51,29 @@ TEST(MixedPeers, EmptyPollsServePacketsBesideADirectPeer) {
   ASSERT_TRUE(poll_wc(self_a.scq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
   ASSERT_GT(my_counter(&core::Counters::direct_ops), direct_ops) << "the direct peer is not on the direct path";
-  ASSERT_EQ(post_recv(near.qp, 2, {in->sge(0, 64)}), 0);
-  SendWr s(3, IBV_WR_SEND, {msg->sge(0, 64)});
-  ASSERT_EQ(post_send(far.qp, s), 0);
-  ASSERT_TRUE(poll_wc(near.rcq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  ASSERT_TRUE(poll_wc(far.scq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  // A SEND by packets, far -> near, received and completed.
+  auto send_by_packets = [&](uint64_t id) {
+    ASSERT_EQ(post_recv(near.qp, id, {in->sge(0, 64)}), 0);
+    SendWr s(id + 1, IBV_WR_SEND, {msg->sge(0, 64)});
+    ASSERT_EQ(post_send(far.qp, s), 0);
+    ASSERT_TRUE(poll_wc(near.rcq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    ASSERT_TRUE(poll_wc(far.scq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  };
+  ASSERT_NO_FATAL_FAILURE(send_by_packets(2));
 
   EXPECT_EQ(passes_of_empty_polls(near.rcq), static_cast<uint64_t>(kPolls))
       << "an empty poll of a context with a peer by packets did not serve its sockets";
   EXPECT_EQ(passes_of_empty_polls(self_a.scq), static_cast<uint64_t>(kPolls)) << "any CQ of that context";
+
+  // Thousands of passes with no packet either way (UCX's UD wire-up QP, once its connections went
+  // direct): a pass on every 64th empty poll only, until packets move again.
+  constexpr int kMany = 16384;
+  EXPECT_LT(passes_of_empty_polls(self_a.scq, kMany), static_cast<uint64_t>(kMany / 2))
+      << "a quiet packet peer kept every empty poll on the sockets";
+  ASSERT_NO_FATAL_FAILURE(send_by_packets(4));
+  EXPECT_EQ(passes_of_empty_polls(near.rcq), static_cast<uint64_t>(kPolls)) << "packets moved: every poll again";
 
   // With the peer by packets gone (its QP reset), the direct peer's polls keep their speed again:
   // they leave the sockets to the progress thread (a pass every 1024th empty poll).

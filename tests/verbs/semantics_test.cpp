@@ -315,6 +315,42 @@ TEST_P(ChannelWait, WakesForAnotherThreadsPost) {
   ASSERT_TRUE(poll_wc(a.scq, &wc));
 }
 
+// A QP moved to the error state while a thread waits for its receive CQ's event: the flushed receive
+// raises the event (rping's server joins its CQ thread after rdma_disconnect, which ends on that flush).
+TEST_P(ChannelWait, WakesForTheFlushOfAQpInError) {
+  ASSERT_NO_FATAL_FAILURE(connect_with_channel());
+  ibv_comp_channel* ch = channel;
+  VT_BUF(dst, b, 64);
+  ASSERT_EQ(post_recv(b.qp, 5, {dst->sge(0, 64)}), 0);
+  ASSERT_EQ(ibv_req_notify_cq(b.rcq, 0), 0);
+  std::thread breaker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    EXPECT_EQ(ibv_modify_qp(b.qp, &attr, IBV_QP_STATE), 0);
+  });
+  // Bounded: SIGALRM (no SA_RESTART) ends a wait that nothing wakes with EINTR.
+  struct sigaction sa{}, old{};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(sigaction(SIGALRM, &sa, &old), 0);
+  alarm(kWaitSeconds);
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  const int rc = ibv_get_cq_event(ch, &cq, &ctx);
+  const int err = errno;
+  alarm(0);
+  sigaction(SIGALRM, &old, nullptr);
+  breaker.join();
+  ASSERT_EQ(rc, 0) << "no event for the flush within " << kWaitSeconds << " s: " << strerror(err);
+  ASSERT_EQ(cq, b.rcq);
+  ibv_ack_cq_events(cq, 1);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(b.rcq, &wc));
+  EXPECT_EQ(wc.wr_id, 5u);
+  EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR) << ibv_wc_status_str(wc.status);
+}
+
 // A signal ends a blocking ibv_get_cq_event with EINTR, as it ends the read of the kernel's channel
 // fd (qperf ends its timed loop from SIGALRM), and the channel works afterwards.
 TEST_P(ChannelWait, EndsOnSignal) {

@@ -51,6 +51,8 @@ TEST(ConfigTable, DefaultsComeFromTheTable) {
     EXPECT_EQ(s.cm_timeout_ms, d.cm_timeout_ms);
     EXPECT_EQ(s.cm_retries, d.cm_retries);
     EXPECT_EQ(s.cm_probe_ms, d.cm_probe_ms);
+    EXPECT_EQ(std::to_string(s.peer_pause_ms), find("SOFTRDMA_PEER_PAUSE_MS")->fallback);
+    EXPECT_EQ(s.peer_pause_ms, d.peer_pause_ms);
     EXPECT_EQ(s.gso, d.gso);
     EXPECT_TRUE(s.gso);
     EXPECT_FALSE(s.mpa_crc);

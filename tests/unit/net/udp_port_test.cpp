@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -29,16 +30,26 @@ std::vector<uint8_t> make_datagram(uint32_t seq, uint32_t len) {
   return d;
 }
 
-// Collects `want` datagrams, waiting on the socket between receives (not a timing assertion: the
-// generous poll timeout only keeps a broken build from hanging).
-std::vector<std::pair<std::vector<uint8_t>, Datagram>> receive_n(UdpPort& port, size_t want) {
+// Whether a received datagram came from the test's own sender; one that did not is a stray and is
+// dropped with a note. Other tests run in parallel, and a softrdma process of theirs may still
+// retransmit to a port its peer held before this test's port took that number (ephemeral reuse).
+bool from_sender(const Datagram& d, uint16_t from) {
+  if (from == 0 || (d.peer_port == from && d.peer_ip_be == kLo)) return true;
+  std::fprintf(stderr, "stray datagram of %u bytes from port %u (expected %u), ignored\n", d.len, d.peer_port, from);
+  return false;
+}
+
+// Collects `want` datagrams sent from port `from` (0: from anywhere), waiting on the socket between
+// receives (not a timing assertion: the generous poll timeout only keeps a broken build from hanging).
+std::vector<std::pair<std::vector<uint8_t>, Datagram>> receive_n(UdpPort& port, size_t want, uint16_t from) {
   std::vector<std::pair<std::vector<uint8_t>, Datagram>> got;
   Datagram batch[UdpPort::kBatch];
   while (got.size() < want) {
     pollfd p{port.fd(), POLLIN, 0};
     if (poll(&p, 1, 5000) <= 0) break;
     size_t n = port.receive(batch, UdpPort::kBatch);
-    for (size_t i = 0; i < n; ++i) got.emplace_back(std::vector<uint8_t>(batch[i].data, batch[i].data + batch[i].len), batch[i]);
+    for (size_t i = 0; i < n; ++i)
+      if (from_sender(batch[i], from)) got.emplace_back(std::vector<uint8_t>(batch[i].data, batch[i].data + batch[i].len), batch[i]);
   }
   return got;
 }
@@ -84,7 +95,7 @@ TEST(UdpPort, ExchangesBatchesOfVariousSizes) {
     EXPECT_EQ(a.queued(), 16u);
     a.flush();
     EXPECT_EQ(a.queued(), 0u);
-    auto got = receive_n(b, this_round.size());
+    auto got = receive_n(b, this_round.size(), a.port());
     ASSERT_EQ(got.size(), this_round.size());
     for (auto& [data, dg] : got) {
       ASSERT_GE(data.size(), 4u);
@@ -109,7 +120,7 @@ TEST(UdpPort, ExchangesBatchesOfVariousSizes) {
   auto reply = make_datagram(999, 9000);
   b.send(reply.data(), 9000, kLo, a.port());
   b.flush();
-  auto back = receive_n(a, 1);
+  auto back = receive_n(a, 1, b.port());
   ASSERT_EQ(back.size(), 1u);
   EXPECT_EQ(back[0].first, reply);
   EXPECT_EQ(back[0].second.peer_port, b.port());
@@ -124,10 +135,10 @@ TEST(UdpPort, FullBatchFlushesItself) {
   }
   EXPECT_EQ(a.queued(), 10u);  // the first kBatch went out on their own
   EXPECT_EQ(a.stats().tx_packets, UdpPort::kBatch);
-  auto first = receive_n(b, UdpPort::kBatch);
+  auto first = receive_n(b, UdpPort::kBatch, a.port());
   EXPECT_EQ(first.size(), UdpPort::kBatch);
   a.flush();
-  auto rest = receive_n(b, 10);
+  auto rest = receive_n(b, 10, a.port());
   EXPECT_EQ(rest.size(), 10u);
   for (auto& [data, dg] : rest) EXPECT_EQ(data, make_datagram(*reinterpret_cast<const uint32_t*>(data.data()), 100));
 }
@@ -162,7 +173,7 @@ TEST(UdpPort, RejectedDatagramIsCountedAndOthersStillGo) {
   a.flush();
   EXPECT_EQ(a.stats().tx_errors, 1u);
   EXPECT_EQ(a.stats().tx_packets, 2u);
-  auto got = receive_n(b, 2);
+  auto got = receive_n(b, 2, a.port());
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0].first, ok1);
   EXPECT_EQ(got[1].first, ok2);
@@ -174,7 +185,7 @@ TEST(UdpPort, ReportsDestinationAddressWhenBoundToAny) {
   auto d = make_datagram(5, 64);
   a.send(d.data(), 64, other, any.port());
   a.flush();
-  auto got = receive_n(any, 1);
+  auto got = receive_n(any, 1, a.port());
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].first, d);
   EXPECT_EQ(got[0].second.local_ip_be, other);
@@ -231,7 +242,7 @@ TEST(UdpPortGso, ACoalescedRunArrivesAsItsSegments) {
     EXPECT_EQ(a.stats().tx_errors, before.tx_errors);
     EXPECT_EQ(a.stats().tx_packets - before.tx_packets, n);
     EXPECT_EQ(a.stats().tx_bytes - before.tx_bytes, bytes);
-    auto got = receive_n(b, n);
+    auto got = receive_n(b, n, a.port());
     ASSERT_EQ(got.size(), n);
     for (uint32_t k = 0; k < n; ++k) {
       EXPECT_EQ(got[k].first, sent[k]) << "datagram " << k;
@@ -254,7 +265,8 @@ TEST(UdpPortGso, ASegmentedBufferIsSplitAcrossReceives) {
   while (got.size() < 7) {
     const size_t n = b.receive(out, 3);  // what the last receive left of the buffer comes first
     EXPECT_LE(n, 3u);
-    for (size_t i = 0; i < n; ++i) got.emplace_back(std::vector<uint8_t>(out[i].data, out[i].data + out[i].len), out[i].segment);
+    for (size_t i = 0; i < n; ++i)
+      if (from_sender(out[i], a.port())) got.emplace_back(std::vector<uint8_t>(out[i].data, out[i].data + out[i].len), out[i].segment);
     pollfd p{b.fd(), POLLIN, 0};
     if (n == 0 && poll(&p, 1, 5000) <= 0) break;
   }
@@ -282,7 +294,7 @@ TEST(UdpPortGso, RunsToTwoPortsAreNotMerged) {
   a.flush();
   EXPECT_EQ(a.stats().tx_packets, 14u);
   for (auto [port, sent] : {std::pair{&b, &to_b}, std::pair{&c, &to_c}}) {
-    auto got = receive_n(*port, sent->size());
+    auto got = receive_n(*port, sent->size(), a.port());
     ASSERT_EQ(got.size(), sent->size());
     for (uint32_t k = 0; k < got.size(); ++k) {
       EXPECT_EQ(got[k].first, (*sent)[k]) << "at port " << port->port() << ", datagram " << k;
@@ -307,7 +319,7 @@ TEST(UdpPortGso, NonCoalescingDatagramsStayAlone) {
   a.send(sent.back().data(), 600, kLo, b.port());  // send(): never coalesced
   EXPECT_EQ(a.queued(), 4u);
   a.flush();
-  auto got = receive_n(b, 5);
+  auto got = receive_n(b, 5, a.port());
   ASSERT_EQ(got.size(), 5u);
   const uint32_t seg[] = {0, 0, 0, 1, 0};
   for (uint32_t k = 0; k < 5; ++k) {
@@ -324,7 +336,7 @@ TEST(UdpPortGso, AnEmptyDatagramIsNotLostInARun) {
   put(a, {}, b.port());
   put(a, d2, b.port());
   a.flush();
-  auto got = receive_n(b, 3);
+  auto got = receive_n(b, 3, a.port());
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[0].first, d0);
   EXPECT_TRUE(got[1].first.empty());
@@ -343,7 +355,7 @@ TEST(UdpPortGso, SegmentIndicesSurviveReceiveImpairment) {
   std::vector<std::vector<uint8_t>> sent;
   for (uint32_t k = 0; k < 6; ++k) put(a, sent.emplace_back(make_datagram(k, k == 5 ? 99 : 400)), b.port());
   a.flush();
-  auto got = receive_n(b, 6);
+  auto got = receive_n(b, 6, a.port());
   ASSERT_EQ(got.size(), 6u);
   for (uint32_t k = 0; k < 6; ++k) {
     EXPECT_EQ(got[k].first, sent[k]);
@@ -361,7 +373,7 @@ TEST(UdpPortGso, OffWithSoftrdmaGso0) {
   for (uint32_t k = 0; k < 5; ++k) EXPECT_EQ(put(a, sent.emplace_back(make_datagram(k, 700)), b.port()), 0u);
   EXPECT_EQ(a.queued(), 5u) << "one message each";
   a.flush();
-  auto got = receive_n(b, 5);
+  auto got = receive_n(b, 5, a.port());
   ASSERT_EQ(got.size(), 5u);
   for (uint32_t k = 0; k < 5; ++k) {
     EXPECT_EQ(got[k].first, sent[k]);

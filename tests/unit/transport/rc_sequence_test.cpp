@@ -208,6 +208,37 @@ TEST_F(RcSequence, RnrRetryExhaustedCompletesInError) {
   EXPECT_EQ(pair.a.qp->state.load(), QpState::Err);
 }
 
+// Forward progress restores the RNR retry budget, as it does the timeout one (rxe resets both when
+// an ACK completes a WQE): rnr_retry counts RNR NAKs of one request, not of the connection's life.
+// Each of five SENDs meets one RNR NAK before its receive is posted; with rnr_retry 2 all complete.
+TEST_F(RcSequence, RnrRetryBudgetIsRestoredByProgress) {
+  params.rnr_retry = 2;
+  params.min_rnr_timer = 14;  // 1.28 ms
+  connect();
+  auto src = register_region(pair.a.engine(), 1, 8, core::kLocalWrite);
+  auto dst = register_region(pair.b.engine(), 1, 8, core::kLocalWrite);
+  for (uint64_t i = 0; i < 5; ++i) {
+    SCOPED_TRACE(i);
+    const size_t before = trace.size();
+    ASSERT_EQ(post(pair.a, send_wqe(10 + i, *src, 0, 8)), 0);
+    auto rnr_naks = [&] {
+      int n = 0;
+      for (size_t k = before; k < trace.size(); ++k)
+        n += !trace[k].from_a && wire::aeth_type(trace[k].v.syndrome) == wire::AethType::RnrNak;
+      return n;
+    };
+    f.run_until([&] { return rnr_naks() >= 1; }, 1'000'000'000);
+    ASSERT_EQ(rnr_naks(), 1) << dump();
+    ASSERT_EQ(post(pair.b, recv_wqe(20 + i, *dst, 0, 8)), 0);
+    auto c = completions(1);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].status, WcStatus::Success) << dump();
+    EXPECT_EQ(c[0].wr_id, 10 + i);
+    EXPECT_EQ(poll_all(pair.b, *pair.b.rcq).size(), 1u);
+  }
+  EXPECT_NE(pair.a.qp->state.load(), QpState::Err);
+}
+
 TEST_F(RcSequence, DuplicateAtomicIsReplayedNotReexecuted) {
   connect();
   auto res = register_region(pair.a.engine(), 1, 8, core::kLocalWrite);

@@ -115,6 +115,74 @@ TEST(Icrc, MatchesSpecVectorForKernelStyleHeader) {
   EXPECT_TRUE(check_icrc(a, buf, 24));
 }
 
+// RoCEv2 over IPv6, a packet as a UDP/IPv6 socket sends it. Expected value computed independently
+// from Annex A17.3.3 with python3 (traffic class, flow label and hop limit as ones):
+//   bth  = bytes([4,0x40,0xff,0xff,0,0,0,0x11,0x80,0x12,0x34,0x56]); rest = b'ipv6-roce-payload-01'
+//   src  = ipaddress.IPv6Address('fd00::2').packed; dst = ipaddress.IPv6Address('fe80::fc:ff:fe00:1').packed
+//   ip   = bytes([0x6f,0xff,0xff,0xff]) + struct.pack('!H', 8+32+4) + bytes([17,0xff]) + src + dst
+//   udp  = struct.pack('!HHH', 0xC123, 4791, 8+32+4) + b'\xff\xff'
+//   zlib.crc32(b'\xff'*8 + ip + udp + bth[:4] + b'\xff' + bth[5:] + rest) == 0x0d8ba48f
+Ipv6UdpAddr v6_addr() {
+  Ipv6UdpAddr a{};
+  const uint8_t src[16] = {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2};
+  const uint8_t dst[16] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0xfc, 0, 0xff, 0xfe, 0, 0, 1};
+  std::memcpy(a.src_ip, src, 16);
+  std::memcpy(a.dst_ip, dst, 16);
+  a.src_port = 0xC123;
+  a.dst_port = kRoceUdpPort;
+  return a;
+}
+
+TEST(Icrc, MatchesSpecVectorForIpv6) {
+  const Ipv6UdpAddr a = v6_addr();
+  Packet p{};
+  p.bth = {kRcSendOnly, false, true, 0, 0, kDefaultPkey, false, false, 0x11, true, 0x123456};
+  uint8_t buf[36] = {};
+  ASSERT_EQ(write_headers(p, buf), kBthLen);
+  const uint8_t bth[kBthLen] = {4, 0x40, 0xff, 0xff, 0, 0, 0, 0x11, 0x80, 0x12, 0x34, 0x56};  // as above
+  ASSERT_EQ(std::memcmp(buf, bth, kBthLen), 0);
+  std::memcpy(buf + kBthLen, "ipv6-roce-payload-01", 20);
+  EXPECT_EQ(compute_icrc_v6(a, buf, 32), 0x0D8BA48Fu);
+  append_icrc_v6(a, buf, 32);
+  EXPECT_EQ(read_le32(buf + 32), 0x0D8BA48Fu);
+  EXPECT_TRUE(check_icrc_v6(a, buf, 36));
+  buf[4] = 0xC0;  // FECN/BECN (resv8a) are masked
+  EXPECT_TRUE(check_icrc_v6(a, buf, 36));
+  // Addresses, ports and every payload byte are covered; a short packet never checks.
+  for (int i = 0; i < 16; ++i) {
+    Ipv6UdpAddr b = a;
+    b.src_ip[i] ^= 1;
+    EXPECT_FALSE(check_icrc_v6(b, buf, 36)) << "src byte " << i;
+    b = a;
+    b.dst_ip[i] ^= 0x80;
+    EXPECT_FALSE(check_icrc_v6(b, buf, 36)) << "dst byte " << i;
+  }
+  Ipv6UdpAddr b = a;
+  b.src_port ^= 1;
+  EXPECT_FALSE(check_icrc_v6(b, buf, 36));
+  for (size_t i = 0; i < 32; ++i) {
+    if (i == 4) continue;
+    buf[i] ^= 0x10;
+    EXPECT_FALSE(check_icrc_v6(a, buf, 36)) << "byte " << i;
+    buf[i] ^= 0x10;
+  }
+  EXPECT_FALSE(check_icrc_v6(a, buf, kBthLen + kIcrcLen - 1));
+}
+
+// The same bytes under IPv4-mapped addresses of an IPv4 header give another ICRC: the pseudo-header
+// follows the IP version a packet travels in, not the GID form.
+TEST(Icrc, Ipv6AndIpv4PseudoHeadersDiffer) {
+  uint8_t buf[16] = {4, 0x40, 0xff, 0xff, 0, 0, 0, 0x11, 0x80, 0x12, 0x34, 0x56, 1, 2, 3, 4};
+  Ipv6UdpAddr a6{};
+  a6.src_ip[10] = a6.src_ip[11] = a6.dst_ip[10] = a6.dst_ip[11] = 0xFF;
+  a6.src_ip[12] = a6.dst_ip[12] = 127;
+  a6.src_ip[15] = a6.dst_ip[15] = 1;
+  a6.src_port = 0xC000;
+  a6.dst_port = kRoceUdpPort;
+  const Ipv4UdpAddr a4{ip_be(127, 0, 0, 1), ip_be(127, 0, 0, 1), 0xC000, kRoceUdpPort};
+  EXPECT_NE(compute_icrc_v6(a6, buf, sizeof buf), compute_icrc(a4, buf, sizeof buf));
+}
+
 // Independent bit-at-a-time CRC-32 (reflected 0xEDB88320), to cross-check ISA-L at many lengths.
 uint32_t slow_crc32(const std::vector<uint8_t>& d) {
   uint32_t c = 0xFFFFFFFF;

@@ -1,0 +1,234 @@
+// rdma_cm ids with AF_INET6 addresses, as far as softrdma carries them: a bind to "::" with and
+// without RDMA_OPTION_ID_AFONLY (programs bind "::" beside "0.0.0.0" and fail their set-up when either
+// bind fails), IPv4-mapped addresses (::ffff:a.b.c.d) bound, resolved and connected as IPv4 with the
+// id's addresses kept in AF_INET6, and the refusal of IPv6 addresses proper (RoCE over IPv6 is not
+// carried yet: EAFNOSUPPORT). Only the public API; every connection stays on this host.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "cm_helpers.h"
+
+namespace {
+
+using namespace softrdma::cm_test;
+
+sockaddr_in6 addr6(const char* ip, uint16_t port) {
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_port = htons(port);
+  inet_pton(AF_INET6, ip, &a.sin6_addr);
+  return a;
+}
+
+std::string str6(const sockaddr* a) {
+  char s[INET6_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, s, sizeof s);
+  return s;
+}
+
+int set_afonly(rdma_cm_id* id, int on) { return rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &on, sizeof on); }
+
+// An id on its own event channel, destroyed with it.
+struct Id {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  Id() {
+    if (ch) rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP);
+  }
+  ~Id() {
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+  int bind(const sockaddr_in6& a) { return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(const_cast<sockaddr_in6*>(&a))); }
+  int bind(const sockaddr_in& a) { return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(const_cast<sockaddr_in*>(&a))); }
+};
+
+// "::" with AFONLY holds the port in IPv6's port space only: the IPv4 wildcard on the same port binds
+// beside it, a second "::" does not; reported as "::" and the port; it listens. Without AFONLY "::"
+// also takes IPv4's wildcard, so it collides with an IPv4 id on that port (as the kernel's rdma_cm).
+TEST(RdmaCmIpv6, WildcardWithAndWithoutAfonly) {
+  Id v4;
+  ASSERT_EQ(v4.bind(addr("0.0.0.0", 0)), 0) << strerror(errno);
+  const uint16_t port = ntohs(rdma_get_src_port(v4.id));
+  ASSERT_NE(port, 0);
+
+  Id only;
+  ASSERT_EQ(set_afonly(only.id, 1), 0);
+  ASSERT_EQ(only.bind(addr6("::", port)), 0) << strerror(errno);
+  const sockaddr* local = rdma_get_local_addr(only.id);
+  EXPECT_EQ(local->sa_family, AF_INET6);
+  EXPECT_EQ(str6(local), "::");
+  EXPECT_EQ(ntohs(rdma_get_src_port(only.id)), port);
+  EXPECT_EQ(only.id->verbs, nullptr);
+  EXPECT_EQ(rdma_listen(only.id, 4), 0);
+  EXPECT_EQ(set_afonly(only.id, 0), -1) << "AFONLY is set before the bind";
+  EXPECT_EQ(errno, EINVAL);
+
+  Id again;
+  ASSERT_EQ(set_afonly(again.id, 1), 0);
+  EXPECT_EQ(again.bind(addr6("::", port)), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+
+  Id dual;
+  ASSERT_EQ(set_afonly(dual.id, 0), 0);
+  EXPECT_EQ(dual.bind(addr6("::", port)), -1) << "0.0.0.0 holds the port's IPv4 half";
+  EXPECT_EQ(errno, EADDRINUSE);
+  // After the IPv4 id is gone the IPv6-only one still blocks a dual-stack bind of its port.
+  rdma_destroy_id(v4.id);
+  v4.id = nullptr;
+  EXPECT_EQ(dual.bind(addr6("::", port)), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+}
+
+// A dual-stack "::" listener hears IPv4 connections; the accepted id's addresses are IPv4 (the kernel
+// keeps the family of the connection's cma header). An IPv4 wildcard bind of its port then fails.
+TEST(RdmaCmIpv6, DualStackWildcardListenerAcceptsIpv4) {
+  Id L;
+  ASSERT_EQ(set_afonly(L.id, 0), 0);
+  ASSERT_EQ(L.bind(addr6("::", 0)), 0) << strerror(errno);
+  const uint16_t port = ntohs(rdma_get_src_port(L.id));
+  ASSERT_NE(port, 0);
+  EXPECT_EQ(str6(rdma_get_local_addr(L.id)), "::");
+  ASSERT_EQ(rdma_listen(L.id, 4), 0);
+  Id v4;
+  EXPECT_EQ(v4.bind(addr("0.0.0.0", port)), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+
+  Client C;
+  ASSERT_TRUE(C.resolve(port));
+  Side cs;
+  ASSERT_TRUE(cs.setup(C.id, 64));
+  rdma_cm_id* child = connect_for_request(C.id, L.ch);
+  ASSERT_NE(child, nullptr);
+  EXPECT_EQ(rdma_get_local_addr(child)->sa_family, AF_INET);
+  EXPECT_EQ(rdma_get_peer_addr(child)->sa_family, AF_INET);
+  Side ss;
+  ASSERT_TRUE(ss.setup(child, 64));
+  ASSERT_EQ(accept_until_established(child, C.ch), "");
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id == child) << name(ev);
+  rdma_ack_cm_event(ev);
+  ss.release();
+  rdma_destroy_id(child);
+}
+
+// ::ffff:127.0.0.1 is 127.0.0.1: the bind attaches the loopback device, a client resolves and connects
+// to the mapped address, and a SEND crosses; both ids report their addresses in AF_INET6.
+TEST(RdmaCmIpv6, Ipv4MappedAddressesConnectAsIpv4) {
+  Id L;
+  ASSERT_EQ(L.bind(addr6("::ffff:127.0.0.1", 0)), 0) << strerror(errno);
+  ASSERT_NE(L.id->verbs, nullptr);
+  EXPECT_STREQ(ibv_get_device_name(L.id->verbs->device), "softrdma_lo");
+  EXPECT_EQ(rdma_get_local_addr(L.id)->sa_family, AF_INET6);
+  EXPECT_EQ(str6(rdma_get_local_addr(L.id)), "::ffff:127.0.0.1");
+  const uint16_t port = ntohs(rdma_get_src_port(L.id));
+  ASSERT_EQ(rdma_listen(L.id, 4), 0);
+
+  Id C;
+  sockaddr_in6 dst = addr6("::ffff:127.0.0.1", port);
+  ASSERT_EQ(rdma_resolve_addr(C.id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), 0) << strerror(errno);
+  rdma_cm_event* ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->status == 0) << name(ev);
+  rdma_ack_cm_event(ev);
+  ASSERT_NE(C.id->verbs, nullptr);
+  EXPECT_EQ(rdma_get_peer_addr(C.id)->sa_family, AF_INET6);
+  EXPECT_EQ(str6(rdma_get_peer_addr(C.id)), "::ffff:127.0.0.1");
+  EXPECT_EQ(ntohs(rdma_get_dst_port(C.id)), port);
+  EXPECT_EQ(rdma_get_local_addr(C.id)->sa_family, AF_INET6);
+  EXPECT_EQ(str6(rdma_get_local_addr(C.id)), "::ffff:127.0.0.1");
+  ASSERT_EQ(rdma_resolve_route(C.id, 2000), 0);
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED) << name(ev);
+  rdma_ack_cm_event(ev);
+
+  Side cs;
+  ASSERT_TRUE(cs.setup(C.id, 64));
+  rdma_cm_id* child = connect_for_request(C.id, L.ch);
+  ASSERT_NE(child, nullptr);
+  Side ss;
+  ASSERT_TRUE(ss.setup(child, 64));
+  ASSERT_EQ(post_recv_one(child->qp, ss.sge(0, 64), 1), 0);
+  ASSERT_EQ(accept_until_established(child, C.ch), "");
+
+  std::memcpy(cs.buf.data(), "mapped-ipv4-send", 17);
+  ASSERT_EQ(post_send_one(C.id->qp, cs.sge(0, 17), 2), 0);
+  EXPECT_EQ(cs.poll_one().status, IBV_WC_SUCCESS);
+  ibv_wc wc = ss.poll_one();
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 17u);
+  EXPECT_EQ(std::memcmp(ss.buf.data(), "mapped-ipv4-send", 17), 0);
+  ss.release();
+  rdma_destroy_id(child);
+}
+
+// rdma_getaddrinfo in AF_INET6: a passive service alone is "::", an IPv4 node comes back IPv4-mapped,
+// and rdma_create_ep binds what it returns (the loopback device for ::ffff:127.0.0.1). AF_IB: refused.
+TEST(RdmaCmIpv6, GetaddrinfoInIpv6) {
+  rdma_addrinfo hints{};
+  hints.ai_family = AF_INET6;
+  hints.ai_flags = RAI_PASSIVE;
+  rdma_addrinfo* rai = nullptr;
+  ASSERT_EQ(rdma_getaddrinfo(nullptr, "7471", &hints, &rai), 0);
+  EXPECT_EQ(rai->ai_family, AF_INET6);
+  ASSERT_NE(rai->ai_src_addr, nullptr);
+  EXPECT_EQ(rai->ai_src_len, sizeof(sockaddr_in6));
+  EXPECT_EQ(str6(rai->ai_src_addr), "::");
+  EXPECT_EQ(ntohs(reinterpret_cast<sockaddr_in6*>(rai->ai_src_addr)->sin6_port), 7471);
+  EXPECT_EQ(rai->ai_dst_addr, nullptr);
+  rdma_freeaddrinfo(rai);
+
+  hints.ai_flags = RAI_NUMERICHOST;
+  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", "7471", &hints, &rai), 0);
+  ASSERT_NE(rai->ai_dst_addr, nullptr);
+  EXPECT_EQ(rai->ai_dst_len, sizeof(sockaddr_in6));
+  EXPECT_EQ(str6(rai->ai_dst_addr), "::ffff:127.0.0.1");
+  rdma_freeaddrinfo(rai);
+
+  // A port: a synchronous id bound to loopback with port 0 is libfabric's probe (bind_test.cpp).
+  std::string port;
+  {
+    Id probe;
+    ASSERT_EQ(probe.bind(addr6("::ffff:127.0.0.1", 0)), 0);
+    port = std::to_string(ntohs(rdma_get_src_port(probe.id)));
+  }
+  hints.ai_flags = RAI_PASSIVE | RAI_NUMERICHOST;
+  ASSERT_EQ(rdma_getaddrinfo("::ffff:127.0.0.1", port.c_str(), &hints, &rai), 0);
+  rdma_cm_id* ep = nullptr;
+  ASSERT_EQ(rdma_create_ep(&ep, rai, nullptr, nullptr), 0) << strerror(errno);
+  ASSERT_NE(ep->verbs, nullptr);
+  EXPECT_STREQ(ibv_get_device_name(ep->verbs->device), "softrdma_lo");
+  EXPECT_EQ(str6(rdma_get_local_addr(ep)), "::ffff:127.0.0.1");
+  EXPECT_EQ(rdma_listen(ep, 2), 0);
+  rdma_destroy_ep(ep);
+  rdma_freeaddrinfo(rai);
+
+  hints.ai_family = AF_IB;
+  rai = nullptr;
+  EXPECT_EQ(rdma_getaddrinfo("127.0.0.1", nullptr, &hints, &rai), EAI_FAMILY);
+  EXPECT_EQ(rai, nullptr);
+}
+
+// IPv6 addresses proper are not carried yet: bind and resolve refuse them with EAFNOSUPPORT, and the
+// id stays usable for an IPv4 bind.
+TEST(RdmaCmIpv6, Ipv6AddressesProperAreNotSupportedYet) {
+  Id id;
+  for (const char* ip : {"::1", "fe80::1", "fd00::2"}) {
+    SCOPED_TRACE(ip);
+    EXPECT_EQ(id.bind(addr6(ip, 0)), -1);
+    EXPECT_EQ(errno, EAFNOSUPPORT);
+    sockaddr_in6 dst = addr6(ip, 7471);
+    EXPECT_EQ(rdma_resolve_addr(id.id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), -1);
+    EXPECT_EQ(errno, EAFNOSUPPORT);
+  }
+  EXPECT_EQ(id.bind(addr("127.0.0.1", 0)), 0) << strerror(errno);
+  EXPECT_EQ(rdma_get_local_addr(id.id)->sa_family, AF_INET);
+}
+
+}  // namespace
