@@ -56,11 +56,11 @@ run_build() {
   fi
   # Unit, verbs and tools tests are independent and run in parallel; compat tests one at a time,
   # since each already runs two spinning processes on a 2-core machine.
-  echo "=== $name: ctest (unit, verbs, tools) ==="
+  echo "=== $name: ctest (unit, verbs, tools) (built at $((SECONDS / 60)) min) ==="
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE "compat|interop" "${extra[@]}" \
     2>&1 | tee "$logs/$name.ctest1.log" || true
   count "$logs/$name.ctest1.log"
-  echo "=== $name: ctest (compat) ==="
+  echo "=== $name: ctest (compat) (at $((SECONDS / 60)) min) ==="
   local -a ex=()
   [[ -n $compat_exclude ]] && ex=(-LE "$compat_exclude")
   ctest --test-dir "$dir" --output-on-failure -L compat "${ex[@]}" "${extra[@]}" \
@@ -91,6 +91,6 @@ if [[ ${SOFTRDMA_SKIP_ASAN:-0} != 1 ]]; then
   FAULT_MIXED_MIB=256 run_build "$root/build-asan" 'perftest|netns|consumers' -DSOFTRDMA_SANITIZE=ON
 fi
 
-echo "logs: $logs"
+echo "logs: $logs ($((SECONDS / 60)) min)"
 echo "$passed passed, $failed failed"
 ((failed == 0 && passed > 0))

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -179,17 +180,26 @@ void Engine::progress_loop() {
   bool unrung = false;  // the last sleep ended without a doorbell (a timeout, a packet, the link)
   while (!stop_.load(std::memory_order_acquire)) {
     bool did;
+    uint64_t unrung_events = 0;
     {
       std::lock_guard lock(lock_);
       if (unrung && direct_) {
         // A direct message for an armed CQ comes with a doorbell, or is placed by the arm itself
-        // (arm_cq): one whose event only a wake-up without a doorbell raises was a lost wake-up.
+        // (arm_cq): one whose event only a wake-up without a doorbell raises may be a lost wake-up.
         const uint64_t events = events_raised_;
         direct_path_->receive_inboxes(qp_list_);
-        if (events_raised_ != events) count(nullptr, &core::Counters::direct_late_events, events_raised_ - events);
+        unrung_events = events_raised_ - events;
       }
       unrung = false;
       did = progress_once();
+    }
+    // The initiator publishes, then rings: a wake-up for something else (a timer, a packet) between
+    // the two finds the message first. Lost only when no ring follows, even long after (an initiator
+    // preempted between the two on a loaded machine rings within its next time slice).
+    if (unrung_events) {
+      pollfd rung{doorbell_fd_, POLLIN, 0};
+      if (poll(&rung, 1, kLateRingWaitMs) == 0)
+        count(nullptr, &core::Counters::direct_late_events, unrung_events);
     }
     uint64_t t = now();
     check_link(t, false);
@@ -266,7 +276,15 @@ void Engine::quiet_sleep() {
     // a poll that found anything: a thread gone elsewhere, or gone altogether). While a channel's waiter
     // sleeps on the sockets (deep_quiet_), until a timer or the last waiter wakes this thread.
     const uint64_t t = now();
-    const bool deep = deep_quiet_.load(std::memory_order_seq_cst);
+    bool deep = deep_quiet_.load(std::memory_order_seq_cst);
+    if (deep && waiters_.load(std::memory_order_seq_cst) == 0) {
+      // Left from an earlier quiet spell whose waiter has woken since: its doorbell may have been read by
+      // a pass of the loop above (while the context served one-sided requests), and a waiter that waits
+      // on the pipe alone (it does not drive) never rings. Only a waiter asleep on the sockets now
+      // keeps this thread off them (rping's client hung with a READ in its socket).
+      deep_quiet_.store(false, std::memory_order_relaxed);
+      deep = false;
+    }
     uint64_t wait = deep ? 0 : kQuietCheckNs;
     if (deadline) wait = std::min(wait ? wait : UINT64_MAX, deadline > t ? deadline - t : 1);
     timespec ts{static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};

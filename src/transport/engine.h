@@ -234,6 +234,9 @@ class Engine {
   // so that the progress thread goes or stays quiet.
   void app_drives();
   static constexpr uint64_t kQuietCheckNs = 1000000;
+  // How long a wake-up without a doorbell that placed direct messages waits for their ring before it
+  // counts them as direct_late_events (progress_loop).
+  static constexpr int kLateRingWaitMs = 200;
   bool progress_once();  // lock held; true when anything was done
   // Lock held: operations in flight drop their host pointers into the region's pages (deregistration,
   // or a rereg that moves it), so a late packet finds an error instead of memory no longer its own.
