@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 
 namespace softrdma::net {
@@ -80,7 +82,28 @@ std::vector<std::string> offers(const std::string& prefix) {
   return names;
 }
 
+// Every PortShare of this process. A forked child lets go of their reader locks and offers: it runs
+// no engine (threads do not survive fork), so it would hold the lock, and keep an offer listening,
+// without ever reading the socket or answering, long after its parent is gone.
+std::mutex live_mu;
+std::vector<PortShare*>& live() {
+  static std::vector<PortShare*> v;
+  return v;
+}
+void fork_prepare() { live_mu.lock(); }
+void fork_parent() { live_mu.unlock(); }
+void fork_child() {
+  for (PortShare* p : live()) p->let_go_in_child();
+  live_mu.unlock();
+}
+
 }  // namespace
+
+void PortShare::let_go_in_child() {
+  if (listener_ >= 0) close(listener_);
+  listener_ = -1;
+  release_reader();
+}
 
 std::string PortShare::prefix(uint32_t ip_be, uint16_t port, uid_t uid) {
   char b[80];
@@ -91,6 +114,12 @@ std::string PortShare::prefix(uint32_t ip_be, uint16_t port, uid_t uid) {
 
 PortShare::PortShare(int fd, uint32_t ip_be, uint16_t port) : fd_(fd), ip_be_(ip_be), port_(port) {
   static std::atomic<unsigned> offers_made{0};
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
+  {
+    std::lock_guard lock(live_mu);
+    live().push_back(this);
+  }
   listener_ = os_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listener_ < 0) return;
   sockaddr_un a;
@@ -103,6 +132,10 @@ PortShare::PortShare(int fd, uint32_t ip_be, uint16_t port) : fd_(fd), ip_be_(ip
 }
 
 PortShare::~PortShare() {
+  {
+    std::lock_guard lock(live_mu);
+    std::erase(live(), this);
+  }
   if (listener_ >= 0) close(listener_);
   release_reader();
 }

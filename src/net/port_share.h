@@ -5,7 +5,7 @@
 // so it holds the very same socket (one receive queue) and can read it while the holder is stopped.
 // The kernel keeps the socket, and the port, while any process holds it: a holder that dies leaves no
 // gap. Which process reads is decided by the reader lock: an abstract name only one socket can bind,
-// released by the kernel when its process dies.
+// released by the kernel when its process dies (a forked child lets go of its copies at once).
 #pragma once
 
 #include <unistd.h>
@@ -35,6 +35,8 @@ class PortShare {
   bool lock_reader();
   void release_reader();
   bool reader() const { return reader_lock_ >= 0; }
+  // In a forked child (pthread_atfork): closes this process's copies of the reader lock and the offer.
+  void let_go_in_child();
 
   // Taking the socket from an offer, without blocking: step() connects to the offers listed for
   // (ip_be, port) on its first call, and collects an answer on the later ones. Returns the socket

@@ -115,6 +115,38 @@ TEST(PortShare, OneReaderLockHolderAtATime) {
   EXPECT_FALSE(second.reader());
 }
 
+TEST(PortShare, AForkedChildHoldsNeitherTheReaderLockNorTheOffer) {
+  UdpPort holder(kLo, 0);
+  auto parent = std::make_unique<PortShare>(holder.fd(), kLo, holder.port());
+  ASSERT_TRUE(parent->lock_reader());
+  ASSERT_GE(parent->listener(), 0);
+  int go[2], up[2];
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(up), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // A worker that never uses softrdma: it lives on after its parent let go. (Its fork handlers have
+    // run once fork returns here.)
+    char c = 'u';
+    if (write(up[1], &c, 1) != 1) _exit(2);
+    _exit(read(go[0], &c, 1) == 1 ? 0 : 1);
+  }
+  char c;
+  ASSERT_EQ(read(up[0], &c, 1), 1);
+  parent.reset();  // the parent lets go (or dies) while the child runs
+  PortShare::Taker taker(kLo, holder.port());
+  EXPECT_LT(taker.step(), 0);
+  EXPECT_FALSE(taker.waiting()) << "the child's copy of the offer still listens, and never answers";
+  PortShare next(holder.fd(), kLo, holder.port());
+  EXPECT_TRUE(next.lock_reader()) << "the child's copy of the reader lock still holds it";
+  ASSERT_EQ(write(go[1], "x", 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (int fd : {go[0], go[1], up[0], up[1]}) close(fd);
+}
+
 TEST(PortShare, AnAdoptedSocketMustSegmentAsItsOwnerDoes) {
   UdpPort holder(kLo, 0);
   if (!holder.offload()) GTEST_SKIP() << "no UDP_GRO here";
