@@ -350,8 +350,17 @@ bool IwarpPath::iwarp_transmit(Qp& qp) {
         blocked = true;
         break;
       }
-      iwarp_conn_lost(qp, true);
-      return true;
+      // A peer that refused our data sends a Terminate, then shuts its socket, and its kernel resets
+      // the stream when more of ours arrives. The Terminate, which names the error (a WRITE to a
+      // deregistered region ends in REM_ACCESS_ERR, not flushed), is still readable: read it first.
+      if (!s.closing) iwarp_receive(qp);
+      if (!s.closing) {
+        iwarp_conn_lost(qp, true);
+        return true;
+      }
+      s.tx.clear();  // the stream is gone: it ends below
+      did = true;
+      break;
     }
     did = true;
     size_t left = static_cast<size_t>(w);

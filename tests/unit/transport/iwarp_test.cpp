@@ -532,6 +532,28 @@ TEST(Iwarp, DeregistrationWhileFpdusAreQueued) {
   EXPECT_EQ(p.b.qp->state.load(), QpState::Err);
 }
 
+// The peer refuses a WRITE (an STag it never issued) with a Terminate and shuts its stream, so that our
+// next write to the stream fails (EPIPE here; a reset over TCP). That write comes from a post, before
+// any pass of ours has read the stream: the Terminate waiting in it still decides the WRITE's status.
+TEST(Iwarp, ATerminateBehindAResetStreamStillNamesTheError) {
+  IwPair p;
+  const uint32_t len = 4 << 20;
+  auto src = register_region(p.a.engine(), 1, len, kAllAccess);
+  auto dst = register_region(p.b.engine(), 1, len, kAllAccess);
+  ASSERT_EQ(post(p.a, write_wqe(1, *src, 0, len, dst->addr(), dst->mr.rkey ^ 0x100)), 0);
+  for (int i = 0; i < 10; ++i) p.a.engine().step();  // a's socket fills
+  for (int i = 0; i < 10; ++i) p.b.engine().step();  // b refuses the first FPDU, terminates, shuts down
+  ASSERT_EQ(p.b.qp->state.load(), QpState::Err);
+  ASSERT_EQ(post(p.a, send_wqe(2, *src, 0, 64)), 0);  // written at once, into the shut stream
+  std::vector<core::Cqe> sc;
+  ASSERT_TRUE(wait_cqes(p, p.a, *p.a.scq, 2, sc));
+  EXPECT_EQ(sc[0].wr_id, 1u);
+  EXPECT_EQ(sc[0].status, WcStatus::RemAccessErr) << "the Terminate was not read before the flush";
+  EXPECT_EQ(sc[1].wr_id, 2u);
+  EXPECT_EQ(sc[1].status, WcStatus::WrFlushErr);
+  EXPECT_EQ(p.a.engine().counters().iw_terminate_rcvd, 1u);
+}
+
 TEST(Iwarp, PeerCloseFlushesEverything) {
   IwPair p;
   auto r = register_region(p.b.engine(), 1, 4096, kAllAccess);
