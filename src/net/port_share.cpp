@@ -85,16 +85,21 @@ std::vector<std::string> offers(const std::string& prefix) {
 // Every PortShare of this process. A forked child lets go of their reader locks and offers: it runs
 // no engine (threads do not survive fork), so it would hold the lock, and keep an offer listening,
 // without ever reading the socket or answering, long after its parent is gone.
-std::mutex live_mu;
-std::vector<PortShare*>& live() {
-  static std::vector<PortShare*> v;
-  return v;
+// Never destroyed: a context that a thread or a later static destructor closes during exit still
+// finds it (a static vector, destroyed first, was read after its free under ASan).
+struct Live {
+  std::mutex mu;
+  std::vector<PortShare*> shares;
+};
+Live& live() {
+  static Live* l = new Live;
+  return *l;
 }
-void fork_prepare() { live_mu.lock(); }
-void fork_parent() { live_mu.unlock(); }
+void fork_prepare() { live().mu.lock(); }
+void fork_parent() { live().mu.unlock(); }
 void fork_child() {
-  for (PortShare* p : live()) p->let_go_in_child();
-  live_mu.unlock();
+  for (PortShare* p : live().shares) p->let_go_in_child();
+  live().mu.unlock();
 }
 
 }  // namespace
@@ -117,8 +122,8 @@ PortShare::PortShare(int fd, uint32_t ip_be, uint16_t port) : fd_(fd), ip_be_(ip
   static std::once_flag at_fork;
   std::call_once(at_fork, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
   {
-    std::lock_guard lock(live_mu);
-    live().push_back(this);
+    std::lock_guard lock(live().mu);
+    live().shares.push_back(this);
   }
   listener_ = os_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listener_ < 0) return;
@@ -133,8 +138,8 @@ PortShare::PortShare(int fd, uint32_t ip_be, uint16_t port) : fd_(fd), ip_be_(ip
 
 PortShare::~PortShare() {
   {
-    std::lock_guard lock(live_mu);
-    std::erase(live(), this);
+    std::lock_guard lock(live().mu);
+    std::erase(live().shares, this);
   }
   if (listener_ >= 0) close(listener_);
   release_reader();
