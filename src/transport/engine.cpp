@@ -3,10 +3,10 @@
 // registration's effect on operations in flight, and error and flush.
 #include "transport/engine.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
