@@ -22,8 +22,9 @@ fi
 
 # Without the tests (BUILD_TESTING=OFF): the libraries and the softrdma command must build with
 # clang -Werror too, besides the targets; the tests are built (with g++) by tools/test.sh.
+# In unity batches (CMakeLists.txt), which halve the build.
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DSOFTRDMA_WERROR=ON -DSOFTRDMA_FUZZ=ON -DSOFTRDMA_SANITIZE=ON \
-  -DBUILD_TESTING=OFF >/dev/null
+  -DBUILD_TESTING=OFF -DCMAKE_UNITY_BUILD=ON >/dev/null
 ninja -C "$build"
 
 # The targets run side by side (one libFuzzer process each, one core each at most), each for the

@@ -25,18 +25,13 @@
 #include "config/config.h"
 #include "net/interfaces.h"
 #include "net/os_socket.h"
+#include "net/packet_port.h"
 #include "net/registry.h"
 #include "net/udp_port.h"
 #include "wire/headers.h"
 
 namespace softrdma::cm {
 namespace {
-
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 // How long a CM request waits for its answer before it is sent again, and how often. The kernel waits
 // 4.096 us * 2^20 (~4.3 s) 15 times; SOFTRDMA_CM_TIMEOUT_MS / SOFTRDMA_CM_RETRIES shorten that for tests.
@@ -166,7 +161,7 @@ void Manager::send_mad(Connection& c, const uint8_t* mad, bool request) {
     std::memcpy(c.last_mad, mad, wire::kMadLen);
     c.awaiting = true;
     c.retries_left = cm_retries();
-    c.deadline_ns = now_ns() + cm_timeout_ns();
+    c.deadline_ns = net::SystemClock::instance().now_ns() + cm_timeout_ns();
   }
   wire::MadHeader h;
   wire::decode_mad_header(mad, wire::kMadLen, h);
@@ -438,7 +433,7 @@ int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
     // does between its two connections) gets a moment, as a REQ crossing a real fabric gives it; then
     // the answer is what the 4791 holder gives a remote peer: REJ "invalid service ID".
     c.listener_probes = 20;
-    c.deadline_ns = now_ns() + kProbeIntervalNs;
+    c.deadline_ns = net::SystemClock::instance().now_ns() + kProbeIntervalNs;
   }
   wake();
   return 0;
@@ -863,7 +858,7 @@ void Manager::on_mad(const uint8_t* mad, Connection* listener) {
       wire::decode_mra(mad, mra);
       // The peer needs more time: wait its service timeout on top of ours before resending.
       if (c.awaiting)
-        c.deadline_ns = now_ns() + cm_timeout_ns() + (4096ull << std::min<uint8_t>(mra.service_timeout, 31));
+        c.deadline_ns = net::SystemClock::instance().now_ns() + cm_timeout_ns() + (4096ull << std::min<uint8_t>(mra.service_timeout, 31));
       return;
     }
     case wire::CmAttr::Dreq: {
@@ -897,7 +892,7 @@ void Manager::receive(int fd, Connection* listener) {
 }
 
 void Manager::timers() {
-  uint64_t now = now_ns();
+  uint64_t now = net::SystemClock::instance().now_ns();
   iw_timers(now);
   for (Connection* c : conns_) {
     if (!c->awaiting || now < c->deadline_ns) continue;
@@ -990,7 +985,7 @@ void Manager::loop() {
       iw_fds.clear();
       iw_owners.clear();
       iw_kinds.clear();
-      uint64_t now = now_ns();
+      uint64_t now = net::SystemClock::instance().now_ns();
       for (Connection* c : conns_) {
         if (c->st == St::Listen && c->sock >= 0 && !c->iwarp) {
           fds.push_back(pollfd{c->sock, POLLIN, 0});

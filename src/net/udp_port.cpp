@@ -39,7 +39,7 @@ constexpr auto kSendPatience = std::chrono::seconds(1);
 // (ephemeral, run-dependent) port number, so that a seed replays the same faults.
 std::atomic<uint64_t> g_ports_created{0};
 
-[[noreturn]] void throw_errno(int err, const std::string& what) {
+[[noreturn]] void throw_port_errno(int err, const std::string& what) {
   throw std::system_error(err, std::generic_category(), "softrdma UdpPort: " + what);
 }
 
@@ -81,12 +81,12 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings
     : ip_be_(ip_be), buf_(std::make_unique<Buffers>()) {
   open_hooks(settings);
   fd_ = os_socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) throw_errno(errno, "socket");
+  if (fd_ < 0) throw_port_errno(errno, "socket");
   auto fail = [this](const char* what) {
     int err = errno;
     close(fd_);
     fd_ = -1;
-    throw_errno(err, what);
+    throw_port_errno(err, what);
   };
   int pmtu = IP_PMTUDISC_DO;
   if (setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) fail("IP_MTU_DISCOVER");
@@ -144,7 +144,7 @@ UdpPort::UdpPort(Adopt, int fd, const config::Settings& settings)
   auto fail = [this](int err, const char* what) {
     close(fd_);
     fd_ = -1;
-    throw_errno(err, what);
+    throw_port_errno(err, what);
   };
   sockaddr_in addr{};
   socklen_t alen = sizeof(addr);

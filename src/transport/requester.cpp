@@ -19,10 +19,6 @@ static_assert(kMinCwnd >= kAckReqInterval);
 // Packets one QP may send per progress pass, so that one big message does not starve the others.
 constexpr int kBurst = 64;
 
-uint32_t packets_for(uint64_t len, uint32_t mtu) {
-  return len == 0 ? 1 : static_cast<uint32_t>((len + mtu - 1) / mtu);
-}
-
 }  // namespace
 
 // Bind MW and Local Invalidate act on this side's key table when the requester reaches them, so a
@@ -51,7 +47,7 @@ bool Requester::execute_local_wqe(Qp& qp, SqEntry& e) {
 bool Requester::prepare_wqe(Qp& qp, SqEntry& e) {
   const SendWqe& w = e.wqe;
   const WorkRequest wr = work_request(w.op, qp.cfg.type);
-  e.npkts = wr.atomic ? 1 : packets_for(w.length, qp.mtu);
+  e.npkts = wr.atomic ? 1 : wire::packets_for(w.length, qp.mtu);
   if (w.length > core::DeviceLimits::kMaxMsgSize) {
     e.status = WcStatus::LocLenErr;
     return false;

@@ -17,10 +17,6 @@ namespace softrdma::transport {
 
 namespace {
 constexpr int kReadBurst = 64;  // READ response packets per QP per progress pass
-
-uint32_t packets_for(uint64_t len, uint32_t mtu) {
-  return len == 0 ? 1 : static_cast<uint32_t>((len + mtu - 1) / mtu);
-}
 }  // namespace
 
 void Responder::responder_send_ack(Qp& qp, uint8_t syndrome, uint32_t psn) {
@@ -406,7 +402,7 @@ void Responder::replay_response(Qp& qp, const wire::OpcodeInfo& info, const wire
 // Regenerated from the (possibly shortened) re-issued request, its key checked again.
 void Responder::regenerate_read(Qp& qp, const wire::Packet& pkt, const ReplayEntry& r, int32_t off) {
   const uint32_t psn = pkt.bth.psn;
-  const uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
+  const uint32_t n = wire::packets_for(pkt.reth.dma_len, qp.mtu);
   uint8_t* host = nullptr;
   if (static_cast<uint32_t>(off) + n > r.npkts ||
       (pkt.reth.dma_len && keys().check_remote(pkt.reth.rkey, qp.cfg.pd, pkt.reth.va, pkt.reth.dma_len,
@@ -439,7 +435,7 @@ Verdict Responder::execute_read(Qp& qp, const wire::Packet& pkt) {
   if (Verdict v = check_rkey(qp, pkt.reth.rkey, pkt.reth.va, pkt.reth.dma_len, core::kRemoteRead, &host); !v.ok())
     return v;
   const uint32_t psn = pkt.bth.psn;
-  const uint32_t n = packets_for(pkt.reth.dma_len, qp.mtu);
+  const uint32_t n = wire::packets_for(pkt.reth.dma_len, qp.mtu);
   remember_replay(qp, {true, false, psn, n, 0});
   qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
   qp.resp.read_jobs.push_back({psn, psn, wire::psn_add(psn, n - 1), host, pkt.reth.dma_len});

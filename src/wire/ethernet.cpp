@@ -1,5 +1,7 @@
 #include "wire/ethernet.h"
 
+#include "wire/bytes.h"
+
 namespace softrdma::wire {
 
 uint32_t ones_sum(const uint8_t* p, uint32_t len, uint32_t sum) {
@@ -14,10 +16,7 @@ uint16_t fold(uint32_t sum) {
   while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
   return static_cast<uint16_t>(~sum);
 }
-void put16(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v >> 8);
-  p[1] = static_cast<uint8_t>(v);
-}
+using be::put16;
 }  // namespace
 
 bool fill_ipv4_checksums(uint8_t* frame, uint32_t len) {

@@ -3,6 +3,8 @@
 // §12.1: the CRC32c's least significant octet first).
 #include "wire/iwarp.h"
 
+#include "wire/bytes.h"
+
 #include <isa-l/crc.h>
 
 #include <algorithm>
@@ -27,23 +29,7 @@ constexpr uint8_t kTermM = 0x80, kTermD = 0x40, kTermR = 0x20;
 
 constexpr size_t kLenPrefix = 2, kCrcLen = 4, kMarkerLen = 4;
 
-uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
-uint32_t get32(const uint8_t* p) {
-  return uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | p[3];
-}
-uint64_t get64(const uint8_t* p) { return uint64_t{get32(p)} << 32 | get32(p + 4); }
-void put16(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v >> 8);
-  p[1] = static_cast<uint8_t>(v);
-}
-void put32(uint8_t* p, uint32_t v) {
-  put16(p, static_cast<uint16_t>(v >> 16));
-  put16(p + 2, static_cast<uint16_t>(v));
-}
-void put64(uint8_t* p, uint64_t v) {
-  put32(p, static_cast<uint32_t>(v >> 32));
-  put32(p + 4, static_cast<uint32_t>(v));
-}
+using namespace be;
 
 bool is_tagged(Opcode op) { return op == Opcode::Write || op == Opcode::ReadResponse; }
 

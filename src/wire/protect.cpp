@@ -2,6 +2,8 @@
 // else OpenSSL's EVP interface; HKDF key derivation; the anti-replay window.
 #include "wire/protect.h"
 
+#include "wire/bytes.h"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
@@ -26,28 +28,14 @@ const char* protection_name(Protection p) {
   return "?";
 }
 
-namespace {
-void put_be64(uint8_t* p, uint64_t v) {
-  for (int i = 7; i >= 0; --i, v >>= 8) p[i] = static_cast<uint8_t>(v);
-}
-uint64_t get_be64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = v << 8 | p[i];
-  return v;
-}
-void put_be32(uint8_t* p, uint32_t v) {
-  for (int i = 3; i >= 0; --i, v >>= 8) p[i] = static_cast<uint8_t>(v);
-}
-}  // namespace
-
 void write_trailer(const ProtectTrailer& t, uint8_t* buf) {
-  put_be64(buf, t.counter);
+  be::put64(buf, t.counter);
   std::memcpy(buf + kProtectCounterLen, t.tag, kProtectTagLen);
 }
 
 ProtectTrailer parse_trailer(const uint8_t* buf) {
   ProtectTrailer t;
-  t.counter = get_be64(buf);
+  t.counter = be::get64(buf);
   std::memcpy(t.tag, buf + kProtectCounterLen, kProtectTagLen);
   return t;
 }
@@ -60,9 +48,9 @@ bool derive_direction_key(const uint8_t* secret, size_t secret_len, Protection m
   std::memcpy(info, "softrdma wire v2", 16);  // format 2: TVer 1, no ICRC (protect.h)
   info[16] = static_cast<uint8_t>(mode);
   std::memcpy(info + 17, &src_ip_be, 4);
-  put_be32(info + 21, src_qpn);
+  be::put32(info + 21, src_qpn);
   std::memcpy(info + 25, &dst_ip_be, 4);
-  put_be32(info + 29, dst_qpn);
+  be::put32(info + 29, dst_qpn);
   uint8_t okm[32 + 4];
   const size_t okm_len = secret_len + 4;
   EVP_PKEY_CTX* pctx = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr);
@@ -189,7 +177,7 @@ bool PacketCipher::seal(uint8_t* pkt, size_t hdr_len, const uint8_t* payload, si
   if (!ready() || hdr_len < 12 || hdr_len > kMaxHeaders) return false;
   uint8_t* body = pkt + hdr_len;
   uint8_t* trailer = body + len + pad_len;
-  put_be64(trailer, counter);
+  be::put64(trailer, counter);
   if (pad_len) std::memset(body + len, 0, pad_len);
   if (fast_) return seal_fast(pkt, hdr_len, payload, len, pad_len, trailer);
   uint8_t iv[12];
@@ -215,7 +203,7 @@ bool PacketCipher::open(const uint8_t* pkt, size_t hdr_len, size_t body_len, uin
   const uint8_t* trailer = pkt + hdr_len + body_len;
   if (fast_) {
     if (!open_fast(pkt, hdr_len, body_len, out_body, trailer)) return false;
-    *counter = get_be64(trailer);
+    *counter = be::get64(trailer);
     return true;
   }
   uint8_t iv[12];
@@ -235,7 +223,7 @@ bool PacketCipher::open(const uint8_t* pkt, size_t hdr_len, size_t body_len, uin
   if (EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_SET_TAG, kProtectTagLen, tag) != 1 ||
       EVP_DecryptFinal_ex(ctx_, sink, &n) != 1)
     return false;
-  *counter = get_be64(trailer);
+  *counter = be::get64(trailer);
   return true;
 }
 

@@ -16,6 +16,11 @@ constexpr int32_t psn_diff(uint32_t a, uint32_t b) {
   return static_cast<int32_t>(((a - b) & kPsnMask) << 8) >> 8;
 }
 
+// The packets, so the PSNs, a message of len bytes takes at the path MTU: a zero-length message is one.
+constexpr uint32_t packets_for(uint64_t len, uint32_t mtu) {
+  return len == 0 ? 1 : static_cast<uint32_t>((len + mtu - 1) / mtu);
+}
+
 // AETH syndrome (IBTA 9.7.5.1): bit 7 reserved, bits 6..5 the type, bits 4..0 a value:
 // ACK 000xxxxx (credit count, 0x1F = no credit info), RNR NAK 001ttttt (RNR timer code),
 // NAK 011ccccc (NAK code below). Anything else is reserved.
