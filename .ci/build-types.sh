@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds what is installed (libraries, the softrdma command; BUILD_TESTING=OFF) once per CMake build
-# type, warnings as errors, or (type dpkg) as a Debian packager would: build type None with
-# dpkg-buildflags' hardening flags (fortify, stack protector, relro) and no -Werror of ours, only
-# Debian's own -Werror=format-security; CI builds that one in .ci/deb.sh, which packages it.
+# type, in unity batches (CMAKE_UNITY_BUILD), warnings as errors, or (type dpkg) as a Debian packager
+# would: build type None with dpkg-buildflags' hardening flags (fortify, stack protector, relro) and no
+# -Werror of ours, only Debian's own -Werror=format-security; CI builds that one in .ci/deb.sh, which
+# packages it.
 # tools/test.sh builds the whole tree, tests included, as RelWithDebInfo (the default) and with
 # sanitizers, with -Werror and -Wformat-security; the tests are three quarters of the compile time,
 # so they are not built again here.
@@ -19,13 +20,13 @@ for t in "${types[@]}"; do
   dir="$out/$t"
   if [[ $t == dpkg ]]; then
     command -v dpkg-buildflags >/dev/null || { echo "build-types: dpkg-buildflags missing (dpkg-dev)" >&2; exit 1; }
-    args=(-DCMAKE_BUILD_TYPE=None -DBUILD_TESTING=OFF)
+    args=(-DCMAKE_BUILD_TYPE=None -DBUILD_TESTING=OFF -DCMAKE_UNITY_BUILD=ON)
     env_flags=(CFLAGS="$(dpkg-buildflags --get CFLAGS) $(dpkg-buildflags --get CPPFLAGS)"
       CXXFLAGS="$(dpkg-buildflags --get CXXFLAGS) $(dpkg-buildflags --get CPPFLAGS)"
       LDFLAGS="$(dpkg-buildflags --get LDFLAGS)")
   else
-    # Unity batches (CMakeLists.txt): the same code and flags in about half the time; the plain
-    # build of tools/test.sh and the packager's (dpkg) keep one file per compiler run.
+    # Unity batches (CMakeLists.txt), here and for dpkg: the same code and flags in about half the
+    # time; the plain build of tools/test.sh compiles every file alone.
     args=(-DCMAKE_BUILD_TYPE="$t" -DSOFTRDMA_WERROR=ON -DBUILD_TESTING=OFF -DCMAKE_UNITY_BUILD=ON)
     env_flags=()
   fi

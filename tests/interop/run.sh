@@ -15,6 +15,7 @@
 #                   (SOFTRDMA_IMPAIR=seed=1,tx_drop=0.02), so rxe's NAK/retransmit logic meets ours
 #   rdmacm.*        rping -v -C 100 and udaddy -C 10 between softrdma's librdmacm and the kernel's
 #                   rdma_cm (IBTA CM and SIDR MADs on QP1)
+#   rsocket.*       rstream -S 65536 -C 100 -T v between softrdma's rsockets and rdma-core's over rxe
 #   holder.*        ib_write_bw -D 14 while the process that bound the host's UDP 4791 is stopped
 #                   10 s: the pair's host process reads the shared socket in its stead
 #   capture.*       tshark on the bridge during SEND/WRITE/READ/ATOMIC traffic both ways: softrdma's
@@ -543,6 +544,46 @@ run_udaddy() { # NAME ROLE
 }
 run_udaddy rdmacm.udaddy.host-server host-server
 run_udaddy rdmacm.udaddy.host-client host-client
+
+# rsockets: rstream -T v (every byte verified by rstream) between softrdma's rsockets (librdmacm.so.1,
+# src/rdmacm/rsocket.cpp) and rdma-core's over the kernel's rxe, both ways: rs_conn_data in the CM
+# REQ/REP, data as RDMA WRITE WITH IMMEDIATE into the granted ring, SGL updates and credits.
+run_rstream() { # NAME ROLE
+  local name=$1 role=$2 t0 port spid crc=0 src=0 i
+  local opts="-S 65536 -C 100 -T v"
+  case_wanted "$name" || return 0
+  t0=$(date +%s)
+  port=$((PORT++))
+  SRV_LOG=$INTEROP_LOG_DIR/$name.server.log
+  CLI_LOG=$INTEROP_LOG_DIR/$name.client.log
+  WHY=""
+  if [[ $role == host-server ]]; then
+    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- rstream -b "$HOST_IP" -p "$port" $opts >"$SRV_LOG" 2>&1 &
+    spid=$!
+    sleep 1
+    guest "timeout -k 5 $INTEROP_TIMEOUT rstream -s $HOST_IP -p $port $opts" >"$CLI_LOG" 2>&1 || crc=$?
+    ((crc != 0)) && reap_after 15 "$spid"
+    wait "$spid" || src=$?
+  else
+    guest "timeout -k 5 $INTEROP_TIMEOUT rstream -b $GUEST_IP -p $port $opts & p=\$!; until rdma res show cm_id | grep -q 'LISTEN.*:$port '; do kill -0 \$p 2>/dev/null || break; sleep 0.1; done; echo INTEROP-READY; wait \$p" >"$SRV_LOG" 2>&1 &
+    spid=$!
+    for ((i = 0; i < 600; i++)); do
+      grep -q INTEROP-READY "$SRV_LOG" 2>/dev/null && break
+      kill -0 "$spid" 2>/dev/null || break
+      sleep 0.1
+    done
+    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- rstream -s "$GUEST_IP" -p "$port" $opts >"$CLI_LOG" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+  fi
+  if ((crc == 0 && src == 0)) && grep -qE '^custom ' "$CLI_LOG"; then
+    result "$name" 1 "$t0"
+  else
+    WHY="exit codes: server $src, client $crc (no custom row, or a verify failure, in the client log)"
+    result "$name" 0 "$t0"
+  fi
+}
+run_rstream rsocket.rstream.host-server host-server
+run_rstream rsocket.rstream.host-client host-client
 
 # Every datagram the guest received during the suite passed its UDP checksum check.
 t0=$(date +%s)
