@@ -339,7 +339,9 @@ capture_case() {
   start_case "$name" || return 0
   local pcap=$INTEROP_LOG_DIR/$name.pcap first=$PORT
   rm -f "$pcap"
-  nsx tshark -q -i rxebr0 -f "tcp portrange $first-$((first + 1))" -F pcap -w "$pcap" >"$INTEROP_LOG_DIR/$name.tshark.log" 2>&1 &
+  # Not through nsx: a backgrounded function is a subshell, and $! would be that subshell, whose
+  # TERM leaves tshark (and its dumpcap) running past the suite. ip netns exec execs tshark.
+  ip netns exec "$NS" tshark -q -i rxebr0 -f "tcp portrange $first-$((first + 1))" -F pcap -w "$pcap" >"$INTEROP_LOG_DIR/$name.tshark.log" 2>&1 &
   CAPTURE_PID=$!
   local i sub=""
   for ((i = 0; i < 300; i++)); do grep -q "Capturing on" "$INTEROP_LOG_DIR/$name.tshark.log" 2>/dev/null && break; sleep 0.1; done
