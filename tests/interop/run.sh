@@ -469,41 +469,57 @@ run_capture() {
 }
 run_capture
 
-# rdma_cm: rping -v (payload verified by rping) between softrdma's librdmacm and the kernel's rdma_cm,
-# both ways: IBTA CM MADs (REQ/REP/RTU/DREQ/DREP) to QP1 on the wire (docs/rdmacm.md).
-run_rping() { # NAME ROLE
-  local name=$1 role=$2 t0 port spid crc=0 src=0 i n
-  case_wanted "$name" || return 0
-  t0=$(date +%s)
-  port=$((PORT++))
-  SRV_LOG=$INTEROP_LOG_DIR/$name.server.log
-  CLI_LOG=$INTEROP_LOG_DIR/$name.client.log
-  WHY=""
+# cm_roles ROLE PORT HOST_SERVER GUEST_CLIENT GUEST_SERVER HOST_CLIENT: one rdma_cm program pair in
+# ROLE (commands as words; the host's run under softrdma in the namespace), the server first and
+# ready: the host's after a second, the guest's once its kernel lists the id listening on PORT. Sets
+# CRC and SRC, the client's and the server's exit codes.
+cm_roles() {
+  local role=$1 port=$2 hs=$3 gc=$4 gs=$5 hc=$6 spid i
+  CRC=0 SRC=0
   if [[ $role == host-server ]]; then
-    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- rping -s -a "$HOST_IP" -p "$port" -v -C 100 >"$SRV_LOG" 2>&1 &
+    # shellcheck disable=SC2086 # the command's words
+    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- $hs >"$SRV_LOG" 2>&1 &
     spid=$!
     sleep 1
-    guest "timeout -k 5 $INTEROP_TIMEOUT rping -c -a $HOST_IP -p $port -v -C 100" >"$CLI_LOG" 2>&1 || crc=$?
-    ((crc != 0)) && reap_after 15 "$spid"
-    wait "$spid" || src=$?
+    guest "timeout -k 5 $INTEROP_TIMEOUT $gc" >"$CLI_LOG" 2>&1 || CRC=$?
+    ((CRC != 0)) && reap_after 15 "$spid"
+    wait "$spid" || SRC=$?
   else
-    # Ready once the kernel lists the rdma_cm id as listening on the port.
-    guest "timeout -k 5 $INTEROP_TIMEOUT rping -s -a $GUEST_IP -p $port -v -C 100 & p=\$!; until rdma res show cm_id | grep -q 'LISTEN.*:$port '; do kill -0 \$p 2>/dev/null || break; sleep 0.1; done; echo INTEROP-READY; wait \$p" >"$SRV_LOG" 2>&1 &
+    guest "timeout -k 5 $INTEROP_TIMEOUT $gs & p=\$!; until rdma res show cm_id | grep -q 'LISTEN.*:$port '; do kill -0 \$p 2>/dev/null || break; sleep 0.1; done; echo INTEROP-READY; wait \$p" >"$SRV_LOG" 2>&1 &
     spid=$!
     for ((i = 0; i < 600; i++)); do
       grep -q INTEROP-READY "$SRV_LOG" 2>/dev/null && break
       kill -0 "$spid" 2>/dev/null || break
       sleep 0.1
     done
-    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- rping -c -a "$GUEST_IP" -p "$port" -v -C 100 >"$CLI_LOG" 2>&1 || crc=$?
-    wait "$spid" || src=$?
+    # shellcheck disable=SC2086
+    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- $hc >"$CLI_LOG" 2>&1 || CRC=$?
+    wait "$spid" || SRC=$?
   fi
+}
+
+# cm_case NAME: starts a case (its logs, its time); false when INTEROP_ONLY leaves it out.
+cm_case() {
+  case_wanted "$1" || return 1
+  T0=$(date +%s)
+  SRV_LOG=$INTEROP_LOG_DIR/$1.server.log
+  CLI_LOG=$INTEROP_LOG_DIR/$1.client.log
+  WHY=""
+}
+
+# rdma_cm: rping -v (payload verified by rping) between softrdma's librdmacm and the kernel's rdma_cm,
+# both ways: IBTA CM MADs (REQ/REP/RTU/DREQ/DREP) to QP1 on the wire (docs/rdmacm.md).
+run_rping() { # NAME ROLE
+  local name=$1 port=$((PORT++)) n o="-v -C 100"
+  cm_case "$name" || return 0
+  cm_roles "$2" "$port" "rping -s -a $HOST_IP -p $port $o" "rping -c -a $HOST_IP -p $port $o" \
+    "rping -s -a $GUEST_IP -p $port $o" "rping -c -a $GUEST_IP -p $port $o"
   n=$(grep -o 'rdma-ping-[0-9]*: ' "$CLI_LOG" | sort -u | wc -l)
-  if ((crc == 0 && src == 0 && n == 100)); then
-    result "$name" 1 "$t0"
+  if ((CRC == 0 && SRC == 0 && n == 100)); then
+    result "$name" 1 "$T0"
   else
-    WHY="exit codes: server $src, client $crc; client verified $n of 100 pings"
-    result "$name" 0 "$t0"
+    WHY="exit codes: server $SRC, client $CRC; client verified $n of 100 pings"
+    result "$name" 0 "$T0"
   fi
 }
 run_rping rdmacm.rping.host-server host-server
@@ -511,35 +527,15 @@ run_rping rdmacm.rping.host-client host-client
 
 # UD ids: udaddy (SIDR_REQ/SIDR_REP, then 10 datagrams each way) on its fixed port 7174, both ways.
 run_udaddy() { # NAME ROLE
-  local name=$1 role=$2 t0 spid crc=0 src=0 i
-  case_wanted "$name" || return 0
-  t0=$(date +%s)
-  SRV_LOG=$INTEROP_LOG_DIR/$name.server.log
-  CLI_LOG=$INTEROP_LOG_DIR/$name.client.log
-  WHY=""
-  if [[ $role == host-server ]]; then
-    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- udaddy -b "$HOST_IP" -C 10 >"$SRV_LOG" 2>&1 &
-    spid=$!
-    sleep 1
-    guest "timeout -k 5 $INTEROP_TIMEOUT udaddy -s $HOST_IP -C 10" >"$CLI_LOG" 2>&1 || crc=$?
-    ((crc != 0)) && reap_after 15 "$spid"
-    wait "$spid" || src=$?
+  local name=$1
+  cm_case "$name" || return 0
+  cm_roles "$2" 7174 "udaddy -b $HOST_IP -C 10" "udaddy -s $HOST_IP -C 10" "udaddy -b $GUEST_IP -C 10" \
+    "udaddy -s $GUEST_IP -C 10"
+  if ((CRC == 0 && SRC == 0)) && grep -q 'return status 0' "$CLI_LOG" && grep -q 'data transfers complete' "$SRV_LOG"; then
+    result "$name" 1 "$T0"
   else
-    guest "timeout -k 5 $INTEROP_TIMEOUT udaddy -b $GUEST_IP -C 10 & p=\$!; until rdma res show cm_id | grep -q 'LISTEN.*:7174 '; do kill -0 \$p 2>/dev/null || break; sleep 0.1; done; echo INTEROP-READY; wait \$p" >"$SRV_LOG" 2>&1 &
-    spid=$!
-    for ((i = 0; i < 600; i++)); do
-      grep -q INTEROP-READY "$SRV_LOG" 2>/dev/null && break
-      kill -0 "$spid" 2>/dev/null || break
-      sleep 0.1
-    done
-    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- udaddy -s "$GUEST_IP" -C 10 >"$CLI_LOG" 2>&1 || crc=$?
-    wait "$spid" || src=$?
-  fi
-  if ((crc == 0 && src == 0)) && grep -q 'return status 0' "$CLI_LOG" && grep -q 'data transfers complete' "$SRV_LOG"; then
-    result "$name" 1 "$t0"
-  else
-    WHY="exit codes: server $src, client $crc"
-    result "$name" 0 "$t0"
+    WHY="exit codes: server $SRC, client $CRC"
+    result "$name" 0 "$T0"
   fi
 }
 run_udaddy rdmacm.udaddy.host-server host-server
@@ -549,37 +545,15 @@ run_udaddy rdmacm.udaddy.host-client host-client
 # src/rdmacm/rsocket.cpp) and rdma-core's over the kernel's rxe, both ways: rs_conn_data in the CM
 # REQ/REP, data as RDMA WRITE WITH IMMEDIATE into the granted ring, SGL updates and credits.
 run_rstream() { # NAME ROLE
-  local name=$1 role=$2 t0 port spid crc=0 src=0 i
-  local opts="-S 65536 -C 100 -T v"
-  case_wanted "$name" || return 0
-  t0=$(date +%s)
-  port=$((PORT++))
-  SRV_LOG=$INTEROP_LOG_DIR/$name.server.log
-  CLI_LOG=$INTEROP_LOG_DIR/$name.client.log
-  WHY=""
-  if [[ $role == host-server ]]; then
-    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- rstream -b "$HOST_IP" -p "$port" $opts >"$SRV_LOG" 2>&1 &
-    spid=$!
-    sleep 1
-    guest "timeout -k 5 $INTEROP_TIMEOUT rstream -s $HOST_IP -p $port $opts" >"$CLI_LOG" 2>&1 || crc=$?
-    ((crc != 0)) && reap_after 15 "$spid"
-    wait "$spid" || src=$?
+  local name=$1 port=$((PORT++)) o="-S 65536 -C 100 -T v"
+  cm_case "$name" || return 0
+  cm_roles "$2" "$port" "rstream -b $HOST_IP -p $port $o" "rstream -s $HOST_IP -p $port $o" \
+    "rstream -b $GUEST_IP -p $port $o" "rstream -s $GUEST_IP -p $port $o"
+  if ((CRC == 0 && SRC == 0)) && grep -qE '^custom ' "$CLI_LOG"; then
+    result "$name" 1 "$T0"
   else
-    guest "timeout -k 5 $INTEROP_TIMEOUT rstream -b $GUEST_IP -p $port $opts & p=\$!; until rdma res show cm_id | grep -q 'LISTEN.*:$port '; do kill -0 \$p 2>/dev/null || break; sleep 0.1; done; echo INTEROP-READY; wait \$p" >"$SRV_LOG" 2>&1 &
-    spid=$!
-    for ((i = 0; i < 600; i++)); do
-      grep -q INTEROP-READY "$SRV_LOG" 2>/dev/null && break
-      kill -0 "$spid" 2>/dev/null || break
-      sleep 0.1
-    done
-    nsx timeout -k 5 "$INTEROP_TIMEOUT" "$SOFTRDMA" run -- rstream -s "$GUEST_IP" -p "$port" $opts >"$CLI_LOG" 2>&1 || crc=$?
-    wait "$spid" || src=$?
-  fi
-  if ((crc == 0 && src == 0)) && grep -qE '^custom ' "$CLI_LOG"; then
-    result "$name" 1 "$t0"
-  else
-    WHY="exit codes: server $src, client $crc (no custom row, or a verify failure, in the client log)"
-    result "$name" 0 "$t0"
+    WHY="exit codes: server $SRC, client $CRC (no custom row, or a verify failure, in the client log)"
+    result "$name" 0 "$T0"
   fi
 }
 run_rstream rsocket.rstream.host-server host-server
