@@ -339,8 +339,6 @@ capture_case() {
   start_case "$name" || return 0
   local pcap=$INTEROP_LOG_DIR/$name.pcap first=$PORT
   rm -f "$pcap"
-  # Not through nsx: a backgrounded function is a subshell, and $! would be that subshell, whose
-  # TERM leaves tshark (and its dumpcap) running past the suite. ip netns exec execs tshark.
   ip netns exec "$NS" tshark -q -i rxebr0 -f "tcp portrange $first-$((first + 1))" -F pcap -w "$pcap" >"$INTEROP_LOG_DIR/$name.tshark.log" 2>&1 &
   CAPTURE_PID=$!
   local i sub=""
@@ -349,6 +347,10 @@ capture_case() {
   pair "$name.host-client" host-client "$host_env" "rping -s -a @SRV@ -p @PORT@ -v -C 5 -S 5000" "rping -c -a @SRV@ -p @PORT@ -v -C 5 -S 5000" || sub+="host-client: $WHY; "
   sleep 1
   kill -TERM "$CAPTURE_PID" 2>/dev/null
+  # $! is not always tshark itself (tshark and its dumpcap were found running after the suite): both
+  # are also ended by their own output file, and waited for, so the pcap is complete when read.
+  pkill -TERM -f -- "-w $pcap" 2>/dev/null
+  for ((i = 0; i < 50; i++)); do pgrep -f -- "-w $pcap" >/dev/null || break; sleep 0.1; done
   wait "$CAPTURE_PID" 2>/dev/null
   CAPTURE_PID=""
   SRV_LOG=/dev/null CLI_LOG=/dev/null
