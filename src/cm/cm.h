@@ -293,6 +293,8 @@ class Manager {
   void loop();
   void at_exit();
   void timers();
+  // CLOCK_MONOTONIC in ns (net::SystemClock), for the CM's and MPA's deadlines.
+  static uint64_t now_ns();
   uint32_t alloc_comm_id(Connection& c);
   void release_comm_id(Connection& c);
   void send_mad(Connection& c, const uint8_t* mad, bool request);

@@ -18,7 +18,6 @@
 #include "cm/cm.h"
 #include "config/config.h"
 #include "net/interfaces.h"  // is_local_ip
-#include "net/packet_port.h"
 #include "net/tuple_table.h"
 
 namespace softrdma::cm {
@@ -227,7 +226,7 @@ bool Manager::iw_retry_refused(Connection& c) {
   if (bind_socket(c, SOCK_STREAM, ip, htons(port)) != 0) return false;
   c.service_port = service;
   w.step = IwStep::Refused;
-  w.deadline_ns = net::SystemClock::instance().now_ns() + kRefusedRetryNs;
+  w.deadline_ns = now_ns() + kRefusedRetryNs;
   iw_stats_.tcp_refused_retries++;
   wake();
   return true;
@@ -254,7 +253,7 @@ void Manager::iw_on_active(Connection& c, short revents) {
     set_nodelay(c.sock);
     iw_publish(c);  // before our MPA frame leaves: the peer looks us up once it has it
     w.step = IwStep::AwaitReply;
-    w.deadline_ns = net::SystemClock::instance().now_ns() + reply_timeout_ns();
+    w.deadline_ns = now_ns() + reply_timeout_ns();
     iw_stats_.mpa_requests_sent++;
   }
   if (w.step != IwStep::AwaitReply) return;
@@ -354,7 +353,7 @@ void Manager::iw_on_listener(Connection& L) {
     auto a = std::make_unique<IwAccept>();
     a->fd = fd;
     a->listener = &L;
-    a->deadline_ns = net::SystemClock::instance().now_ns() + request_timeout_ns();
+    a->deadline_ns = now_ns() + request_timeout_ns();
     iw_accepts_.push_back(std::move(a));
   }
 }
@@ -555,7 +554,7 @@ void Manager::iw_destroy(Connection& c) {
 
 void Manager::iw_poll_set(std::vector<pollfd>& fds, std::vector<void*>& owners, std::vector<uint8_t>& kinds,
                           int& timeout_ms) {
-  const uint64_t now = net::SystemClock::instance().now_ns();
+  const uint64_t now = now_ns();
   auto until = [&](uint64_t deadline) {
     int64_t ms = deadline > now ? int64_t((deadline - now) / 1000000) + 1 : 0;
     timeout_ms = static_cast<int>(std::min<int64_t>(timeout_ms, ms));

@@ -161,7 +161,7 @@ void Manager::send_mad(Connection& c, const uint8_t* mad, bool request) {
     std::memcpy(c.last_mad, mad, wire::kMadLen);
     c.awaiting = true;
     c.retries_left = cm_retries();
-    c.deadline_ns = net::SystemClock::instance().now_ns() + cm_timeout_ns();
+    c.deadline_ns = now_ns() + cm_timeout_ns();
   }
   wire::MadHeader h;
   wire::decode_mad_header(mad, wire::kMadLen, h);
@@ -433,7 +433,7 @@ int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
     // does between its two connections) gets a moment, as a REQ crossing a real fabric gives it; then
     // the answer is what the 4791 holder gives a remote peer: REJ "invalid service ID".
     c.listener_probes = 20;
-    c.deadline_ns = net::SystemClock::instance().now_ns() + kProbeIntervalNs;
+    c.deadline_ns = now_ns() + kProbeIntervalNs;
   }
   wake();
   return 0;
@@ -858,7 +858,7 @@ void Manager::on_mad(const uint8_t* mad, Connection* listener) {
       wire::decode_mra(mad, mra);
       // The peer needs more time: wait its service timeout on top of ours before resending.
       if (c.awaiting)
-        c.deadline_ns = net::SystemClock::instance().now_ns() + cm_timeout_ns() + (4096ull << std::min<uint8_t>(mra.service_timeout, 31));
+        c.deadline_ns = now_ns() + cm_timeout_ns() + (4096ull << std::min<uint8_t>(mra.service_timeout, 31));
       return;
     }
     case wire::CmAttr::Dreq: {
@@ -891,8 +891,10 @@ void Manager::receive(int fd, Connection* listener) {
   }
 }
 
+uint64_t Manager::now_ns() { return net::SystemClock::instance().now_ns(); }
+
 void Manager::timers() {
-  uint64_t now = net::SystemClock::instance().now_ns();
+  uint64_t now = now_ns();
   iw_timers(now);
   for (Connection* c : conns_) {
     if (!c->awaiting || now < c->deadline_ns) continue;
@@ -985,7 +987,7 @@ void Manager::loop() {
       iw_fds.clear();
       iw_owners.clear();
       iw_kinds.clear();
-      uint64_t now = net::SystemClock::instance().now_ns();
+      uint64_t now = now_ns();
       for (Connection* c : conns_) {
         if (c->st == St::Listen && c->sock >= 0 && !c->iwarp) {
           fds.push_back(pollfd{c->sock, POLLIN, 0});
