@@ -19,6 +19,7 @@
 
 #include "transport/engine.h"
 #include "transport/srq.h"
+#include "wire/bytes.h"
 #include "wire/opcode.h"
 #include "wire/psn.h"
 
@@ -26,18 +27,6 @@ namespace softrdma::transport {
 
 namespace {
 using TmKind = Qp::ResponderState::TmKind;
-
-uint64_t load_be64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = v << 8 | p[i];
-  return v;
-}
-uint32_t load_be32(const uint8_t* p) {
-  return uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | p[3];
-}
-void store_be(uint8_t* p, uint64_t v, int n) {
-  for (int i = n - 1; i >= 0; --i, v >>= 8) p[i] = static_cast<uint8_t>(v);
-}
 
 // The first matching entry of the list in posting order; nullptr when none matches.
 tm::Tag* find_match(tm::State& st, uint64_t tag) {
@@ -144,8 +133,8 @@ Verdict Responder::tm_classify(Qp& qp, const wire::OpcodeInfo& info, const wire:
     if (op != tm::kFin) count(&qp, &core::Counters::tm_no_header);
     return check_receive(qp, info);
   }
-  const uint32_t priv = load_be32(p + 4);
-  const uint64_t tag = load_be64(p + 8);
+  const uint32_t priv = wire::be::get32(p + 4);
+  const uint64_t tag = wire::be::get64(p + 8);
   tm::Tag* t = st.in_sync() ? find_match(st, tag) : nullptr;
   if (!t) {
     Verdict v = check_receive(qp, info);
@@ -178,9 +167,9 @@ Verdict Responder::tm_classify(Qp& qp, const wire::OpcodeInfo& info, const wire:
 Verdict Responder::tm_rendezvous(Qp& qp, tm::Tag& t, const wire::Packet& pkt, uint64_t tag, uint32_t priv) {
   tm::State& st = *qp.srq->tm;
   const uint8_t* rvh = pkt.payload + tm::kTmhBytes;
-  const uint64_t va = load_be64(rvh);
-  const uint32_t rkey = load_be32(rvh + 8);
-  const uint32_t len = load_be32(rvh + 12);
+  const uint64_t va = wire::be::get64(rvh);
+  const uint32_t rkey = wire::be::get32(rvh + 8);
+  const uint32_t len = wire::be::get32(rvh + 12);
   {
     // The READ and the FIN go into this QP's SQ beside the application's WQEs (create_qp gave it
     // tm::kSqSlots more slots): without room, the sender is told to come back (RNR).
@@ -210,8 +199,8 @@ Verdict Responder::tm_rendezvous(Qp& qp, tm::Tag& t, const wire::Packet& pkt, ui
     f.wqe.flags = kTmFin | kFence | kInline;  // after the READ has completed
     f.wqe.length = tm::kTmhBytes;
     f.wqe.inline_data[0] = tm::kFin;
-    store_be(f.wqe.inline_data + 4, priv, 4);
-    store_be(f.wqe.inline_data + 8, tag, 8);
+    wire::be::put32(f.wqe.inline_data + 4, priv);
+    wire::be::put64(f.wqe.inline_data + 8, tag);
     for (SqEntry* e : {&r, &f}) {
       e->started = false;
       e->acked = false;
