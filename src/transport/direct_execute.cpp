@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "core/cq.h"
+#include "core/place.h"
 #include "transport/direct_peer.h"
 #include "transport/direct_protocol.h"
 #include "transport/work_request.h"
@@ -27,11 +28,12 @@ void copy_one_sided(const SendWqe& w, uint8_t* const* host, uint8_t* dst, uint64
   switch (w.op) {
     case WrOp::Write:
     case WrOp::WriteImm:
+      // As the responder places a WRITE: each byte once, the last ones last (core/place.h).
       if (w.flags & kInline) {
-        std::memcpy(dst, w.inline_data, len);
+        core::place_in_order(dst, w.inline_data, len);
       } else {
         for_each_sge_piece(w.sge, host, w.num_sge, 0, len, [&](uint8_t* p, uint64_t n) {
-          std::memcpy(dst, p, n);
+          core::place_in_order(dst, p, n);
           dst += n;
           return true;
         });

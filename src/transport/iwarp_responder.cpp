@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/place.h"
 #include "transport/engine.h"
 #include "transport/iwarp_path.h"
 #include "transport/srq.h"
@@ -240,7 +241,7 @@ bool IwarpPath::iwarp_deliver(Qp& qp, const uint8_t* u, size_t len) {
                      ddp_len, len);
         return false;
       }
-      std::memcpy(host, payload, plen);
+      core::place_in_order(host, payload, plen);  // as the RoCE responder places a WRITE
       return true;
     }
     case iw::Opcode::ReadRequest:

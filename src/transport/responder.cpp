@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/place.h"
 #include "transport/engine.h"
 #include "transport/rc_path.h"
 #include "transport/srq.h"
@@ -250,7 +251,9 @@ Verdict Responder::execute_write(Qp& qp, const wire::OpcodeInfo& info, const wir
   // A length that contradicts the RETH.
   if (pkt.payload_len > qp.resp.write_remaining || (info.last && pkt.payload_len != qp.resp.write_remaining))
     return {Verdict::InvalidRequest, WcStatus::RemInvReqErr};
-  if (pkt.payload_len) std::memcpy(qp.resp.write_dst, pkt.payload, pkt.payload_len);
+  // Each byte once, the last ones last, as a NIC's DMA: a program polling the buffer's last byte owns
+  // the buffer once it changes (core/place.h).
+  if (pkt.payload_len) core::place_in_order(qp.resp.write_dst, pkt.payload, pkt.payload_len);
   qp.resp.write_dst += pkt.payload_len;
   qp.resp.write_remaining -= pkt.payload_len;
   if (!info.last) return {};
