@@ -10,7 +10,7 @@
 namespace softrdma::core {
 
 // Copies n bytes from src to dst: all but the last kOrderedTail by memcpy, then, after a fence, the
-// tail in ascending 8/4/2/1-byte stores, each byte once.
+// tail in ascending 16/8/4/2/1-byte stores, each byte once.
 void place_in_order(uint8_t* dst, const uint8_t* src, uint64_t n);
 
 inline constexpr uint64_t kOrderedTail = 64;
