@@ -16,27 +16,34 @@ typedef uint64_t Bytes8 __attribute__((may_alias, aligned(1)));
 typedef uint32_t Bytes4 __attribute__((may_alias, aligned(1)));
 typedef uint16_t Bytes2 __attribute__((may_alias, aligned(1)));
 
+// The type of an N-byte piece. A member typedef keeps its alignment; a type passed as a template
+// argument would not (the store would be an aligned one again).
+template <int N>
+struct Piece;
+template <>
+struct Piece<16> {
+  typedef Bytes16 type;
+};
+template <>
+struct Piece<8> {
+  typedef Bytes8 type;
+};
+template <>
+struct Piece<4> {
+  typedef Bytes4 type;
+};
+template <>
+struct Piece<2> {
+  typedef Bytes2 type;
+};
+
 // Volatile, so the compiler emits each store once and in program order instead of merging them into a
-// memcpy. Not a template: a template argument would drop the typedef's alignment (aligned stores again).
-void store16(uint8_t* dst, const uint8_t* src) {
-  Bytes16 v;
-  std::memcpy(&v, src, sizeof v);
-  *reinterpret_cast<volatile Bytes16*>(dst) = v;
-}
-void store8(uint8_t* dst, const uint8_t* src) {
-  Bytes8 v;
-  std::memcpy(&v, src, sizeof v);
-  *reinterpret_cast<volatile Bytes8*>(dst) = v;
-}
-void store4(uint8_t* dst, const uint8_t* src) {
-  Bytes4 v;
-  std::memcpy(&v, src, sizeof v);
-  *reinterpret_cast<volatile Bytes4*>(dst) = v;
-}
-void store2(uint8_t* dst, const uint8_t* src) {
-  Bytes2 v;
-  std::memcpy(&v, src, sizeof v);
-  *reinterpret_cast<volatile Bytes2*>(dst) = v;
+// memcpy.
+template <int N>
+void store(uint8_t* dst, const uint8_t* src) {
+  typename Piece<N>::type v;
+  std::memcpy(&v, src, N);
+  *reinterpret_cast<volatile typename Piece<N>::type*>(dst) = v;
 }
 
 }  // namespace
@@ -53,19 +60,19 @@ void place_in_order(uint8_t* dst, const uint8_t* src, uint64_t n) {
     src += bulk;
     n = kOrderedTail;
   }
-  for (; n >= 16; n -= 16, dst += 16, src += 16) store16(dst, src);
+  for (; n >= 16; n -= 16, dst += 16, src += 16) store<16>(dst, src);
   if (n & 8) {
-    store8(dst, src);
+    store<8>(dst, src);
     dst += 8;
     src += 8;
   }
   if (n & 4) {
-    store4(dst, src);
+    store<4>(dst, src);
     dst += 4;
     src += 4;
   }
   if (n & 2) {
-    store2(dst, src);
+    store<2>(dst, src);
     dst += 2;
     src += 2;
   }
