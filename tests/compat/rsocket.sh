@@ -100,7 +100,7 @@ suite() {
   # Fork support as rsocket(7) documents it: with RDMAV_FORK_SAFE=1 librspreload connects over kernel
   # TCP, and the forked child serving the connection moves it to an rsocket on its first recv (the
   # client on its first send). 8 MiB echoed and compared; no kernel TCP connection left. Loopback only:
-  # between namespaces it fails about 2 runs in 5 (docs/rdmacm.md, "rsockets").
+  # between namespaces it failed 2 of 4 runs (docs/rdmacm.md, "rsockets").
   if [[ -n ${FORK_ECHO:-} && $where == loopback ]]; then
     port=$(cm_free_port)
     SRV=(env RDMAV_FORK_SAFE=1 "${pre[@]}" "$FORK_ECHO" -s "$ip" "$port")
