@@ -195,6 +195,9 @@ class Consumer {
   virtual bool peer_gone(const Connection&) { return false; }
   // A connection refused for a wire protection mismatch (protect.h), by either side: counted.
   virtual void wire_rejected(Connection&) {}
+  // A connection the peer ended (a DREQ) or found gone (no DREQ; peer_gone), before it is reported
+  // DISCONNECTED: counted.
+  virtual void peer_ended(Connection&, bool /*peer_gone*/) {}
 };
 
 // What the active side asks for (rdma_connect's parameters).

@@ -836,6 +836,7 @@ void Manager::on_mad(const uint8_t* mad, Connection* listener) {
         // Our peer's host no longer knows the connection: its process is gone (gsi.cpp).
         c.awaiting = false;
         c.st = St::Disconnected;
+        if (consumer_) consumer_->peer_ended(c, true);
         post(c, Event{EventKind::Disconnected});
         return;
       }
@@ -865,6 +866,7 @@ void Manager::on_mad(const uint8_t* mad, Connection* listener) {
       send_simple(c, wire::CmAttr::Drep, h.tid, 0, false);
       if (c.st == St::Connected || c.st == St::DreqSent || c.st == St::RepSent) {
         c.awaiting = false;
+        if (consumer_ && c.st != St::DreqSent) consumer_->peer_ended(c, false);
         c.st = St::Disconnected;
         post(c, Event{EventKind::Disconnected});
       }
@@ -966,6 +968,7 @@ void Manager::timers() {
     // A remote peer's host answers our probes only while a process holds its 4791 (the dead one
     // may have been the holder); the QP's peer context's kernel tells at once (reliability.md).
     if (c->peer_local ? owner_alive(c->remote_comm_id) : !(consumer_ && consumer_->peer_gone(*c))) continue;
+    if (consumer_) consumer_->peer_ended(*c, true);
     c->st = St::Disconnected;
     post(*c, Event{EventKind::Disconnected});
   }

@@ -40,7 +40,9 @@ namespace softrdma::core {
   X(peer_gone) /* requests failed at once: the peer's kernel said its process is gone (refused, reset, closed) */ \
   X(direct_unavailable) /* direct-path set-ups that failed: this context's endpoint, or a connection to a peer's (packets instead) */ \
   X(roce_port_shared) /* this context took the host's UDP 4791 socket from another process's offer (net/port_share.h) */ \
-  X(roce_stand_in) /* this context began reading 4791 for a holder that did not (stopped, starved or gone) */
+  X(roce_stand_in) /* this context began reading 4791 for a holder that did not (stopped, starved or gone) */ \
+  X(cm_dreq_rcvd) /* rdma_cm connections the peer ended with a DREQ (DISCONNECTED) */ \
+  X(cm_peer_gone) /* rdma_cm connections ended with no DREQ: the peer's process was found gone (rdmacm.md) */
 
 // iWARP (transport/iwarp_*.cpp): FPDUs each way, and every refused input by the reason its
 // Terminate names (RFC 5040 §4.8, RFC 5041 §7, RFC 5044 §8).
@@ -81,7 +83,7 @@ class StatsPage {
  public:
   static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
   // Bumped whenever Counters or the page layout changes; readers skip other versions.
-  static constexpr uint32_t kVersion = 10;
+  static constexpr uint32_t kVersion = 11;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
   // Creates /dev/shm/softrdma-stats-<pid>-<n>, mode 0600 (owner and root only; SOFTRDMA_STATS_MODE, in

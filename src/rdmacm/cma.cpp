@@ -138,6 +138,11 @@ struct Abi final : cm::Consumer {
   void wire_rejected(cm::Connection& c) override {
     if (Device* d = device_for(c.local_ip_be)) softrdma_count_wire_reject(d->ctx);
   }
+  void peer_ended(cm::Connection& c, bool gone) override {
+    if (Device* d = device_for(c.local_ip_be))
+      softrdma_count_cm_disconnect(d->ctx, static_cast<const Id*>(c.owner)->pub.qp,
+                                   gone ? SOFTRDMA_CM_PEER_GONE : SOFTRDMA_CM_DREQ_RCVD);
+  }
   bool default_iwarp() override {
     device_for(0);
     return !devices.empty() && devices.front()->iwarp;

@@ -162,6 +162,12 @@ class Engine {
   // reports DISCONNECTED for a connection idle when its peer died. Asks again on each call (the
   // first only connects); never true for a peer that is not a softrdma context's own port.
   bool peer_gone(Qp* qp);
+  // Adds one to a counter of the device and of qp (may be null), from a thread that does not hold the
+  // engine lock (librdmacm's).
+  void count_locked(Qp* qp, uint64_t core::Counters::*field) {
+    std::lock_guard lock(lock_);
+    count(qp, field);
+  }
   // Wire protection of RC and UC QPs' packets (protect.h).
   WireProtection& protection() { return *protection_; }
   // iWARP: moves an RC QP in INIT to RTS over a connected TCP socket (the iWARP path, iwarp_qp.cpp).

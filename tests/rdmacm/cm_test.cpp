@@ -20,10 +20,13 @@
 #include <vector>
 
 #include "cm_helpers.h"
+#include "my_counter.h"  // tests/verbs
 
 namespace {
 
 using namespace softrdma::cm_test;
+using softrdma::verbs_test::my_counter;
+namespace core = softrdma::core;
 
 // What the server tells the client in its accept: where to RDMA READ from.
 struct Remote {
@@ -300,8 +303,11 @@ TEST(RdmaCm, SilentPeerIsUnreachableAfterTheTimeout) {
 }
 
 // A connected peer process that goes away: the survivor gets DISCONNECTED, whether the peer exits
-// (its exit handlers send a DREQ, as the kernel does for a dying process) or is killed outright.
+// (its exit handlers send a DREQ, as the kernel does for a dying process) or is killed outright, and
+// counts why (cm_dreq_rcvd, cm_peer_gone).
 void peer_goes_away(bool killed) {
+  const uint64_t dreqs = my_counter(&core::Counters::cm_dreq_rcvd);
+  const uint64_t gone = my_counter(&core::Counters::cm_peer_gone);
   Listener L;
   ASSERT_NE(L.port, 0);
   Peer P;
@@ -333,6 +339,14 @@ void peer_goes_away(bool killed) {
     ev = next_event(L.ch);
     ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED && ev->id == child) << name(ev);
     rdma_ack_cm_event(ev);
+    // A killed peer sends no DREQ. An exiting one does, but the survivor may find the process gone
+    // before it reads the DREQ: either way, one reason counted.
+    const uint64_t by_dreq = my_counter(&core::Counters::cm_dreq_rcvd) - dreqs;
+    const uint64_t by_gone = my_counter(&core::Counters::cm_peer_gone) - gone;
+    EXPECT_EQ(by_dreq + by_gone, 1u);
+    if (killed) {
+      EXPECT_EQ(by_gone, 1u);
+    }
   }
   EXPECT_EQ(rdma_destroy_id(child), 0);
 }

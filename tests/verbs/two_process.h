@@ -8,7 +8,7 @@
 
 #include <cstring>
 
-#include "core/stats.h"  // the stats page's counter layout (header only)
+#include "my_counter.h"
 
 namespace softrdma::verbs_test {
 
@@ -25,9 +25,6 @@ pid_t fork_target(int (*target_main)(int sock), int* sock);
 // and reaps it and returns false.
 bool reap_within(pid_t pid, int wait_s, int* st);
 
-// This process's device counters, from its stats pages (core/stats.h layout): `field` summed over
-// them; 0 without any (another provider, $VT_DEVICE).
-uint64_t my_counter(uint64_t core::Counters::*field);
 
 // A fixture whose target process is forked in SetUp and reached through `sock`. The target answers
 // the QP set-up below (serve_connect) and finishes on a byte 'x' with exit status 0; anything else
