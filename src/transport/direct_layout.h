@@ -50,7 +50,7 @@ static_assert(sizeof(DirectInboxEntry) == 64);
 // One per connected RC QP (target side), in the arena. One producer: the peer QP's requester (under
 // its engine lock); one consumer: this QP's engine. Larger payloads follow each other in a byte ring.
 struct DirectInbox {
-  static constexpr uint32_t kEntries = 256;
+  static constexpr uint32_t kEntries = 1024;
   static constexpr uint32_t kDataBytes = 256 * 1024;
   static constexpr uint32_t kMaxMessage = 64 * 1024;  // larger SENDs go by packets
   enum : uint32_t { kSend = 1, kSendImm = 2, kWriteImm = 3 };

@@ -32,7 +32,7 @@ struct Reply {
 };
 
 // Both sides must agree on the layout of what they share (direct_layout.h, the key table's slots).
-constexpr uint32_t kLayout = sizeof(core::MrRegion) << 16 | sizeof(DirectShared) % 0xFFFF;
+constexpr uint32_t kLayout = sizeof(core::MrRegion) << 16 | (sizeof(DirectShared) + sizeof(DirectInbox)) % 0xFFFF;
 
 // The server's abstract socket name for the context at (ip_be, port).
 void socket_name(sockaddr_un& sa, socklen_t& len, uint32_t ip_be, uint16_t port);

@@ -14,6 +14,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -78,6 +79,8 @@ int serve(int sock, Device& dev, ibv_comp_channel* ch, RecvQueue rq) {
   QpConfig qc;
   qc.recv_channel = ch;
   qc.srq_wr = rq == RecvQueue::Srq ? 1024 : 0;
+  qc.max_recv_wr = 1024;
+  qc.recv_cqe = 1024;
   Side s;
   if (!s.create(dev, qc)) return 12;
   auto r = s.buf(kRLen);
@@ -790,6 +793,48 @@ TEST_P(DirectSend, SendLargerThan64KiBArrivesIntact) {
   EXPECT_EQ(check_pattern(r.data(), kLen, 95), kLen);
   EXPECT_EQ(first_not_sentinel(r, kLen, kRLen), kRLen);
   expect_packets(before);  // PATH ASSERTION: past 64 KiB
+}
+
+// A burst of WRITE_WITH_IMMs as deep as the receive queues posted, into a target that does not run
+// (SIGSTOP): the immediates wait in its inbox for its engine, and none may go by packets for want of
+// room there (rsockets keeps 384 messages in flight to a receiver asleep in a blocking call; once one
+// went by packets, those after it followed, a hundred times slower).
+TEST_P(DirectSend, BurstAsDeepAsTheReceiveQueueStaysDirect) {
+  constexpr uint32_t kN = 600;
+  qcfg.max_send_wr = kN;
+  qcfg.send_cqe = kN;
+  ASSERT_NO_FATAL_FAILURE(connect());
+  ASSERT_NO_FATAL_FAILURE(post_recvs(kN + 1, 1000, 0, 0));  // no SGE: enough for a WRITE_WITH_IMM
+  // One message first, with the target running: the direct path asks the target for what it shares
+  // at the first operation, which a stopped target would not answer (the burst would go by packets).
+  SendWr first(kN, IBV_WR_RDMA_WRITE_WITH_IMM, {});
+  first.rdma(peer.w_addr, peer.w_rkey).imm(kN);
+  ASSERT_EQ(post_send(s.qp, first), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(s.scq, &wc));
+  expect_sent(wc, kN, IBV_WC_RDMA_WRITE);
+  auto got = wait_recvs(1);
+  ASSERT_EQ(got.size(), 1u);
+  expect_recv(got[0], 1000, IBV_WC_RECV_RDMA_WITH_IMM, 0, kN);
+  const PathProbe before = probe();
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  struct Resume {
+    pid_t p;
+    ~Resume() { kill(p, SIGCONT); }
+  } resume{pid};
+  for (uint32_t k = 0; k < kN; ++k) {
+    SendWr w(k, IBV_WR_RDMA_WRITE_WITH_IMM, {});
+    w.rdma(peer.w_addr, peer.w_rkey).imm(k);
+    ASSERT_EQ(post_send(s.qp, w), 0) << "WRITE_WITH_IMM " << k;
+  }
+  ASSERT_EQ(kill(pid, SIGCONT), 0);
+  auto sent = poll_wcs(s.scq, kN);
+  ASSERT_EQ(sent.size(), kN);
+  for (uint32_t k = 0; k < kN; ++k) expect_sent(sent[k], k, IBV_WC_RDMA_WRITE);
+  auto wcs = wait_recvs(kN);
+  ASSERT_EQ(wcs.size(), kN);
+  for (uint32_t k = 0; k < kN; ++k) expect_recv(wcs[k], 1001 + k, IBV_WC_RECV_RDMA_WITH_IMM, 0, k);
+  expect_direct(before, kN, true);  // PATH ASSERTION
 }
 
 INSTANTIATE_TEST_SUITE_P(RecvQueues, DirectSend, ::testing::Values(RecvQueue::Rq, RecvQueue::Srq),
