@@ -41,8 +41,8 @@ namespace softrdma::core {
   X(direct_unavailable) /* direct-path set-ups that failed: this context's endpoint, or a connection to a peer's (packets instead) */ \
   X(roce_port_shared) /* this context took the host's UDP 4791 socket from another process's offer (net/port_share.h) */ \
   X(roce_stand_in) /* this context began reading 4791 for a holder that did not (stopped, starved or gone) */ \
-  X(cm_dreq_rcvd) /* rdma_cm connections the peer ended with a DREQ (DISCONNECTED) */ \
-  X(cm_peer_gone) /* rdma_cm connections ended with no DREQ: the peer's process was found gone (rdmacm.md) */
+  X(cm_dreq_rcvd) /* rdma_cm connections the peer ended with a DREQ (DISCONNECTED; the device's count only) */ \
+  X(cm_peer_gone) /* rdma_cm connections ended with no DREQ: the peer's process was found gone (device only) */
 
 // iWARP (transport/iwarp_*.cpp): FPDUs each way, and every refused input by the reason its
 // Terminate names (RFC 5040 §4.8, RFC 5041 §7, RFC 5044 §8).

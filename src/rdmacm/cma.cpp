@@ -140,8 +140,7 @@ struct Abi final : cm::Consumer {
   }
   void peer_ended(cm::Connection& c, bool gone) override {
     if (Device* d = device_for(c.local_ip_be))
-      softrdma_count_cm_disconnect(d->ctx, static_cast<const Id*>(c.owner)->pub.qp,
-                                   gone ? SOFTRDMA_CM_PEER_GONE : SOFTRDMA_CM_DREQ_RCVD);
+      softrdma_count_cm_disconnect(d->ctx, gone ? SOFTRDMA_CM_PEER_GONE : SOFTRDMA_CM_DREQ_RCVD);
   }
   bool default_iwarp() override {
     device_for(0);

@@ -163,7 +163,7 @@ class Engine {
   // first only connects); never true for a peer that is not a softrdma context's own port.
   bool peer_gone(Qp* qp);
   // Adds one to a counter of the device and of qp (may be null), from a thread that does not hold the
-  // engine lock (librdmacm's).
+  // engine lock (librdmacm's; qp must be alive).
   void count_locked(Qp* qp, uint64_t core::Counters::*field) {
     std::lock_guard lock(lock_);
     count(qp, field);

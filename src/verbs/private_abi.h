@@ -77,10 +77,10 @@ void softrdma_count_wire_reject(struct ibv_context *ctx);
 int softrdma_qp_peer_gone(struct ibv_qp *qp);
 
 /* Why librdmacm reported DISCONNECTED on a connected id without the application asking: the peer sent
- * a DREQ, or its process was found gone without one (docs/rdmacm.md). Counted on the device (qp may be
- * NULL) and the QP: cm_dreq_rcvd, cm_peer_gone. */
+ * a DREQ, or its process was found gone without one (docs/rdmacm.md). Counted on the device:
+ * cm_dreq_rcvd, cm_peer_gone. (Not on the QP: the application may have destroyed it already.) */
 enum softrdma_cm_disconnect { SOFTRDMA_CM_DREQ_RCVD = 0, SOFTRDMA_CM_PEER_GONE = 1 };
-void softrdma_count_cm_disconnect(struct ibv_context *ctx, struct ibv_qp *qp, int why);
+void softrdma_count_cm_disconnect(struct ibv_context *ctx, int why);
 
 /* softrdma_open_device's options. */
 enum softrdma_open_flags {

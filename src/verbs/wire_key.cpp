@@ -28,10 +28,8 @@ SOFTRDMA_EXPORT void softrdma_count_wire_reject(ibv_context* ctx) {
   if (ctx) engine_of(ctx).protection().count_wire_reject();
 }
 
-SOFTRDMA_EXPORT void softrdma_count_cm_disconnect(ibv_context* ctx, ibv_qp* qp, int why) {
-  if (qp) ctx = qp->context;  // an application may have made the QP on a context of its own
-  if (!ctx) return;
-  transport::Qp* tqp = qp && !to_qp(qp)->opened_of ? to_qp(qp)->tqp : nullptr;
-  engine_of(ctx).count_locked(tqp, why == SOFTRDMA_CM_PEER_GONE ? &core::Counters::cm_peer_gone
-                                                               : &core::Counters::cm_dreq_rcvd);
+SOFTRDMA_EXPORT void softrdma_count_cm_disconnect(ibv_context* ctx, int why) {
+  if (ctx)
+    engine_of(ctx).count_locked(nullptr, why == SOFTRDMA_CM_PEER_GONE ? &core::Counters::cm_peer_gone
+                                                                      : &core::Counters::cm_dreq_rcvd);
 }
