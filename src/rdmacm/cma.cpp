@@ -132,8 +132,9 @@ struct Abi final : cm::Consumer {
   }
   int attach_iwarp(cm::Connection& c, const cm::IwarpConn& ic) override;
   bool peer_gone(const cm::Connection& c) override {
-    ibv_qp* qp = static_cast<const Id*>(c.owner)->pub.qp;
-    return qp && softrdma_qp_peer_gone(qp) == 1;
+    // By number in the id's device: a QP the application destroyed (or made elsewhere) is not found.
+    const Id* id = static_cast<const Id*>(c.owner);
+    return id->conn_qpn && id->pub.verbs && softrdma_qpn_peer_gone(id->pub.verbs, id->conn_qpn) == 1;
   }
   void wire_rejected(cm::Connection& c) override {
     if (Device* d = device_for(c.local_ip_be)) softrdma_count_wire_reject(d->ctx);
@@ -777,6 +778,7 @@ SOFTRDMA_EXPORT int rdma_connect(rdma_cm_id* pid, rdma_conn_param* param) {
     cp.flow_control = p.flow_control;
     cp.srq = p.srq || (id->pub.qp && id->pub.qp->srq);
     cp.qpn = id->pub.qp ? id->pub.qp->qp_num : p.qp_num;
+    id->conn_qpn = id->pub.qp ? cp.qpn : 0;
     cp.uc = id->pub.qp && id->pub.qp->qp_type == IBV_QPT_UC;
     static_assert(RDMA_MAX_RESP_RES == cm::kMaxRdAtomic && RDMA_MAX_INIT_DEPTH == cm::kMaxRdAtomic);
     if (int e = M().connect(id->conn, ntohs(sin_of(&id->pub.route.addr.dst_addr)->sin_port), cp)) return fail(e);
@@ -837,6 +839,7 @@ SOFTRDMA_EXPORT int rdma_accept(rdma_cm_id* pid, rdma_conn_param* param) {
     ap.responder_resources = p.responder_resources;
     ap.initiator_depth = p.initiator_depth;
     ap.qpn = id->pub.qp ? id->pub.qp->qp_num : p.qp_num;
+    id->conn_qpn = id->pub.qp ? ap.qpn : 0;
     ap.flow_control = p.flow_control;
     ap.srq = p.srq || (id->pub.qp && id->pub.qp->srq);
     ap.rnr_retry_count = p.rnr_retry_count;

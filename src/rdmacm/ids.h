@@ -50,6 +50,9 @@ struct Id {
   ibv_pd* ep_pd = nullptr;
   bool own_cqs = false;
   std::vector<uint32_t> mcast_groups;  // IPv4 groups joined (network order)
+  // The QP number rdma_connect or rdma_accept gave the peer: the CM thread asks about the connection's
+  // QP by number, never through pub.qp, which the application may destroy at any time.
+  uint32_t conn_qpn = 0;
 
   Device* dev() const { return static_cast<Device*>(const_cast<cm::Device*>(conn.dev)); }
 };

@@ -800,8 +800,11 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
   return 0;
 }
 
-bool Engine::peer_gone(Qp* qp) {
+bool Engine::peer_gone(uint32_t qpn) {
   std::lock_guard lock(lock_);
+  auto it = qps_.find(qpn);
+  if (it == qps_.end()) return false;
+  Qp* qp = it->second;
   const QpState st = qp->state.load(std::memory_order_relaxed);
   if (qp->cfg.type != QpType::Rc || (st != QpState::Rts && st != QpState::Sqd)) return false;
   // Only Dead is used: the age bound and the query window matter for Paused alone.

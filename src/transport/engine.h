@@ -161,7 +161,7 @@ class Engine {
   // Whether the kernel of the QP's peer says the peer's process is gone (net/liveness.h): rdma_cm
   // reports DISCONNECTED for a connection idle when its peer died. Asks again on each call (the
   // first only connects); never true for a peer that is not a softrdma context's own port.
-  bool peer_gone(Qp* qp);
+  bool peer_gone(uint32_t qpn);
   // Adds one to a counter of the device and of qp (may be null), from a thread that does not hold the
   // engine lock (librdmacm's; qp must be alive).
   void count_locked(Qp* qp, uint64_t core::Counters::*field) {

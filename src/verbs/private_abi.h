@@ -71,10 +71,11 @@ int softrdma_qp_set_wire_key(struct ibv_qp *qp, uint32_t mode, const void *secre
  * counted in the device's auth_cm_reject. */
 void softrdma_count_wire_reject(struct ibv_context *ctx);
 
-/* 1 when the kernel of a connected RC QP's peer says the peer's process is gone (its context's
- * liveness listener refused or closed: docs/reliability.md), else 0 (alive, stopped, unknown, or not
- * a softrdma peer). librdmacm asks it for connections to other hosts to report DISCONNECTED. */
-int softrdma_qp_peer_gone(struct ibv_qp *qp);
+/* 1 when the kernel of the peer of ctx's connected RC QP number qpn says the peer's process is gone
+ * (its context's liveness listener refused or closed: docs/reliability.md), else 0 (alive, stopped,
+ * unknown, no such QP in ctx, or not a softrdma peer). librdmacm asks it from its CM thread for
+ * connections to other hosts, by number: the application may destroy the QP at any time. */
+int softrdma_qpn_peer_gone(struct ibv_context *ctx, uint32_t qpn);
 
 /* Why librdmacm reported DISCONNECTED on a connected id without the application asking: the peer sent
  * a DREQ, or its process was found gone without one (docs/rdmacm.md). Counted on the device:

@@ -19,9 +19,9 @@ SOFTRDMA_EXPORT int softrdma_qp_set_wire_key(ibv_qp* qp, uint32_t mode, const vo
       .set_wire_key(q->tqp, static_cast<wire::Protection>(mode), static_cast<const uint8_t*>(secret), len);
 }
 
-SOFTRDMA_EXPORT int softrdma_qp_peer_gone(ibv_qp* qp) {
-  if (!qp || is_iwarp(qp->context) || to_qp(qp)->opened_of) return 0;  // iWARP: its TCP connection tells
-  return engine_of(qp->context).peer_gone(to_qp(qp)->tqp) ? 1 : 0;
+SOFTRDMA_EXPORT int softrdma_qpn_peer_gone(ibv_context* ctx, uint32_t qpn) {
+  if (!ctx || is_iwarp(ctx)) return 0;  // iWARP: its TCP connection tells
+  return engine_of(ctx).peer_gone(qpn) ? 1 : 0;
 }
 
 SOFTRDMA_EXPORT void softrdma_count_wire_reject(ibv_context* ctx) {
