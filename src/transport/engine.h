@@ -162,11 +162,10 @@ class Engine {
   // reports DISCONNECTED for a connection idle when its peer died. Asks again on each call (the
   // first only connects); never true for a peer that is not a softrdma context's own port.
   bool peer_gone(uint32_t qpn);
-  // Adds one to a counter of the device and of qp (may be null), from a thread that does not hold the
-  // engine lock (librdmacm's; qp must be alive).
-  void count_locked(Qp* qp, uint64_t core::Counters::*field) {
+  // Adds one to a device counter, from a thread that does not hold the engine lock (librdmacm's).
+  void count_device(uint64_t core::Counters::*field) {
     std::lock_guard lock(lock_);
-    count(qp, field);
+    count(nullptr, field);
   }
   // Wire protection of RC and UC QPs' packets (protect.h).
   WireProtection& protection() { return *protection_; }

@@ -30,6 +30,6 @@ SOFTRDMA_EXPORT void softrdma_count_wire_reject(ibv_context* ctx) {
 
 SOFTRDMA_EXPORT void softrdma_count_cm_disconnect(ibv_context* ctx, int why) {
   if (ctx)
-    engine_of(ctx).count_locked(nullptr, why == SOFTRDMA_CM_PEER_GONE ? &core::Counters::cm_peer_gone
-                                                                      : &core::Counters::cm_dreq_rcvd);
+    engine_of(ctx).count_device(why == SOFTRDMA_CM_PEER_GONE ? &core::Counters::cm_peer_gone
+                                                             : &core::Counters::cm_dreq_rcvd);
 }
