@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -386,12 +387,17 @@ int cmd_devices(bool verbose, const std::string& only_dev) {
   return ok ? 0 : 1;
 }
 
-// For scripts: the names of the devices whose GID table holds the RoCEv2 GID of an IPv4 address, and
-// the iWARP devices bound to it.
+// For scripts: the names of the devices whose GID table holds the RoCEv2 GID of an address (IPv4:
+// ::ffff:a.b.c.d; IPv6: the address), and the iWARP devices bound to an IPv4 one.
 int cmd_devices_for_ip(const std::string& ip) {
   in_addr want{};
-  if (inet_pton(AF_INET, ip.c_str(), &want) != 1) {
-    fmt::print(stderr, "softrdma: not an IPv4 address: {}\n", ip);
+  ibv_gid want_gid{};
+  if (inet_pton(AF_INET, ip.c_str(), &want) == 1) {
+    want_gid.raw[10] = want_gid.raw[11] = 0xFF;
+    std::memcpy(want_gid.raw + 12, &want, 4);
+  } else if (inet_pton(AF_INET6, ip.c_str(), want_gid.raw) != 1 ||
+             std::all_of(want_gid.raw, want_gid.raw + 16, [](uint8_t b) { return b == 0; })) {
+    fmt::print(stderr, "softrdma: not an IP address of an interface: {}\n", ip);
     return 2;
   }
   DeviceList dl;
@@ -410,14 +416,14 @@ int cmd_devices_for_ip(const std::string& ip) {
     if (dl.list[i]->transport_type == IBV_TRANSPORT_IWARP) {
       using Ipv4Fn = uint32_t (*)(ibv_device*);
       auto fn = reinterpret_cast<Ipv4Fn>(dlsym(RTLD_DEFAULT, "softrdma_device_ipv4"));
-      hit = fn && fn(dl.list[i]) == want.s_addr;
+      hit = fn && want.s_addr && fn(dl.list[i]) == want.s_addr;
     }
     for (int port = 1; port <= a.phys_port_cnt && !hit && dl.list[i]->transport_type != IBV_TRANSPORT_IWARP;
          ++port) {
       ibv_port_attr pa{};
       if (ibv_query_port(c.ctx, static_cast<uint8_t>(port), &pa) != 0) continue;
       for (const GidRow& g : gid_table(c.ctx, static_cast<uint8_t>(port), pa)) {
-        if (std::memcmp(g.gid.raw + 12, &want, 4) == 0 && gid_ipv4(g.gid)) {
+        if (std::memcmp(g.gid.raw, want_gid.raw, sizeof want_gid.raw) == 0) {
           hit = true;
           break;
         }
@@ -659,7 +665,7 @@ int main(int argc, char** argv) {
   bool devices_iwarp = false;
   devices->add_flag("--iwarp", devices_iwarp, "List the iWARP devices (SOFTRDMA_TRANSPORT=iwarp; also =both)");
   devices->add_option("--ip", for_ip,
-                      "Print only the names of the devices bound to this IPv4 address (for scripts)");
+                      "Print only the names of the devices bound to this IPv4 or IPv6 address (for scripts)");
 
   auto* run = app.add_subcommand("run", "Run PROGRAM ARGS... with softrdma's libraries loaded");
   bool print_env = false, no_view = false, run_iwarp = false;

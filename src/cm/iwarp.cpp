@@ -407,7 +407,7 @@ void Manager::iw_on_accepted(IwAccept& a, short /*revents*/) {
   c->local_port = c->service_port = L->service_port;
   c->peer_ip_be = rem.sin_addr.s_addr;
   c->peer_port = ntohs(rem.sin_port);
-  c->peer_local = net::is_local_ip(c->peer_ip_be);
+  c->peer_local = net::is_local_ip(wire::IpAddress::v4(c->peer_ip_be));
   c->st = St::ReqRcvd;
   w.step = IwStep::ReqRcvd;
   const uint16_t max_ird = c->dev ? c->dev->max_ird : 16, max_ord = c->dev ? c->dev->max_ord : 16;

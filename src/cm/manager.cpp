@@ -73,7 +73,7 @@ bool owner_alive(uint32_t comm_id) {
 
 }  // namespace
 
-bool is_local(uint32_t ip_be) { return net::is_local_ip(ip_be); }
+bool is_local(uint32_t ip_be) { return net::is_local_ip(wire::IpAddress::v4(ip_be)); }
 
 int route_source(uint32_t dst_ip_be, uint16_t dst_port_be, uint32_t& src_ip_be) {
   int fd = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -132,7 +132,7 @@ void Manager::post(Connection& c, Event e) {
 
 uint32_t Manager::alloc_comm_id(Connection& c) {
   // The registry number maps the comm ID to this process's CM socket for the 4791 holder (gsi.cpp).
-  uint32_t n = net::Registry::instance().allocate_qpn(htonl(INADDR_LOOPBACK), sock_port_);
+  uint32_t n = net::Registry::instance().allocate_qpn(wire::IpAddress::v4(htonl(INADDR_LOOPBACK)), sock_port_);
   if (!n) return 0;
   c.local_comm_id = (random_u32() & 0xFF000000u) | n;
   by_comm_[c.local_comm_id] = &c;
@@ -148,7 +148,7 @@ void Manager::release_comm_id(Connection& c) {
 
 void Manager::send_to(uint32_t dst_ip, uint16_t dst_port, uint32_t src_ip, const uint8_t* mad) {
   uint8_t pkt[wire::kGsiPacketLen];
-  size_t n = wire::build_gsi_packet(src_ip, dst_ip, sock_port_, dst_port, random_u32(), mad, pkt);
+  size_t n = wire::build_gsi_packet(wire::IpAddress::v4(src_ip), wire::IpAddress::v4(dst_ip), sock_port_, dst_port, random_u32(), mad, pkt);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = dst_ip;
@@ -323,7 +323,7 @@ int Manager::resolve_addr(Connection& c, uint32_t src_ip, uint16_t src_port_be, 
     if (int e = bind_port(c, src_ip, src_port_be)) return -e;
   c.dev = d;
   c.peer_ip_be = dst_ip;
-  c.peer_local = net::is_local_ip(dst_ip);
+  c.peer_local = net::is_local_ip(wire::IpAddress::v4(dst_ip));
   c.local_ip_be = src_ip;
   c.st = St::AddrResolved;
   return 0;
@@ -341,8 +341,8 @@ int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
   if (c.iwarp) return iw_connect(c, dst_port, p);
   wire::CmaIpHeader cma;
   cma.src_port = c.local_port;
-  cma.src_ip_be = c.local_ip_be;
-  cma.dst_ip_be = c.peer_ip_be;
+  cma.src_ip = wire::IpAddress::v4(c.local_ip_be);
+  cma.dst_ip = wire::IpAddress::v4(c.peer_ip_be);
   wire::MadHeader h;
   uint8_t mad[wire::kMadLen];
   if (c.ud) {
@@ -575,8 +575,8 @@ void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Connection* L
   wire::decode_req(mad, req);
   wire::CmaIpHeader cma;
   bool have_cma = wire::decode_cma_header(req.private_data, cma);
-  uint32_t peer_ip = have_cma ? cma.src_ip_be : gid_ip(req.primary.local_gid);
-  uint32_t local_ip = have_cma ? cma.dst_ip_be : gid_ip(req.primary.remote_gid);
+  uint32_t peer_ip = have_cma ? cma.src_ip.v4_be() : gid_ip(req.primary.local_gid);
+  uint32_t local_ip = have_cma ? cma.dst_ip.v4_be() : gid_ip(req.primary.remote_gid);
   if (!L || !consumer_) return;
   // A resent REQ: answer again with what we answered (REP), or keep waiting for the application.
   for (Connection* c : conns_) {
@@ -597,7 +597,7 @@ void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Connection* L
   c->local_port = c->service_port = L->service_port;
   c->peer_ip_be = peer_ip;
   c->peer_port = have_cma ? cma.src_port : 0;
-  c->peer_local = net::is_local_ip(peer_ip);
+  c->peer_local = net::is_local_ip(wire::IpAddress::v4(peer_ip));
   c->tid = h.tid;
   c->remote_comm_id = req.local_comm_id;
   c->remote_qpn = req.local_qpn;
@@ -668,7 +668,7 @@ void Manager::on_sidr_req(const wire::MadHeader& h, const uint8_t* mad, Connecti
   wire::CmaIpHeader cma;
   if (!L || !consumer_ || !wire::decode_cma_header(req.private_data, cma)) return;
   for (Connection* c : conns_) {
-    if (c->listener == L && c->remote_comm_id == req.request_id && c->peer_ip_be == cma.src_ip_be) {
+    if (c->listener == L && c->remote_comm_id == req.request_id && c->peer_ip_be == cma.src_ip.v4_be()) {
       if (c->st == St::Connected || c->st == St::Rejected) send_mad(*c, c->last_mad, false);
       return;
     }
@@ -678,13 +678,13 @@ void Manager::on_sidr_req(const wire::MadHeader& h, const uint8_t* mad, Connecti
   c->ud = true;
   c->port_space = L->port_space;
   c->listener = L;
-  c->dev = consumer_->device_for_ip(cma.dst_ip_be);
+  c->dev = consumer_->device_for_ip(cma.dst_ip.v4_be());
   if (!c->dev && L->dev) c->dev = L->dev;
-  c->local_ip_be = cma.dst_ip_be;
+  c->local_ip_be = cma.dst_ip.v4_be();
   c->local_port = L->service_port;
-  c->peer_ip_be = cma.src_ip_be;
+  c->peer_ip_be = cma.src_ip.v4_be();
   c->peer_port = cma.src_port;
-  c->peer_local = net::is_local_ip(cma.src_ip_be);
+  c->peer_local = net::is_local_ip(cma.src_ip);
   c->tid = h.tid;
   c->remote_comm_id = req.request_id;
   c->service_port = L->service_port;

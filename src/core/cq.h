@@ -30,14 +30,16 @@ enum WcFlags : uint32_t {
   kWcTmSyncReq = 16, kWcTmMatch = 32, kWcTmDataValid = 64,
 };
 // What a UD receive over RoCE reports as its SL: the L3 header type of the packet, as ConnectX NICs do
-// (bits 2:0; UCX reads it to find the destination address in the GRH area). RoCE v2 over IPv4: 2.
+// (bits 2:0; UCX reads it to find the destination address in the GRH area). RoCE v2 over IPv4: 2,
+// over IPv6: 1.
 constexpr uint8_t kRoceSlIpv4 = 2;
+constexpr uint8_t kRoceSlIpv6 = 1;
 
 struct Cqe {
   uint64_t wr_id;
   WcStatus status;
   WcOpcode opcode;
-  uint8_t sl;  // receive CQEs of UD QPs: kRoceSlIpv4; 0 otherwise
+  uint8_t sl;  // receive CQEs of UD QPs: kRoceSlIpv4 or kRoceSlIpv6; 0 otherwise
   uint32_t wc_flags;
   uint32_t vendor_err;
   uint32_t byte_len;

@@ -71,12 +71,12 @@ uint16_t ip_checksum(const uint8_t* h, size_t n) {
   return static_cast<uint16_t>(~sum);
 }
 
-// A locally administered MAC derived from the IPv4 address: 02:00:a:b:c:d (softrdma's packets have
-// no Ethernet header of their own; the kernel's UDP socket adds the real one).
-void mac_of(uint8_t* mac, uint32_t ip_be) {
+// A locally administered MAC derived from the address's last 4 bytes (the IPv4 address: 02:00:a:b:c:d):
+// softrdma's packets have no Ethernet header of their own; the kernel's UDP socket adds the real one.
+void mac_of(uint8_t* mac, const wire::IpAddress& ip) {
   mac[0] = 0x02;
   mac[1] = 0x00;
-  std::memcpy(mac + 2, &ip_be, 4);
+  std::memcpy(mac + 2, ip.bytes.data() + 12, 4);
 }
 
 }  // namespace
@@ -135,7 +135,8 @@ void Capture::packet(const uint8_t* udp_payload, uint32_t len, const Endpoints& 
   // A sealed packet (wire/protect.h) would show as garbage: the transport frames it unsealed.
   if (wire::protected_form(udp_payload, len)) return;
   thread_local std::vector<uint8_t> b;
-  const uint32_t frame_len = 14 + 20 + 8 + len;
+  const bool v6 = !ends.src_ip.is_v4();
+  const uint32_t frame_len = 14 + (v6 ? 40 : 20) + 8 + len;
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   const uint64_t us = static_cast<uint64_t>(ts.tv_sec) * 1000000 + static_cast<uint64_t>(ts.tv_nsec) / 1000;
@@ -147,19 +148,26 @@ void Capture::packet(const uint8_t* udp_payload, uint32_t len, const Endpoints& 
   put(b, frame_len);
 
   uint8_t eth[14];
-  mac_of(eth, ends.dst_ip_be);
-  mac_of(eth + 6, ends.src_ip_be);
-  eth[12] = 0x08;
-  eth[13] = 0x00;
+  mac_of(eth, ends.dst_ip);
+  mac_of(eth + 6, ends.src_ip);
+  eth[12] = v6 ? 0x86 : 0x08;
+  eth[13] = v6 ? 0xDD : 0x00;
   put(b, eth, sizeof eth);
-  uint8_t ip[20] = {0x45, 0, static_cast<uint8_t>((20 + 8 + len) >> 8), static_cast<uint8_t>(20 + 8 + len),
-                    static_cast<uint8_t>(ends.ip_id >> 8), static_cast<uint8_t>(ends.ip_id), 0x40, 0, 64, 17};
-  std::memcpy(ip + 12, &ends.src_ip_be, 4);
-  std::memcpy(ip + 16, &ends.dst_ip_be, 4);
-  const uint16_t sum = ip_checksum(ip, sizeof ip);
-  ip[10] = static_cast<uint8_t>(sum >> 8);
-  ip[11] = static_cast<uint8_t>(sum);
-  put(b, ip, sizeof ip);
+  if (v6) {
+    uint8_t ip[40] = {0x60, 0, 0, 0, static_cast<uint8_t>((8 + len) >> 8), static_cast<uint8_t>(8 + len), 17, 64};
+    std::memcpy(ip + 8, ends.src_ip.bytes.data(), 16);
+    std::memcpy(ip + 24, ends.dst_ip.bytes.data(), 16);
+    put(b, ip, sizeof ip);
+  } else {
+    uint8_t ip[20] = {0x45, 0, static_cast<uint8_t>((20 + 8 + len) >> 8), static_cast<uint8_t>(20 + 8 + len),
+                      static_cast<uint8_t>(ends.ip_id >> 8), static_cast<uint8_t>(ends.ip_id), 0x40, 0, 64, 17};
+    std::memcpy(ip + 12, ends.src_ip.bytes.data() + 12, 4);
+    std::memcpy(ip + 16, ends.dst_ip.bytes.data() + 12, 4);
+    const uint16_t sum = ip_checksum(ip, sizeof ip);
+    ip[10] = static_cast<uint8_t>(sum >> 8);
+    ip[11] = static_cast<uint8_t>(sum);
+    put(b, ip, sizeof ip);
+  }
   // UDP checksum 0 (none), as softrdma's own sockets leave it to offload; RoCE relies on the ICRC.
   const uint8_t udp[8] = {static_cast<uint8_t>(ends.src_port >> 8), static_cast<uint8_t>(ends.src_port),
                           static_cast<uint8_t>(ends.dst_port >> 8), static_cast<uint8_t>(ends.dst_port),
@@ -175,7 +183,7 @@ void Capture::packet(const uint8_t* udp_payload, uint32_t len, const Endpoints& 
   if (ends.dst_port != wire::kRoceUdpPort && ends.src_port != wire::kRoceUdpPort && len >= wire::kBthLen + 4) {
     b[at - 6] = static_cast<uint8_t>(wire::kRoceUdpPort >> 8);
     b[at - 5] = static_cast<uint8_t>(wire::kRoceUdpPort & 0xff);
-    wire::append_icrc({ends.src_ip_be, ends.dst_ip_be, ends.src_port, wire::kRoceUdpPort, ends.ip_id}, b.data() + at,
+    wire::append_icrc({ends.src_ip, ends.dst_ip, ends.src_port, wire::kRoceUdpPort, ends.ip_id}, b.data() + at,
                       len - 4);
     note = "softrdma: to UDP port " + std::to_string(ends.dst_port) +
            " (a softrdma context's own), shown as 4791 with the ICRC recomputed for it";

@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "wire/ip_address.h"
+
 namespace softrdma::net {
 
 class Capture {
@@ -29,7 +31,7 @@ class Capture {
   // ports and IPv4 identification it had on the wire (the ICRC covers them). comment: a pcapng
   // comment on the frame, or nullptr.
   struct Endpoints {
-    uint32_t src_ip_be, dst_ip_be;
+    wire::IpAddress src_ip, dst_ip;
     uint16_t src_port, dst_port;  // host order
     uint16_t ip_id = 0;
   };

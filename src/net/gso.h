@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "wire/ip_address.h"
+
 namespace softrdma::net {
 
 inline constexpr uint32_t kGsoMaxSegments = 64;    // UDP_MAX_SEGMENTS
@@ -14,7 +16,7 @@ inline constexpr uint32_t kGsoMaxBytes = 65507;    // the largest UDP payload ov
 
 // The run of datagrams a port is gathering into one send.
 struct GsoRun {
-  uint32_t dst_ip_be = 0;
+  wire::IpAddress dst_ip;
   uint16_t dst_port = 0;
   uint32_t seg_size = 0;   // length of the first datagram; every one but the last has it
   uint32_t segments = 0;   // 0: no run is open
@@ -23,12 +25,12 @@ struct GsoRun {
 
   // Whether a datagram of len bytes to (ip, port) may join the run as its next segment. An empty one
   // may not: as a last segment of no bytes it would not be there on receive.
-  bool accepts(uint32_t ip_be, uint16_t port, uint32_t len) const {
-    return segments && !closed && len && ip_be == dst_ip_be && port == dst_port && len <= seg_size &&
+  bool accepts(const wire::IpAddress& ip, uint16_t port, uint32_t len) const {
+    return segments && !closed && len && ip == dst_ip && port == dst_port && len <= seg_size &&
            segments < kGsoMaxSegments && bytes + len <= kGsoMaxBytes;
   }
-  void open(uint32_t ip_be, uint16_t port, uint32_t len) {
-    *this = GsoRun{ip_be, port, len, 1, len, false};
+  void open(const wire::IpAddress& ip, uint16_t port, uint32_t len) {
+    *this = GsoRun{ip, port, len, 1, len, false};
   }
   void add(uint32_t len) {
     ++segments;

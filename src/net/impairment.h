@@ -30,6 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include "wire/ip_address.h"
+
 namespace softrdma::net {
 
 struct ImpairmentRates {
@@ -89,9 +91,9 @@ class ImpairmentRng {
 class DirectionImpairment {
  public:
   struct Meta {
-    uint32_t ip_be = 0;
+    wire::IpAddress ip;
     uint16_t port = 0;
-    uint32_t local_ip_be = 0;
+    wire::IpAddress local_ip;
     bool coalesce = false;  // transmit: the datagram may join a segmented send (packet_port.h)
     uint32_t segment = 0;   // receive: its index in the buffer it arrived in (Datagram::segment)
   };

@@ -18,7 +18,21 @@ namespace {
 
 uint32_t loopback_ip_be() { return htonl(INADDR_LOOPBACK); }
 
-bool in_127_8(uint32_t ip_be) { return (ntohl(ip_be) >> 24) == 127; }
+uint8_t prefix_of(const sockaddr* mask) {
+  if (!mask) return 0;
+  const uint8_t* b = nullptr;
+  size_t n = 0;
+  if (mask->sa_family == AF_INET) {
+    b = reinterpret_cast<const uint8_t*>(&reinterpret_cast<const sockaddr_in*>(mask)->sin_addr);
+    n = 4;
+  } else if (mask->sa_family == AF_INET6) {
+    b = reinterpret_cast<const sockaddr_in6*>(mask)->sin6_addr.s6_addr;
+    n = 16;
+  }
+  uint8_t bits = 0;
+  for (size_t i = 0; i < n; ++i) bits = static_cast<uint8_t>(bits + __builtin_popcount(b[i]));
+  return bits;
+}
 
 // Owns the getifaddrs list so every exit path frees it.
 struct IfAddrs {
@@ -53,14 +67,18 @@ std::vector<Interface> list_interfaces() {
   IfAddrs addrs;
   int sock = os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   for (ifaddrs* ifa = addrs.head; ifa; ifa = ifa->ifa_next) {
-    if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET) continue;
+    if (!ifa->ifa_addr || (ifa->ifa_addr->sa_family != AF_INET && ifa->ifa_addr->sa_family != AF_INET6)) continue;
     if (!(ifa->ifa_flags & IFF_UP)) continue;
     Interface itf{};
     itf.ifname = ifa->ifa_name;
-    itf.ip_be = reinterpret_cast<const sockaddr_in*>(ifa->ifa_addr)->sin_addr.s_addr;
-    itf.netmask_be = ifa->ifa_netmask && ifa->ifa_netmask->sa_family == AF_INET
-                         ? reinterpret_cast<const sockaddr_in*>(ifa->ifa_netmask)->sin_addr.s_addr
-                         : 0xffffffffu;
+    (void)wire::from_sockaddr(ifa->ifa_addr, &itf.ip);
+    // Link-local IPv6 addresses need a scope everywhere they are used, and ::1 is softrdma_lo's.
+    if (!itf.ip.is_v4() && (itf.ip.is_link_local() || itf.ip.is_loopback())) continue;
+    if (itf.ip.is_v4())
+      itf.netmask_be = ifa->ifa_netmask && ifa->ifa_netmask->sa_family == AF_INET
+                           ? reinterpret_cast<const sockaddr_in*>(ifa->ifa_netmask)->sin_addr.s_addr
+                           : 0xffffffffu;
+    itf.prefix_len = ifa->ifa_netmask ? prefix_of(ifa->ifa_netmask) : (itf.ip.is_v4() ? 32 : 128);
     itf.ifindex = static_cast<int>(if_nametoindex(ifa->ifa_name));
     itf.mtu = 1500;
     itf.loopback = (ifa->ifa_flags & IFF_LOOPBACK) != 0;
@@ -72,11 +90,13 @@ std::vector<Interface> list_interfaces() {
 
   // Order: non-loopback by (ifindex, address), then loopback, with 127.0.0.1 the very last.
   const uint32_t lo_ip = loopback_ip_be();
-  auto rank = [lo_ip](const Interface& i) { return !i.loopback ? 0 : (i.ip_be != lo_ip ? 1 : 2); };
+  const wire::IpAddress lo_addr = wire::IpAddress::v4(lo_ip);
+  auto rank = [lo_addr](const Interface& i) { return !i.loopback ? 0 : (i.ip != lo_addr ? 1 : 2); };
   std::stable_sort(out.begin(), out.end(), [&](const Interface& a, const Interface& b) {
     if (rank(a) != rank(b)) return rank(a) < rank(b);
     if (a.ifindex != b.ifindex) return a.ifindex < b.ifindex;
-    return ntohl(a.ip_be) < ntohl(b.ip_be);
+    if (a.ip.is_v4() != b.ip.is_v4()) return a.ip.is_v4();
+    return a.ip < b.ip;  // byte order: numeric for both families
   });
   // Only one 127.0.0.1 device, even if several loopback links carry that address.
   auto first_lo = std::find_if(out.begin(), out.end(), [&](const Interface& i) { return rank(i) == 2; });
@@ -88,8 +108,9 @@ std::vector<Interface> list_interfaces() {
   } else {
     Interface lo{};
     lo.ifname = "lo";
-    lo.ip_be = lo_ip;
+    lo.ip = lo_addr;
     lo.netmask_be = htonl(0xff000000u);
+    lo.prefix_len = 8;
     unsigned idx = if_nametoindex("lo");
     lo.ifindex = idx ? static_cast<int>(idx) : 1;
     lo.mtu = 65536;
@@ -100,14 +121,25 @@ std::vector<Interface> list_interfaces() {
   return out;
 }
 
-bool is_local_ip(uint32_t ip_be) {
-  if (in_127_8(ip_be)) return true;
+bool is_local_ip(const wire::IpAddress& ip) {
+  if (ip.is_loopback()) return true;
   IfAddrs addrs;
   for (ifaddrs* ifa = addrs.head; ifa; ifa = ifa->ifa_next) {
-    if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET) continue;
-    if (reinterpret_cast<const sockaddr_in*>(ifa->ifa_addr)->sin_addr.s_addr == ip_be) return true;
+    wire::IpAddress a;
+    if (wire::from_sockaddr(ifa->ifa_addr, &a) && a == ip) return true;
   }
   return false;
+}
+
+uint32_t scope_of(const wire::IpAddress& ip) {
+  if (!ip.is_link_local()) return 0;
+  IfAddrs addrs;
+  for (ifaddrs* ifa = addrs.head; ifa; ifa = ifa->ifa_next) {
+    wire::IpAddress a;
+    if (wire::from_sockaddr(ifa->ifa_addr, &a) && a == ip)
+      return reinterpret_cast<const sockaddr_in6*>(ifa->ifa_addr)->sin6_scope_id;
+  }
+  return 0;
 }
 
 uint32_t netns_inode() {

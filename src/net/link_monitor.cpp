@@ -19,12 +19,12 @@ constexpr unsigned kLinkPending = 1, kAddrPending = 2;
 
 }  // namespace
 
-LinkMonitor::LinkMonitor(int ifindex, uint32_t ip_be) : ifindex_(ifindex), ip_be_(ip_be) {
+LinkMonitor::LinkMonitor(int ifindex, const wire::IpAddress& ip) : ifindex_(ifindex), ip_(ip) {
   fd_ = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE);
   if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "netlink socket");
   sockaddr_nl addr{};
   addr.nl_family = AF_NETLINK;
-  addr.nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR;
+  addr.nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
   if (bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
     int err = errno;
     close(fd_);
@@ -81,7 +81,7 @@ void LinkMonitor::resync() {
     addr_req.h.nlmsg_type = RTM_GETADDR;
     addr_req.h.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
     addr_req.h.nlmsg_seq = seq_ + 1;
-    addr_req.ifa.ifa_family = AF_INET;
+    addr_req.ifa.ifa_family = static_cast<uint8_t>(ip_.family());
     if (send(fd_, &link_req, sizeof link_req, 0) != sizeof link_req ||
         send(fd_, &addr_req, sizeof addr_req, 0) != sizeof addr_req)
       return;  // the state stays down: better than a port claimed up on no evidence
@@ -127,23 +127,34 @@ void LinkMonitor::apply(const void* data, size_t len, unsigned* pending) {
       case RTM_DELADDR: {
         if (h->nlmsg_len < NLMSG_LENGTH(sizeof(ifaddrmsg))) break;
         auto* ifa = static_cast<const ifaddrmsg*>(NLMSG_DATA(h));
-        if (ifa->ifa_family != AF_INET || static_cast<int>(ifa->ifa_index) != ifindex_) break;
-        // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer's on point-to-point links.
-        uint32_t local = 0, address = 0;
+        if (ifa->ifa_family != ip_.family() || static_cast<int>(ifa->ifa_index) != ifindex_) break;
+        // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer's on point-to-point links
+        // (and the only one IPv6 gives).
+        const size_t want = ip_.is_v4() ? 4 : 16;
+        wire::IpAddress local, address;
         bool has_local = false, has_address = false;
         size_t alen = IFA_PAYLOAD(h);
         for (auto* rta = IFA_RTA(ifa); RTA_OK(rta, alen); rta = RTA_NEXT(rta, alen)) {
-          if (RTA_PAYLOAD(rta) < sizeof(uint32_t)) continue;
+          if (RTA_PAYLOAD(rta) < want) continue;
+          const auto* p = static_cast<const uint8_t*>(RTA_DATA(rta));
+          wire::IpAddress a;
+          if (want == 4) {
+            uint32_t v4;
+            std::memcpy(&v4, p, 4);
+            a = wire::IpAddress::v4(v4);
+          } else {
+            a = wire::IpAddress::from_bytes(p);
+          }
           if (rta->rta_type == IFA_LOCAL) {
-            std::memcpy(&local, RTA_DATA(rta), sizeof local);
+            local = a;
             has_local = true;
           } else if (rta->rta_type == IFA_ADDRESS) {
-            std::memcpy(&address, RTA_DATA(rta), sizeof address);
+            address = a;
             has_address = true;
           }
         }
-        uint32_t ip = has_local ? local : address;
-        if ((!has_local && !has_address) || ip != ip_be_) break;
+        const wire::IpAddress ip = has_local ? local : address;
+        if ((!has_local && !has_address) || ip != ip_) break;
         state_.has_address = h->nlmsg_type == RTM_NEWADDR;
         break;
       }

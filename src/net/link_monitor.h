@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "wire/ip_address.h"
+
 namespace softrdma::net {
 
 struct LinkState {
@@ -19,9 +21,9 @@ struct LinkState {
 
 class LinkMonitor {
  public:
-  // Watches interface ifindex and the IPv4 address ip_be on it. Throws std::system_error when no
+  // Watches interface ifindex and the address ip on it. Throws std::system_error when no
   // netlink socket can be had; the initial state is read after subscribing, so no change is missed.
-  LinkMonitor(int ifindex, uint32_t ip_be);
+  LinkMonitor(int ifindex, const wire::IpAddress& ip);
   ~LinkMonitor();
   LinkMonitor(const LinkMonitor&) = delete;
   LinkMonitor& operator=(const LinkMonitor&) = delete;
@@ -43,7 +45,7 @@ class LinkMonitor {
 
   int fd_ = -1;
   int ifindex_;
-  uint32_t ip_be_;
+  wire::IpAddress ip_;
   uint32_t seq_ = 0;  // of the last resync's requests (link: seq_, addresses: seq_ + 1)
   LinkState state_;
 };

@@ -28,28 +28,28 @@ constexpr uint64_t kConnectGiveUpNs = 10'000'000'000ull;
 // receive buffer takes 60 s of them (24 KB) without closing its window.
 constexpr uint64_t kMinProbeGapNs = 10'000'000;
 
-sockaddr_in address(uint32_t ip_be, uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = ip_be;
-  a.sin_port = htons(port);
-  return a;
-}
+// The link-local scope comes from the interface holding our own address: both ends share its link.
+struct Address {
+  sockaddr_storage sa;
+  socklen_t len;
+  Address(const wire::IpAddress& ip, uint16_t port, uint32_t scope = 0) { len = wire::to_sockaddr(ip, port, &sa, scope); }
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&sa); }
+};
 }  // namespace
 
-int Liveness::listen_on(uint32_t ip_be, uint16_t port) {
-  int fd = os_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+int Liveness::listen_on(const wire::IpAddress& ip, uint16_t port) {
+  int fd = os_socket(ip.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  const sockaddr_in a = address(ip_be, port);
-  if (bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 || listen(fd, 128) != 0) {
+  const Address a(ip, port, scope_of(ip));
+  if (bind(fd, a.get(), a.len) != 0 || listen(fd, 128) != 0) {
     close(fd);
     return -1;
   }
   return fd;
 }
 
-Liveness::Liveness(int listen_fd, uint32_t local_ip_be)
-    : listen_fd_(listen_fd), local_ip_be_(local_ip_be), epoll_fd_(epoll_create1(EPOLL_CLOEXEC)) {
+Liveness::Liveness(int listen_fd, const wire::IpAddress& local_ip)
+    : listen_fd_(listen_fd), local_ip_(local_ip), scope_id_(scope_of(local_ip)), epoll_fd_(epoll_create1(EPOLL_CLOEXEC)) {
   if (epoll_fd_ >= 0 && listen_fd_ >= 0) {
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -72,14 +72,14 @@ void Liveness::drop_asker(size_t i) {
   askers_.pop_back();
 }
 
-void Liveness::serve(const std::function<bool(uint32_t qpn, uint32_t asker_ip_be)>& receives) {
+void Liveness::serve(const std::function<bool(uint32_t qpn, const wire::IpAddress& asker_ip)>& receives) {
   if (epoll_fd_ < 0) return;
   epoll_event evs[16];
   const int n = epoll_wait(epoll_fd_, evs, 16, 0);
   for (int e = 0; e < n; ++e) {
     const int fd = evs[e].data.fd;
     if (fd == listen_fd_) {
-      sockaddr_in from{};
+      sockaddr_storage from{};
       socklen_t len = sizeof from;
       for (int c; (c = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0;
            len = sizeof from) {
@@ -90,7 +90,9 @@ void Liveness::serve(const std::function<bool(uint32_t qpn, uint32_t asker_ip_be
           close(c);
           continue;
         }
-        askers_.push_back(Asker{c, from.sin_addr.s_addr, {}, 0});
+        wire::IpAddress asker;
+        (void)wire::from_sockaddr(reinterpret_cast<const sockaddr*>(&from), &asker);
+        askers_.push_back(Asker{c, asker, {}, 0});
       }
       continue;
     }
@@ -111,7 +113,7 @@ void Liveness::serve(const std::function<bool(uint32_t qpn, uint32_t asker_ip_be
         if (a.rx_len < 4) continue;
         a.rx_len = 0;
         const uint32_t qpn = (uint32_t{a.rx[1]} << 16) | (uint32_t{a.rx[2]} << 8) | a.rx[3];
-        const uint32_t v = (qpn << 8) | (receives(qpn, a.ip_be) ? 1u : 0u);
+        const uint32_t v = (qpn << 8) | (receives(qpn, a.ip) ? 1u : 0u);
         for (int b = 3; b >= 0; --b) out[out_len++] = static_cast<uint8_t>(v >> (8 * b));
       }
       if (out_len && send(fd, out, out_len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN) ended = true;
@@ -126,25 +128,25 @@ void Liveness::forget(size_t i) {
   probes_.pop_back();
 }
 
-Liveness::Verdict Liveness::check(uint32_t ip_be, uint16_t port, uint32_t qpn, uint64_t now_ns, uint64_t max_age_ns,
+Liveness::Verdict Liveness::check(const wire::IpAddress& ip, uint16_t port, uint32_t qpn, uint64_t now_ns, uint64_t max_age_ns,
                                   uint64_t asked_from_ns, uint64_t asked_until_ns) {
   size_t i = 0;
-  while (i < probes_.size() && !(probes_[i].ip_be == ip_be && probes_[i].port == port)) ++i;
+  while (i < probes_.size() && !(probes_[i].ip == ip && probes_[i].port == port)) ++i;
   if (i == probes_.size()) {
-    const int fd = os_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    const int fd = os_socket(local_ip_.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return Verdict::Unknown;
-    const sockaddr_in local = address(local_ip_be_, 0);
-    const sockaddr_in a = address(ip_be, port);
-    if (bind(fd, reinterpret_cast<const sockaddr*>(&local), sizeof local) != 0) {
+    const Address local(local_ip_, 0, scope_id_);
+    const Address a(ip, port, scope_id_);
+    if (bind(fd, local.get(), local.len) != 0) {
       close(fd);
       return Verdict::Unknown;
     }
-    if (connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
+    if (connect(fd, a.get(), a.len) != 0 && errno != EINPROGRESS) {
       const int err = errno;
       close(fd);
       return err == ECONNREFUSED ? Verdict::Dead : Verdict::Unknown;
     }
-    probes_.push_back(Probe{ip_be, port, fd, false, is_local_ip(ip_be), now_ns, 0, {}, 0, {}});
+    probes_.push_back(Probe{ip, port, fd, false, is_local_ip(ip), now_ns, 0, {}, 0, {}});
     return Verdict::Unknown;
   }
   Probe& p = probes_[i];

@@ -13,6 +13,8 @@
 #include <functional>
 #include <vector>
 
+#include "wire/ip_address.h"
+
 namespace softrdma::net {
 
 class Liveness {
@@ -27,23 +29,23 @@ class Liveness {
     Dead,     // the process is gone: refused, reset or ended
   };
 
-  // A nonblocking TCP listener bound to (ip_be, port): its fd, or -1 when the number is taken.
-  static int listen_on(uint32_t ip_be, uint16_t port);
+  // A nonblocking TCP listener bound to (ip, port): its fd, or -1 when the number is taken.
+  static int listen_on(const wire::IpAddress& ip, uint16_t port);
 
   // Takes the listener (-1: none; this context then only asks, and is never found alive). Queries
-  // leave from local_ip_be, the address the peer's QPs know this context by.
-  Liveness(int listen_fd, uint32_t local_ip_be);
+  // leave from local_ip, the address the peer's QPs know this context by.
+  Liveness(int listen_fd, const wire::IpAddress& local_ip);
   ~Liveness();
   Liveness(const Liveness&) = delete;
   Liveness& operator=(const Liveness&) = delete;
 
   // Readable (for epoll) when a connection or a query waits for serve().
   int fd() const { return epoll_fd_; }
-  // Accepts waiting connections and answers their queries: receives(qpn, asker_ip_be) says whether
+  // Accepts waiting connections and answers their queries: receives(qpn, asker_ip) says whether
   // that QP exists and takes packets from that address.
-  void serve(const std::function<bool(uint32_t qpn, uint32_t asker_ip_be)>& receives);
+  void serve(const std::function<bool(uint32_t qpn, const wire::IpAddress& asker_ip)>& receives);
 
-  // What the context at (ip_be, port) says of its QP qpn now (asked_from_ns .. asked_until_ns: when
+  // What the context at (ip, port) says of its QP qpn now (asked_from_ns .. asked_until_ns: when
   // the last query must have been sent for its answer to tell that the process ran). The
   // first call starts a connection (Unknown until it is answered). The peer's kernel must not have
   // left a query unacknowledged for more than max_age_ns (else Unknown; not asked of a peer on this
@@ -51,7 +53,7 @@ class Liveness {
   // query for qpn (one per 10 ms and QP at most, and only once the last is acknowledged), which the
   // engine answers when it runs. Dead and a failed connection forget the connection, so a later
   // call asks afresh (a new process may take the port).
-  Verdict check(uint32_t ip_be, uint16_t port, uint32_t qpn, uint64_t now_ns, uint64_t max_age_ns,
+  Verdict check(const wire::IpAddress& ip, uint16_t port, uint32_t qpn, uint64_t now_ns, uint64_t max_age_ns,
                 uint64_t asked_from_ns, uint64_t asked_until_ns);
 
  private:
@@ -62,7 +64,7 @@ class Liveness {
     uint64_t asked_ns, answered_through;  // the last query sent; the last one sent when none was pending
   };
   struct Probe {
-    uint32_t ip_be;
+    wire::IpAddress ip;
     uint16_t port;
     int fd;
     bool connected;
@@ -74,7 +76,7 @@ class Liveness {
   };
   struct Asker {
     int fd;
-    uint32_t ip_be;
+    wire::IpAddress ip;
     uint8_t rx[4];
     uint32_t rx_len;
   };
@@ -82,7 +84,8 @@ class Liveness {
   void drop_asker(size_t i);
 
   int listen_fd_;
-  uint32_t local_ip_be_;
+  wire::IpAddress local_ip_;
+  uint32_t scope_id_;
   int epoll_fd_;
   std::vector<Asker> askers_;
   std::vector<Probe> probes_;

@@ -21,7 +21,7 @@ class MemoryNetwork::Port final : public PacketPort {
     net_.ports_.erase(ep_);
   }
   uint16_t port() const override { return ep_.port; }
-  uint32_t ip_be() const override { return ep_.ip_be; }
+  const wire::IpAddress& ip() const override { return ep_.ip; }
   size_t receive(Datagram* out, size_t max) override {
     release_lent();
     size_t n = 0;
@@ -30,9 +30,9 @@ class MemoryNetwork::Port final : public PacketPort {
       if (cursor_.done()) cursor_ = {net_.slot_data(f.slot), f.len, f.seg_size};
       Datagram& d = out[n++];
       d.len = cursor_.next(&d.data, &d.segment);
-      d.peer_ip_be = f.from.ip_be;
+      d.peer_ip = f.from.ip;
       d.peer_port = f.from.port;
-      d.local_ip_be = ep_.ip_be;
+      d.local_ip = ep_.ip;
       if (cursor_.done()) {
         lent_.push_back(f.slot);
         queue_.pop_front();
@@ -40,21 +40,22 @@ class MemoryNetwork::Port final : public PacketPort {
     }
     return n;
   }
-  uint8_t* reserve(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id) override {
+  uint8_t* reserve(uint32_t len, const wire::IpAddress& dst_ip, uint16_t dst_port, bool coalesce,
+                   uint16_t* ip_id) override {
     if (len > kMaxDatagram) {
       ++net_.stats_.sent;
       ++net_.stats_.dropped;
       return nullptr;
     }
     placing_len_ = len;
-    if (net_.gso_ && coalesce && run_.accepts(dst_ip_be, dst_port, len)) {
+    if (net_.gso_ && coalesce && run_.accepts(dst_ip, dst_port, len)) {
       placing_join_ = true;
       *ip_id = static_cast<uint16_t>(run_.segments);
       return gather_.data() + run_.bytes;
     }
     launch_run();
     placing_join_ = false;
-    placing_to_ = {dst_ip_be, dst_port};
+    placing_to_ = {dst_ip, dst_port};
     placing_coalesce_ = net_.gso_ && coalesce;
     *ip_id = 0;
     if (gather_.size() < kMaxDatagram) gather_.resize(kMaxDatagram);
@@ -65,7 +66,7 @@ class MemoryNetwork::Port final : public PacketPort {
       run_.add(placing_len_);
       return;
     }
-    run_.open(placing_to_.ip_be, placing_to_.port, placing_len_);
+    run_.open(placing_to_.ip, placing_to_.port, placing_len_);
     if (!placing_coalesce_) launch_run();  // alone: it leaves now, as before segmentation existed
   }
   void flush() override { launch_run(); }
@@ -74,7 +75,7 @@ class MemoryNetwork::Port final : public PacketPort {
   friend class MemoryNetwork;
   void launch_run() {
     if (!run_.segments) return;
-    net_.send(*this, gather_.data(), run_.bytes, {run_.dst_ip_be, run_.dst_port},
+    net_.send(*this, gather_.data(), run_.bytes, {run_.dst_ip, run_.dst_port},
               run_.segments > 1 ? run_.seg_size : 0);
     run_ = {};
   }
@@ -100,12 +101,12 @@ MemoryNetwork::~MemoryNetwork() {
   // Ports must be gone first; what is still in flight just goes with the pool.
 }
 
-std::unique_ptr<PacketPort> MemoryNetwork::open(uint32_t ip_be, uint16_t port) {
+std::unique_ptr<PacketPort> MemoryNetwork::open(const wire::IpAddress& ip, uint16_t port) {
   if (port == 0) {
-    while (ports_.count({ip_be, next_port_})) ++next_port_;
+    while (ports_.count({ip, next_port_})) ++next_port_;
     port = next_port_++;
   }
-  Endpoint ep{ip_be, port};
+  Endpoint ep{ip, port};
   if (ports_.count(ep)) throw std::system_error(EADDRINUSE, std::generic_category(), "MemoryNetwork: port taken");
   auto p = std::make_unique<Port>(*this, ep);
   ports_[ep] = p.get();

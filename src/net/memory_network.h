@@ -32,9 +32,9 @@ class MemoryNetwork final : public Clock {
   };
 
   struct Endpoint {
-    uint32_t ip_be;
+    wire::IpAddress ip;
     uint16_t port;
-    bool operator<(const Endpoint& o) const { return ip_be != o.ip_be ? ip_be < o.ip_be : port < o.port; }
+    bool operator<(const Endpoint& o) const { return ip != o.ip ? ip < o.ip : port < o.port; }
   };
   // What the policy sees of a datagram; it may read the bytes (to target an opcode, say).
   struct Offer {
@@ -64,9 +64,9 @@ class MemoryNetwork final : public Clock {
   MemoryNetwork(const MemoryNetwork&) = delete;
   MemoryNetwork& operator=(const MemoryNetwork&) = delete;
 
-  // A port at (ip_be, port); port 0 picks a free one from 40000 up. Throws std::system_error
+  // A port at (ip, port); port 0 picks a free one from 40000 up. Throws std::system_error
   // (EADDRINUSE) when taken, as a socket bind would. The port must not outlive the network.
-  std::unique_ptr<PacketPort> open(uint32_t ip_be, uint16_t port);
+  std::unique_ptr<PacketPort> open(const wire::IpAddress& ip, uint16_t port);
   void set_policy(Policy p) { policy_ = std::move(p); }
 
   uint64_t now_ns() const override { return now_; }

@@ -54,15 +54,18 @@ bool peer_is_this_user(int fd) {
   return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == geteuid();
 }
 
-// Whether fd is a UDP socket bound to ip_be:port: what a taker accepts from an offer.
-bool bound_udp(int fd, uint32_t ip_be, uint16_t port) {
+// Whether fd is a UDP socket bound to ip:port: what a taker accepts from an offer.
+bool bound_udp(int fd, const wire::IpAddress& ip, uint16_t port) {
   int type = 0;
   socklen_t tlen = sizeof type;
-  sockaddr_in a{};
+  sockaddr_storage a{};
   socklen_t alen = sizeof a;
+  wire::IpAddress bound;
+  uint16_t bound_port = 0;
   return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) == 0 && type == SOCK_DGRAM &&
-         getsockname(fd, reinterpret_cast<sockaddr*>(&a), &alen) == 0 && a.sin_family == AF_INET &&
-         a.sin_addr.s_addr == ip_be && ntohs(a.sin_port) == port;
+         getsockname(fd, reinterpret_cast<sockaddr*>(&a), &alen) == 0 && a.ss_family == ip.family() &&
+         wire::from_sockaddr(reinterpret_cast<const sockaddr*>(&a), &bound, &bound_port) && bound == ip &&
+         bound_port == port;
 }
 
 // The listening offers for a prefix, as /proc/net/unix names them ("@" for the abstract namespace's NUL).
@@ -110,14 +113,21 @@ void PortShare::let_go_in_child() {
   release_reader();
 }
 
-std::string PortShare::prefix(uint32_t ip_be, uint16_t port, uid_t uid) {
-  char b[80];
-  std::snprintf(b, sizeof b, "softrdma-share/u%u/%08x/%u/", static_cast<unsigned>(uid), ntohl(ip_be),
-                static_cast<unsigned>(port));
+std::string PortShare::prefix(const wire::IpAddress& ip, uint16_t port, uid_t uid) {
+  char b[120];
+  if (ip.is_v4()) {
+    std::snprintf(b, sizeof b, "softrdma-share/u%u/%08x/%u/", static_cast<unsigned>(uid), ntohl(ip.v4_be()),
+                  static_cast<unsigned>(port));
+  } else {
+    char hex[33];
+    for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", ip.bytes[static_cast<size_t>(i)]);
+    std::snprintf(b, sizeof b, "softrdma-share/u%u/%s/%u/", static_cast<unsigned>(uid), hex,
+                  static_cast<unsigned>(port));
+  }
   return b;
 }
 
-PortShare::PortShare(int fd, uint32_t ip_be, uint16_t port) : fd_(fd), ip_be_(ip_be), port_(port) {
+PortShare::PortShare(int fd, const wire::IpAddress& ip, uint16_t port) : fd_(fd), ip_(ip), port_(port) {
   static std::atomic<unsigned> offers_made{0};
   static std::once_flag at_fork;
   std::call_once(at_fork, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
@@ -128,7 +138,7 @@ PortShare::PortShare(int fd, uint32_t ip_be, uint16_t port) : fd_(fd), ip_be_(ip
   listener_ = os_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listener_ < 0) return;
   sockaddr_un a;
-  const std::string name = prefix(ip_be, port) + std::to_string(getpid()) + "." + std::to_string(offers_made++);
+  const std::string name = prefix(ip, port) + std::to_string(getpid()) + "." + std::to_string(offers_made++);
   const socklen_t len = abstract_addr(name, a);
   if (bind(listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(listener_, 16) != 0) {
     close(listener_);
@@ -169,7 +179,7 @@ bool PortShare::lock_reader() {
   const int s = os_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (s < 0) return false;
   sockaddr_un a;
-  const socklen_t len = abstract_addr(prefix(ip_be_, port_) + "reader", a);
+  const socklen_t len = abstract_addr(prefix(ip_, port_) + "reader", a);
   if (bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0) {
     close(s);
     return false;
@@ -190,7 +200,7 @@ PortShare::Taker::~Taker() {
 int PortShare::Taker::step() {
   ++steps_;
   if (pending_.empty()) {
-    const std::string p = PortShare::prefix(ip_be_, port_, owner_);
+    const std::string p = PortShare::prefix(ip_, port_, owner_);
     for (const std::string& name : offers(p)) {
       const int c = os_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (c < 0) break;
@@ -214,7 +224,7 @@ int PortShare::Taker::step() {
     close(pending_[i]);
     pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i--));
     if (got < 0) continue;
-    if (bound_udp(got, ip_be_, port_)) {
+    if (bound_udp(got, ip_, port_)) {
       for (int c : pending_) close(c);
       pending_.clear();
       return got;

@@ -14,13 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "wire/ip_address.h"
+
 namespace softrdma::net {
 
 class PortShare {
  public:
-  // Offers fd (a UDP socket bound to ip_be:port) to this user's other processes; fd stays the
+  // Offers fd (a UDP socket bound to ip:port) to this user's other processes; fd stays the
   // caller's. listener() is -1 when the offer could not be made (sharing is then off, nothing else).
-  PortShare(int fd, uint32_t ip_be, uint16_t port);
+  PortShare(int fd, const wire::IpAddress& ip, uint16_t port);
   ~PortShare();
   PortShare(const PortShare&) = delete;
   PortShare& operator=(const PortShare&) = delete;
@@ -30,7 +32,7 @@ class PortShare {
   // Hands a duplicate of the socket to each waiting process of this user, and closes the rest.
   void serve();
 
-  // Takes the reader lock of (ip_be, port): true when this process now reads the socket for good
+  // Takes the reader lock of (ip, port): true when this process now reads the socket for good
   // (the lock's holder died or never was). Kept until release_reader() or the process's end.
   bool lock_reader();
   void release_reader();
@@ -39,12 +41,12 @@ class PortShare {
   void let_go_in_child();
 
   // Taking the socket from an offer, without blocking: step() connects to the offers listed for
-  // (ip_be, port) on its first call, and collects an answer on the later ones. Returns the socket
-  // (now the caller's, checked to be a UDP socket bound to ip_be:port and offered by this user) or -1.
+  // (ip, port) on its first call, and collects an answer on the later ones. Returns the socket
+  // (now the caller's, checked to be a UDP socket bound to ip:port and offered by this user) or -1.
   class Taker {
    public:
     // owner_uid: whose offers to look for (another's answer nothing; a test asks that they do not).
-    Taker(uint32_t ip_be, uint16_t port, uid_t owner_uid = geteuid()) : ip_be_(ip_be), port_(port), owner_(owner_uid) {}
+    Taker(const wire::IpAddress& ip, uint16_t port, uid_t owner_uid = geteuid()) : ip_(ip), port_(port), owner_(owner_uid) {}
     ~Taker();
     Taker(const Taker&) = delete;
     Taker& operator=(const Taker&) = delete;
@@ -55,7 +57,7 @@ class PortShare {
     bool waiting() const { return !pending_.empty(); }
 
    private:
-    uint32_t ip_be_;
+    wire::IpAddress ip_;
     uint16_t port_;
     uid_t owner_;
     unsigned steps_ = 0;
@@ -64,13 +66,13 @@ class PortShare {
 
   // The abstract names (without the leading NUL): offers are <prefix><pid>.<n>; the reader lock is
   // <prefix>reader.
-  static std::string prefix(uint32_t ip_be, uint16_t port, uid_t uid = geteuid());
+  static std::string prefix(const wire::IpAddress& ip, uint16_t port, uid_t uid = geteuid());
 
  private:
   int fd_;
   int listener_ = -1;
   int reader_lock_ = -1;
-  uint32_t ip_be_;
+  wire::IpAddress ip_;
   uint16_t port_;
 };
 

@@ -71,7 +71,7 @@ uint64_t make_tag(uint32_t qpn, uint64_t state, uint64_t gen, int32_t pid) {
 // An empty tag that keeps the generation moving, so a reader holding the old tag notices the change.
 uint64_t emptied(uint64_t tag) { return make_tag(0, kEmpty, gen_of(tag) + 1, 0); }
 
-uint64_t make_endpoint(uint32_t ip_be, uint16_t port) { return (static_cast<uint64_t>(ip_be) << 32) | port; }
+uint64_t make_endpoint(uint32_t ip_key, uint16_t port) { return (static_cast<uint64_t>(ip_key) << 32) | port; }
 
 bool process_dead(int32_t pid) { return pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH); }
 
@@ -200,7 +200,7 @@ bool Registry::taken_elsewhere(uint32_t qpn) const {
   return false;
 }
 
-uint32_t Registry::allocate_qpn(uint32_t ip_be, uint16_t port) {
+uint32_t Registry::allocate_qpn(const wire::IpAddress& ip, uint16_t port) {
   const int32_t me = static_cast<int32_t>(getpid());
   const uint64_t start = own_start_ticks();
   std::lock_guard<std::mutex> lk(files_->mu());
@@ -219,7 +219,7 @@ uint32_t Registry::allocate_qpn(uint32_t ip_be, uint16_t port) {
     if (taken_elsewhere(qpn)) return 0;
     uint64_t claim = make_tag(qpn, kClaiming, gen_of(tag) + 1, me);
     if (!s.tag.compare_exchange_strong(tag, claim, std::memory_order_acq_rel)) return 0;
-    s.endpoint.store(make_endpoint(ip_be, port), std::memory_order_relaxed);
+    s.endpoint.store(make_endpoint(ip.key(), port), std::memory_order_relaxed);
     s.claim_ns.store(boottime_ns(), std::memory_order_relaxed);
     s.start.store(start, std::memory_order_relaxed);
     uint64_t live = make_tag(qpn, kLive, gen_of(claim), me);

@@ -32,11 +32,12 @@
 
 #include "net/interfaces.h"  // netns_inode()
 #include "net/user_files.h"
+#include "wire/ip_address.h"
 
 namespace softrdma::net {
 
 struct Endpoint {
-  uint32_t ip_be;
+  uint32_t ip_key;  // the context's address, as wire::IpAddress::key() names it
   uint16_t port;  // host-order UDP port
   int32_t pid;
 };
@@ -59,9 +60,9 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  // A random QPN (never 0, 1 or 0xFFFFFF) now owned by this process, reachable at (ip_be, port).
+  // A random QPN (never 0, 1 or 0xFFFFFF) now owned by this process, reachable at (ip, port).
   // Reuses entries of dead processes. Returns 0 if the registry is full.
-  uint32_t allocate_qpn(uint32_t ip_be, uint16_t port);
+  uint32_t allocate_qpn(const wire::IpAddress& ip, uint16_t port);
   // Frees qpn if this process (current pid) owns it; otherwise does nothing (a forked child cannot free
   // its parent's QPNs).
   void release_qpn(uint32_t qpn);
@@ -85,7 +86,7 @@ class Registry {
 
   struct Slot {
     std::atomic<uint64_t> tag;       // QPN | state | generation | owner pid, see registry.cpp
-    std::atomic<uint64_t> endpoint;  // ip_be << 32 | port
+    std::atomic<uint64_t> endpoint;  // ip key << 32 | port
     std::atomic<uint64_t> claim_ns;  // CLOCK_BOOTTIME when claimed
     std::atomic<uint64_t> start;     // the owner's start time, clock ticks since boot (/proc/PID/stat)
   };

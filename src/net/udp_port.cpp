@@ -2,6 +2,7 @@
 
 #include "net/capture.h"
 #include "net/impairment.h"
+#include "net/interfaces.h"
 #include "net/os_socket.h"
 #include "net/gso.h"
 #include "net/liveness.h"
@@ -58,17 +59,18 @@ struct UdpPort::Buffers {
   std::unique_ptr<uint8_t[]> tx_data{new uint8_t[kBatch * kMaxDatagram]};
   mmsghdr rx_msgs[kBatch];
   iovec rx_iov[kBatch];
-  sockaddr_in rx_addr[kBatch];
+  sockaddr_storage rx_addr[kBatch];
   union Control {
     cmsghdr align;
-    char bytes[CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(int))];
+    char bytes[CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int))];
   } rx_ctrl[kBatch];
   SegmentCursor rx_cursor;  // the slot rx_next_ being split into its segments
-  uint32_t rx_peer_ip[kBatch], rx_local_ip[kBatch], rx_seg[kBatch];
+  wire::IpAddress rx_peer_ip[kBatch], rx_local_ip[kBatch];
+  uint32_t rx_seg[kBatch];
   uint16_t rx_peer_port[kBatch];
   mmsghdr tx_msgs[kBatch];
   iovec tx_iov[kBatch];
-  sockaddr_in tx_addr[kBatch];
+  sockaddr_storage tx_addr[kBatch];
   GsoRun tx_run[kBatch];
   union TxControl {
     cmsghdr align;
@@ -77,10 +79,12 @@ struct UdpPort::Buffers {
 };
 
 
-UdpPort::UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings)
-    : ip_be_(ip_be), buf_(std::make_unique<Buffers>()) {
+UdpPort::UdpPort(const wire::IpAddress& ip, uint16_t port, const config::Settings& settings)
+    : ip_(ip), buf_(std::make_unique<Buffers>()) {
   open_hooks(settings);
-  fd_ = os_socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const bool v6 = !ip.is_v4();
+  if (ip.is_link_local()) scope_id_ = scope_of(ip);
+  fd_ = os_socket(ip.family(), SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0) throw_port_errno(errno, "socket");
   auto fail = [this](const char* what) {
     int err = errno;
@@ -88,10 +92,17 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings
     fd_ = -1;
     throw_port_errno(err, what);
   };
-  int pmtu = IP_PMTUDISC_DO;
-  if (setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) fail("IP_MTU_DISCOVER");
   int on = 1;
-  if (setsockopt(fd_, IPPROTO_IP, IP_PKTINFO, &on, sizeof(on)) != 0) fail("IP_PKTINFO");
+  if (v6) {
+    int pmtu = IPV6_PMTUDISC_DO;
+    if (setsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on)) != 0) fail("IPV6_V6ONLY");
+    if (setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) fail("IPV6_MTU_DISCOVER");
+    if (setsockopt(fd_, IPPROTO_IPV6, IPV6_RECVPKTINFO, &on, sizeof(on)) != 0) fail("IPV6_RECVPKTINFO");
+  } else {
+    int pmtu = IP_PMTUDISC_DO;
+    if (setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) fail("IP_MTU_DISCOVER");
+    if (setsockopt(fd_, IPPROTO_IP, IP_PKTINFO, &on, sizeof(on)) != 0) fail("IP_PKTINFO");
+  }
   // SOFTRDMA_GSO=0 turns segmentation offload off (to measure what it brings, or on a kernel without it).
   if (settings.gso) {
     // Segmented sends need UDP_SEGMENT (4.18) and segmented receives UDP_GRO (5.0); both or neither.
@@ -102,10 +113,14 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings
   set_buffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF);
   set_buffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF);
 
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = ip_be;
-  addr.sin_port = htons(port);
+  sockaddr_storage addr{};
+  const socklen_t addr_len = wire::to_sockaddr(ip, port, &addr, scope_id_);
+  auto set_port = [&addr](uint16_t number) {
+    if (addr.ss_family == AF_INET6)
+      reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(number);
+    else
+      reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(number);
+  };
   bool bound = false;
   if (port == 0) {
     // Random tries, then the kernel's choice (a receiver then only checks us less strictly than it could).
@@ -116,10 +131,10 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings
       uint64_t r = draw.fetch_add(0x9E3779B97F4A7C15ull, std::memory_order_relaxed);
       r ^= r >> 29;
       const uint16_t number = static_cast<uint16_t>(kContextPortBegin + r % (kContextPortEnd - kContextPortBegin));
-      addr.sin_port = htons(number);
-      listener = Liveness::listen_on(ip_be, number);
+      set_port(number);
+      listener = Liveness::listen_on(ip, number);
       if (listener < 0 && attempt < 48) continue;
-      bound = bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+      bound = bind(fd_, reinterpret_cast<const sockaddr*>(&addr), addr_len) == 0;
       if (!bound) {
         const int err = errno;
         if (listener >= 0) close(listener);
@@ -128,13 +143,14 @@ UdpPort::UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings
         if (err != EADDRINUSE) fail("bind");
       }
     }
-    if (bound) liveness_ = std::make_unique<Liveness>(listener, ip_be);
-    addr.sin_port = 0;
+    if (bound) liveness_ = std::make_unique<Liveness>(listener, ip);
+    set_port(0);
   }
-  if (!bound && bind(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) fail("bind");
+  if (!bound && bind(fd_, reinterpret_cast<const sockaddr*>(&addr), addr_len) != 0) fail("bind");
   socklen_t alen = sizeof(addr);
   if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) fail("getsockname");
-  port_ = ntohs(addr.sin_port);
+  wire::IpAddress bound_ip;
+  (void)wire::from_sockaddr(reinterpret_cast<const sockaddr*>(&addr), &bound_ip, &port_);
   init_buffers();
 }
 
@@ -146,11 +162,11 @@ UdpPort::UdpPort(Adopt, int fd, const config::Settings& settings)
     fd_ = -1;
     throw_port_errno(err, what);
   };
-  sockaddr_in addr{};
+  sockaddr_storage addr{};
   socklen_t alen = sizeof(addr);
   if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) fail(errno, "getsockname");
-  ip_be_ = addr.sin_addr.s_addr;
-  port_ = ntohs(addr.sin_port);
+  if (!wire::from_sockaddr(reinterpret_cast<const sockaddr*>(&addr), &ip_, &port_)) fail(EAFNOSUPPORT, "family");
+  if (ip_.is_link_local()) scope_id_ = reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_scope_id;
   // Receiving must split what the socket's owner asked to get segmented: a port whose own settings
   // differ (SOFTRDMA_GSO=0 against a segmenting socket, or a kernel that cannot say) does not adopt it.
   int gro = 0;
@@ -183,7 +199,7 @@ void UdpPort::init_buffers() {
     b.tx_iov[i] = {b.tx_data.get() + i * kMaxDatagram, 0};
     b.tx_msgs[i] = {};
     b.tx_msgs[i].msg_hdr.msg_name = &b.tx_addr[i];
-    b.tx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+    b.tx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
     b.tx_msgs[i].msg_hdr.msg_iov = &b.tx_iov[i];
     b.tx_msgs[i].msg_hdr.msg_iovlen = 1;
   }
@@ -194,7 +210,7 @@ UdpPort::~UdpPort() {
   // Best effort: queued datagrams are part of what the caller already posted.
   if (impair_) {
     impair_->tx.release_all([this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) {
-      enqueue(d, n, m.ip_be, m.port, m.coalesce);
+      enqueue(d, n, m.ip, m.port, m.coalesce);
     });
     // One line per impaired port: what a fault test's log needs to show the faults happened.
     for (const auto* st : {&impair_->tx_stats, &impair_->rx_stats}) {
@@ -246,7 +262,7 @@ size_t UdpPort::receive_impaired(Datagram* out, size_t max) {
     }
     for (size_t i = 0; i < got; ++i)
       im.rx.offer(raw[i].data, raw[i].len,
-                  {raw[i].peer_ip_be, raw[i].peer_port, raw[i].local_ip_be, false, raw[i].segment}, emit);
+                  {raw[i].peer_ip, raw[i].peer_port, raw[i].local_ip, false, raw[i].segment}, emit);
   }
   const size_t k = std::min(n, im.rx_ready.size());
   for (size_t i = 0; i < k; ++i) {
@@ -255,7 +271,7 @@ size_t UdpPort::receive_impaired(Datagram* out, size_t max) {
   }
   for (size_t i = 0; i < k; ++i) {
     PortImpairment::Ready& r = im.rx_delivered[i];
-    out[i] = {r.bytes.data(), static_cast<uint32_t>(r.bytes.size()), r.meta.ip_be, r.meta.port, r.meta.local_ip_be,
+    out[i] = {r.bytes.data(), static_cast<uint32_t>(r.bytes.size()), r.meta.ip, r.meta.port, r.meta.local_ip,
               r.meta.segment};
   }
   return k;
@@ -267,7 +283,7 @@ size_t UdpPort::receive_raw(Datagram* out, size_t max) {
   if (n == 0) return 0;
   if (rx_next_ == rx_got_) {
     for (size_t i = 0; i < n; ++i) {
-      b.rx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+      b.rx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
       b.rx_msgs[i].msg_hdr.msg_controllen = sizeof(b.rx_ctrl[i].bytes);
       b.rx_msgs[i].msg_hdr.msg_flags = 0;
     }
@@ -280,15 +296,18 @@ size_t UdpPort::receive_raw(Datagram* out, size_t max) {
     rx_next_ = 0;
     for (size_t i = 0; i < rx_got_; ++i) {
       msghdr& h = b.rx_msgs[i].msg_hdr;
-      b.rx_peer_ip[i] = b.rx_addr[i].sin_addr.s_addr;
-      b.rx_peer_port[i] = ntohs(b.rx_addr[i].sin_port);
-      b.rx_local_ip[i] = ip_be_;
+      wire::from_sockaddr(reinterpret_cast<const sockaddr*>(&b.rx_addr[i]), &b.rx_peer_ip[i], &b.rx_peer_port[i]);
+      b.rx_local_ip[i] = ip_;
       b.rx_seg[i] = 0;
       for (cmsghdr* c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
         if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
           in_pktinfo info;
           std::memcpy(&info, CMSG_DATA(c), sizeof(info));
-          b.rx_local_ip[i] = info.ipi_addr.s_addr;
+          b.rx_local_ip[i] = wire::IpAddress::v4(info.ipi_addr.s_addr);
+        } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+          in6_pktinfo info;
+          std::memcpy(&info, CMSG_DATA(c), sizeof(info));
+          b.rx_local_ip[i] = wire::IpAddress::from_bytes(info.ipi6_addr.s6_addr);
         } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
           int seg = 0;
           std::memcpy(&seg, CMSG_DATA(c), sizeof(seg));
@@ -303,12 +322,12 @@ size_t UdpPort::receive_raw(Datagram* out, size_t max) {
     const size_t i = rx_next_;
     Datagram& d = out[k++];
     d.len = b.rx_cursor.next(&d.data, &d.segment);
-    d.peer_ip_be = b.rx_peer_ip[i];
+    d.peer_ip = b.rx_peer_ip[i];
     d.peer_port = b.rx_peer_port[i];
-    d.local_ip_be = b.rx_local_ip[i];
+    d.local_ip = b.rx_local_ip[i];
     // From this host, the sender's port captured it (when it is captured too): one frame per packet.
-    if (capture_ && d.peer_ip_be != d.local_ip_be) [[unlikely]]
-      capture_->packet(d.data, d.len, {d.peer_ip_be, d.local_ip_be, d.peer_port, port_, static_cast<uint16_t>(d.segment)},
+    if (capture_ && d.peer_ip != d.local_ip) [[unlikely]]
+      capture_->packet(d.data, d.len, {d.peer_ip, d.local_ip, d.peer_port, port_, static_cast<uint16_t>(d.segment)},
                        Capture::Direction::Inbound);
     ++stats_.rx_packets;
     stats_.rx_bytes += d.len;
@@ -319,7 +338,8 @@ size_t UdpPort::receive_raw(Datagram* out, size_t max) {
   return k;
 }
 
-uint8_t* UdpPort::reserve(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id) {
+uint8_t* UdpPort::reserve(uint32_t len, const wire::IpAddress& dst_ip, uint16_t dst_port, bool coalesce,
+                          uint16_t* ip_id) {
   if (len > kMaxDatagram) {
     ++stats_.tx_errors;
     return nullptr;
@@ -328,45 +348,45 @@ uint8_t* UdpPort::reserve(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, b
     // Impair a copy, on commit(): corruption must not touch what the caller wrote.
     impair_->tx_scratch.resize(len);
     placing_len_ = len;
-    placing_ip_ = dst_ip_be;
+    placing_ip_ = dst_ip;
     placing_port_ = dst_port;
     placing_coalesce_ = coalesce;
     *ip_id = 0;  // the impairment may move it; receivers check segments of contexts leniently (icrc_gate.h)
     return impair_->tx_scratch.data();
   }
-  return place(len, dst_ip_be, dst_port, coalesce, ip_id);
+  return place(len, dst_ip, dst_port, coalesce, ip_id);
 }
 
 void UdpPort::commit() {
   if (impair_) [[unlikely]] {
     PortImpairment& im = *impair_;
-    im.tx.offer(im.tx_scratch.data(), placing_len_, {placing_ip_, placing_port_, ip_be_, placing_coalesce_},
+    im.tx.offer(im.tx_scratch.data(), placing_len_, {placing_ip_, placing_port_, ip_, placing_coalesce_},
                 [this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) {
-                  enqueue(d, n, m.ip_be, m.port, m.coalesce);
+                  enqueue(d, n, m.ip, m.port, m.coalesce);
                 });
     return;
   }
   place_commit();
 }
 
-uint8_t* UdpPort::place(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id) {
+uint8_t* UdpPort::place(uint32_t len, const wire::IpAddress& dst_ip, uint16_t dst_port, bool coalesce, uint16_t* ip_id) {
   Buffers& b = *buf_;
   placing_len_ = len;
-  if (gso_ && coalesce && tx_count_ && b.tx_run[tx_count_ - 1].accepts(dst_ip_be, dst_port, len)) {
+  if (gso_ && coalesce && tx_count_ && b.tx_run[tx_count_ - 1].accepts(dst_ip, dst_port, len)) {
     placing_slot_ = tx_count_ - 1;
     placing_new_ = false;
     GsoRun& r = b.tx_run[placing_slot_];
     *ip_id = static_cast<uint16_t>(r.segments);
     placing_id_ = *ip_id;
     placing_at_ = static_cast<uint8_t*>(b.tx_iov[placing_slot_].iov_base) + r.bytes;
-    placing_ip_ = dst_ip_be;
+    placing_ip_ = dst_ip;
     placing_port_ = dst_port;
     return placing_at_;
   }
   if (tx_count_ == kBatch) send_batch();
   placing_slot_ = tx_count_;
   placing_new_ = true;
-  placing_ip_ = dst_ip_be;
+  placing_ip_ = dst_ip;
   placing_port_ = dst_port;
   placing_coalesce_ = coalesce;
   *ip_id = 0;
@@ -379,8 +399,8 @@ void UdpPort::place_commit() {
   Buffers& b = *buf_;
   // From 4791 to this host's own address is the 4791 holder handing a packet from another host to its
   // owner (transport/roce_ports.cpp), already framed as it arrived.
-  if (capture_ && !(port_ == wire::kRoceUdpPort && placing_ip_ == ip_be_)) [[unlikely]]
-    capture_->packet(placing_at_, placing_len_, {ip_be_, placing_ip_, port_, placing_port_, placing_id_},
+  if (capture_ && !(port_ == wire::kRoceUdpPort && placing_ip_ == ip_)) [[unlikely]]
+    capture_->packet(placing_at_, placing_len_, {ip_, placing_ip_, port_, placing_port_, placing_id_},
                      Capture::Direction::Outbound);
   GsoRun& r = b.tx_run[placing_slot_];
   if (!placing_new_) {
@@ -389,16 +409,13 @@ void UdpPort::place_commit() {
   }
   r.open(placing_ip_, placing_port_, placing_len_);
   if (!placing_coalesce_) r.closed = true;
-  b.tx_addr[placing_slot_] = {};
-  b.tx_addr[placing_slot_].sin_family = AF_INET;
-  b.tx_addr[placing_slot_].sin_addr.s_addr = placing_ip_;
-  b.tx_addr[placing_slot_].sin_port = htons(placing_port_);
+  b.tx_msgs[placing_slot_].msg_hdr.msg_namelen = wire::to_sockaddr(placing_ip_, placing_port_, &b.tx_addr[placing_slot_], scope_id_);
   ++tx_count_;
 }
 
-void UdpPort::enqueue(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce) {
+void UdpPort::enqueue(const uint8_t* data, uint32_t len, const wire::IpAddress& dst_ip, uint16_t dst_port, bool coalesce) {
   uint16_t ip_id;
-  std::memcpy(place(len, dst_ip_be, dst_port, coalesce, &ip_id), data, len);
+  std::memcpy(place(len, dst_ip, dst_port, coalesce, &ip_id), data, len);
   place_commit();
 }
 
@@ -407,7 +424,7 @@ void UdpPort::flush() {
     // A flush is a batch boundary: reordered datagrams age, and go out after a bounded number of flushes
     // (a tx_hold datagram waits for the next send instead).
     impair_->tx.tick([this](const uint8_t* d, uint32_t n, const DirectionImpairment::Meta& m) {
-      enqueue(d, n, m.ip_be, m.port, m.coalesce);
+      enqueue(d, n, m.ip, m.port, m.coalesce);
     });
   }
   send_batch();
@@ -481,15 +498,17 @@ void UdpPort::send_batch() {
 bool udp_port_bound(uint16_t port) {
   // /proc/thread-self: /proc/net follows the thread-group leader, whose network namespace is gone once
   // it has exited (a process whose main thread ended, or that is dying) while this thread runs.
-  FILE* f = fopen("/proc/thread-self/net/udp", "re");
-  if (!f) f = fopen("/proc/net/udp", "re");
-  if (!f) return true;
-  char line[512];
   bool bound = false;
-  unsigned local_port;
-  while (!bound && fgets(line, sizeof line, f))
-    if (sscanf(line, " %*d: %*x:%x", &local_port) == 1 && local_port == port) bound = true;
-  fclose(f);
+  for (const char* table : {"udp", "udp6"}) {
+    FILE* f = fopen(("/proc/thread-self/net/" + std::string(table)).c_str(), "re");
+    if (!f) f = fopen(("/proc/net/" + std::string(table)).c_str(), "re");
+    if (!f) return true;
+    char line[512];
+    unsigned local_port;
+    while (!bound && fgets(line, sizeof line, f))
+      if (sscanf(line, " %*d: %*x:%x", &local_port) == 1 && local_port == port) bound = true;
+    fclose(f);
+  }
   return bound;
 }
 

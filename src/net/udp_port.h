@@ -23,12 +23,13 @@ class UdpPort final : public PacketPort {
   static constexpr uint16_t kContextPortBegin = 32768, kContextPortEnd = 0xC000;
   static constexpr bool is_context_port(uint16_t port) { return port >= kContextPortBegin && port < kContextPortEnd; }
 
-  // Binds an unconnected, nonblocking UDP socket to (ip_be, port) (port 0: see above), with DF set
-  // (IP_PMTUDISC_DO: the kernel then sends IP identification 0, which the ICRC covers), IP_PKTINFO on,
+  // Binds an unconnected, nonblocking UDP socket of the address's family to (ip, port) (port 0: see
+  // above; a link-local IPv6 address on the interface that holds it), with DF set (IP_PMTUDISC_DO: the
+  // kernel then sends IP identification 0, which the ICRC covers; over IPv6 no fragments), PKTINFO on,
   // UDP_SEGMENT/UDP_GRO where the kernel has them (offload()) and 8 MiB socket buffers where allowed.
   // Throws std::system_error on failure.
   // settings: SOFTRDMA_IMPAIR and SOFTRDMA_GSO, from the environment when the port opens unless given.
-  UdpPort(uint32_t ip_be, uint16_t port, const config::Settings& settings = config::parse());
+  UdpPort(const wire::IpAddress& ip, uint16_t port, const config::Settings& settings = config::parse());
   // Takes fd, a nonblocking UDP socket another port bound and configured (net/port_share.h: a
   // process's duplicate of the host's 4791 socket). Throws std::system_error (closing fd) when its
   // segmentation differs from what settings ask, since received buffers would then be misread.
@@ -40,7 +41,7 @@ class UdpPort final : public PacketPort {
 
   int fd() const override { return fd_; }
   uint16_t port() const override { return port_; }  // host order; the actual port when 0 was asked
-  uint32_t ip_be() const override { return ip_be_; }
+  const wire::IpAddress& ip() const override { return ip_; }
   // A context port (port 0 asked) also listens on TCP at its number, when that was free.
   Liveness* liveness() override { return liveness_.get(); }
 
@@ -52,7 +53,8 @@ class UdpPort final : public PacketPort {
   // Datagrams go out in batches of up to kBatch messages (sendmmsg); a coalesced run of them to one
   // destination is one message with UDP_SEGMENT (net/gso.h). A datagram longer than kMaxDatagram is
   // refused and counted in tx_errors.
-  uint8_t* reserve(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id) override;
+  uint8_t* reserve(uint32_t len, const wire::IpAddress& dst_ip, uint16_t dst_port, bool coalesce,
+                   uint16_t* ip_id) override;
   void commit() override;
   // Sends everything queued with sendmmsg, waiting briefly for socket space on EAGAIN/ENOBUFS rather than
   // dropping. Datagrams the kernel rejects (e.g. EMSGSIZE over the path MTU) count in tx_errors.
@@ -75,21 +77,23 @@ class UdpPort final : public PacketPort {
   void init_buffers();
   size_t receive_raw(Datagram* out, size_t max);
   size_t receive_impaired(Datagram* out, size_t max);
-  uint8_t* place(uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce, uint16_t* ip_id);
+  uint8_t* place(uint32_t len, const wire::IpAddress& dst_ip, uint16_t dst_port, bool coalesce, uint16_t* ip_id);
   void place_commit();
-  void enqueue(const uint8_t* data, uint32_t len, uint32_t dst_ip_be, uint16_t dst_port, bool coalesce);
+  void enqueue(const uint8_t* data, uint32_t len, const wire::IpAddress& dst_ip, uint16_t dst_port, bool coalesce);
   void send_batch();
 
   struct Buffers;  // message headers, addresses, control space and packet storage
   int fd_ = -1;
-  uint32_t ip_be_ = 0;
+  wire::IpAddress ip_;
+  uint32_t scope_id_ = 0;  // the interface of a link-local IPv6 address (sends to link-local peers leave there)
   uint16_t port_ = 0;
   bool gso_ = false;
   size_t tx_count_ = 0;  // messages queued (each one datagram or a segmented run)
   // The datagram reserve() placed, until commit(): in slot placing_slot_, opening it when placing_new_.
   size_t placing_slot_ = 0;
   bool placing_new_ = false;
-  uint32_t placing_len_ = 0, placing_ip_ = 0;
+  uint32_t placing_len_ = 0;
+  wire::IpAddress placing_ip_;
   uint16_t placing_port_ = 0, placing_id_ = 0;
   uint8_t* placing_at_ = nullptr;
   bool placing_coalesce_ = false;

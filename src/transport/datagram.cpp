@@ -23,15 +23,24 @@ constexpr int kBurst = 64;           // packets one QP may send per progress pas
 constexpr uint32_t kGrhLen = 40;     // the GRH area ahead of every UD message (IBTA 11.4.1.2)
 constexpr uint32_t kQkeyUseQpOwn = 0x80000000u;  // a WR Q_Key with the high bit set: send the QP's own
 
-bool is_multicast(uint32_t ip_be) {
-  return (reinterpret_cast<const uint8_t*>(&ip_be)[0] & 0xF0) == 0xE0;
-}
-
-// RoCEv2 over IPv4 (Annex A17.4.5.1): the GRH area holds 20 zero bytes, then the IPv4 header of the
-// datagram as it arrived. A UDP socket does not see that header, so it is rebuilt from what is known:
-// addresses, length, protocol UDP, TTL 64, DF, and a valid header checksum.
-void build_grh(uint8_t* out, uint32_t src_ip_be, uint32_t dst_ip_be, uint32_t udp_payload_len) {
+// RoCEv2 (Annex A17.4.5.1): over IPv4 the GRH area holds 20 zero bytes, then the IPv4 header of the
+// datagram as it arrived; over IPv6 it is the IPv6 header. A UDP socket does not see that header, so it
+// is rebuilt from what is known: addresses, length, protocol UDP, TTL (hop limit) 64, and for IPv4 DF
+// and a valid header checksum.
+void build_grh(uint8_t* out, const wire::IpAddress& src, const wire::IpAddress& dst, uint32_t udp_payload_len) {
   std::memset(out, 0, kGrhLen);
+  if (!src.is_v4()) {
+    const uint32_t payload = 8 + udp_payload_len;
+    out[0] = 0x60;
+    out[4] = static_cast<uint8_t>(payload >> 8);
+    out[5] = static_cast<uint8_t>(payload);
+    out[6] = 17;
+    out[7] = 64;
+    std::memcpy(out + 8, src.bytes.data(), 16);
+    std::memcpy(out + 24, dst.bytes.data(), 16);
+    return;
+  }
+  const uint32_t src_ip_be = src.v4_be(), dst_ip_be = dst.v4_be();
   uint8_t* ip = out + 20;
   uint32_t total = 20 + 8 + udp_payload_len;
   ip[0] = 0x45;
@@ -77,16 +86,16 @@ void DatagramPath::ud_send(Qp& qp, SqEntry& e) {
       gather_send(e, 0, scratch, len);
     // A QP of a process on this host is reached at that process's port; others (and groups) at 4791.
     uint16_t port = wire::kRoceUdpPort;
-    if (!is_multicast(w.ud_dest_ip_be)) {
+    if (!w.ud_dest_ip.is_multicast()) {
       auto ep = net::Registry::instance().lookup(w.ud_remote_qpn);
-      if (ep && ep->ip_be == w.ud_dest_ip_be) port = ep->port;
+      if (ep && ep->ip_key == w.ud_dest_ip.key()) port = ep->port;
     }
-    send_packet_to(qp, pkt, payload, len, w.ud_dest_ip_be, port);
+    send_packet_to(qp, pkt, payload, len, w.ud_dest_ip, port);
   }
 }
 
 bool DatagramPath::carries(const Qp& qp, const SendWqe& w) const {
-  return work_request(w.op, qp.cfg.type).allowed && (qp.cfg.type != QpType::Ud || w.ud_dest_ip_be != 0);
+  return work_request(w.op, qp.cfg.type).allowed && (qp.cfg.type != QpType::Ud || w.ud_dest_ip.is_set());
 }
 
 void DatagramPath::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) {
@@ -171,14 +180,14 @@ void DatagramPath::datagram_receive(Qp& qp, const wire::Packet& pkt, const Arriv
   const wire::OpcodeInfo& info = wire::opcode_info(pkt.bth.opcode);
   // The message is the GRH area, then the payload.
   uint8_t grh[kGrhLen];
-  build_grh(grh, from.peer_ip_be, from.local_ip_be, from.len);
+  build_grh(grh, from.peer_ip, from.local_ip, from.len);
   const WcStatus st = placement().place_message(w, receive_pd(qp), {{grh, kGrhLen}, {pkt.payload, pkt.payload_len}});
   core::Cqe c = wqe_cqe(qp.qpn, w.wr_id, st, core::WcOpcode::Recv);
   if (c.status == WcStatus::Success) {
     c.byte_len = kGrhLen + pkt.payload_len;
     c.src_qp = pkt.deth.src_qp;
     c.wc_flags = core::kWcGrh;
-    c.sl = core::kRoceSlIpv4;
+    c.sl = from.peer_ip.is_v4() ? core::kRoceSlIpv4 : core::kRoceSlIpv6;
     if (info.headers & wire::kHdrImm) {
       c.wc_flags |= core::kWcWithImm;
       c.imm_or_inv = pkt.imm_data_be;

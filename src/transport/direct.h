@@ -44,10 +44,10 @@ class DirectEndpoint {
   // SEND it left for an armed CQ (initiators never get it).
   // counters: the context's device counters (the server thread adds direct_refused there, atomically).
   // peers: who may connect (SOFTRDMA_DIRECT_PEERS).
-  DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_be, uint16_t port, int doorbell_fd,
+  DirectEndpoint(core::Arena& arena, const core::MrTable& keys, uint32_t ip_key, uint16_t port, int doorbell_fd,
                  core::Counters* counters, DirectGate::PeerPolicy peers)
       : gate_(counters, peers), target_(arena, keys, gate_), initiator_(gate_),
-        server_(gate_, target_, keys, ip_be, port, doorbell_fd) {}
+        server_(gate_, target_, keys, ip_key, port, doorbell_fd) {}
   DirectEndpoint(const DirectEndpoint&) = delete;
   DirectEndpoint& operator=(const DirectEndpoint&) = delete;
 
@@ -82,7 +82,7 @@ class DirectEndpoint {
   std::shared_ptr<core::Arena> writable_area() const { return target_.writable_area(); }
 
   // --- as an initiator (under the engine lock) ---
-  // Connects qp to its peer (dest_qpn at dest_ip_be owned by the process pid at port), or drops the
+  // Connects qp to its peer (dest_qpn at dest_ip owned by the process pid at port), or drops the
   // connection when the peer is not another context on this host that serves the direct path.
   void attach(Qp& qp, int32_t pid, uint16_t port) { initiator_.attach(qp, pid, port); }
   void detach(Qp& qp) { initiator_.detach(qp); }

@@ -131,7 +131,7 @@ int DirectInitiator::open_peer(const Qp& qp, int32_t pid, uint16_t port, std::sh
   p->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un sa;
   socklen_t len;
-  direct::socket_name(sa, len, qp.dest_ip_be, port);
+  direct::socket_name(sa, len, qp.dest_ip.key(), port);
   timeval tv{2, 0};
   if (p->sock < 0) return EIO;
   setsockopt(p->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -164,7 +164,7 @@ int DirectInitiator::connect_peer(Qp& qp) {
   const int32_t pid = qp.direct.retry_pid;
   const uint16_t port = qp.direct.retry_port;
   const uint64_t conn = static_cast<uint64_t>(qp.dest_qpn) << 32 | qp.qpn;
-  uint64_t key = static_cast<uint64_t>(qp.dest_ip_be) << 16 | port;
+  uint64_t key = static_cast<uint64_t>(qp.dest_ip.key()) << 16 | port;
   std::shared_ptr<DirectPeer>& peer = peers_[key];
   if (peer && (peer->dead || peer->pid != pid)) peer.reset();
   if (!peer)

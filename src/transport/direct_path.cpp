@@ -79,7 +79,7 @@ void DirectPath::join(Qp& qp) {
   DirectEndpoint* d = direct();
   if (!d || qp.cfg.type != QpType::Rc || qp.cfg.xrc != XrcRole::None || qp.on_path()) return;
   auto ep = net::Registry::instance().lookup(qp.dest_qpn);
-  if (ep && ep->ip_be == qp.dest_ip_be)
+  if (ep && ep->ip_key == qp.dest_ip.key())
     d->attach(qp, ep->pid, ep->port);
   else
     d->detach(qp);

@@ -97,7 +97,7 @@ class DirectInitiator {
   DirectInitiator(const DirectInitiator&) = delete;
   DirectInitiator& operator=(const DirectInitiator&) = delete;
 
-  // (Under the engine lock.) Connects qp to its peer (dest_qpn at dest_ip_be owned by the process pid
+  // (Under the engine lock.) Connects qp to its peer (dest_qpn at dest_ip owned by the process pid
   // at port), or drops the connection when the peer is not another context on this host that serves
   // the direct path.
   void attach(Qp& qp, int32_t pid, uint16_t port);

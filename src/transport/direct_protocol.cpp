@@ -12,11 +12,11 @@
 
 namespace softrdma::transport::direct {
 
-void socket_name(sockaddr_un& sa, socklen_t& len, uint32_t ip_be, uint16_t port) {
+void socket_name(sockaddr_un& sa, socklen_t& len, uint32_t ip_key, uint16_t port) {
   sa = {};
   sa.sun_family = AF_UNIX;
   // Abstract (leading NUL): no file to clean up, and per network namespace like the registry.
-  int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "softrdma-direct-%08x-%u", ip_be, port);
+  int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "softrdma-direct-%08x-%u", ip_key, port);
   len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 

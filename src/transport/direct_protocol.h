@@ -34,8 +34,8 @@ struct Reply {
 // Both sides must agree on the layout of what they share (direct_layout.h, the key table's slots).
 constexpr uint32_t kLayout = sizeof(core::MrRegion) << 16 | (sizeof(DirectShared) + sizeof(DirectInbox)) % 0xFFFF;
 
-// The server's abstract socket name for the context at (ip_be, port).
-void socket_name(sockaddr_un& sa, socklen_t& len, uint32_t ip_be, uint16_t port);
+// The server's abstract socket name for the context at (address key, port): wire::IpAddress::key().
+void socket_name(sockaddr_un& sa, socklen_t& len, uint32_t ip_key, uint16_t port);
 // Sends a reply with up to two fds (-1: none).
 bool send_reply(int fd, const Reply& r, int pass_fd, int pass_fd2 = -1);
 // One request, one reply (and up to two fds; -1 when none came). Blocking, bounded by a receive timeout.

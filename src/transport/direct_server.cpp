@@ -18,14 +18,14 @@
 
 namespace softrdma::transport {
 
-DirectServer::DirectServer(DirectGate& gate, DirectTarget& target, const core::MrTable& keys, uint32_t ip_be,
+DirectServer::DirectServer(DirectGate& gate, DirectTarget& target, const core::MrTable& keys, uint32_t ip_key,
                            uint16_t port, int doorbell_fd)
     : gate_(gate), target_(target), keys_(keys), doorbell_fd_(doorbell_fd) {
   listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   sockaddr_un sa;
   socklen_t len;
-  direct::socket_name(sa, len, ip_be, port);
+  direct::socket_name(sa, len, ip_key, port);
   if (listen_fd_ < 0 || stop_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), len) != 0 ||
       listen(listen_fd_, 64) != 0) {
     int e = errno;

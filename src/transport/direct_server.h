@@ -20,9 +20,9 @@ namespace softrdma::transport {
 
 class DirectServer {
  public:
-  // Serves the context at (ip_be, port). doorbell_fd: the engine's eventfd, written for kRing.
+  // Serves the context at (address key, port: direct_protocol.h). doorbell_fd: the engine's eventfd, written for kRing.
   // Throws std::system_error when the socket cannot be had.
-  DirectServer(DirectGate& gate, DirectTarget& target, const core::MrTable& keys, uint32_t ip_be, uint16_t port,
+  DirectServer(DirectGate& gate, DirectTarget& target, const core::MrTable& keys, uint32_t ip_key, uint16_t port,
                int doorbell_fd);
   ~DirectServer();
   DirectServer(const DirectServer&) = delete;

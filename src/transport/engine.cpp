@@ -62,7 +62,7 @@ bool cpus_oversubscribed() {
 Engine::Engine(const net::Interface& iface, EngineOptions opts)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
       clock_(opts_.clock ? opts_.clock : &net::SystemClock::instance()),
-      stats_("softrdma_" + iface.ifname, opts_.stats_mode),
+      stats_((iface.ip.is_v4() ? "softrdma_" : "softrdma6_") + iface.ifname, opts_.stats_mode),  // as verbs names the device
       spin_ns_(opts_.spin_us * 1000ull) {
   placement_ = std::make_unique<Placement>(*this);
   srq_table_ = std::make_unique<SrqTable>(*this);
@@ -78,8 +78,8 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   paths_[3] = direct_path_.get();
   paths_[4] = datagram_.get();
   if (!opts_.open_port) {
-    opts_.open_port = [](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
-      return std::make_unique<net::UdpPort>(ip_be, port);
+    opts_.open_port = [](const wire::IpAddress& ip, uint16_t port) -> std::unique_ptr<net::PacketPort> {
+      return std::make_unique<net::UdpPort>(ip, port);
     };
     opts_.adopt_port = [](int fd) -> std::unique_ptr<net::PacketPort> {
       return std::make_unique<net::UdpPort>(net::UdpPort::Adopt{}, fd);
@@ -112,7 +112,7 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   ports_->try_take_roce_port(0);
   if (opts_.direct) {
     try {
-      direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip_be, ports_->port(), doorbell_fd_,
+      direct_ = std::make_unique<DirectEndpoint>(arena_, mrs_, iface_.ip.key(), ports_->port(), doorbell_fd_,
                                                  &stats_.device(), opts_.direct_peers);
     } catch (const std::system_error&) {
       direct_.reset();  // this context is reached by packets only
@@ -368,8 +368,8 @@ void Engine::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) {
   // connected services; kernel rxe compares the IP source with the QP's path likewise). The port is
   // not checked: RoCE senders vary it for entropy. This stops off-path injection from any other
   // address; a forged source still gets through (plain RoCEv2 has no source authentication).
-  if ((qp.cfg.type == QpType::Rc || qp.cfg.type == QpType::Uc) && qp.dest_ip_be != 0 &&
-      from.peer_ip_be != qp.dest_ip_be) {
+  if ((qp.cfg.type == QpType::Rc || qp.cfg.type == QpType::Uc) && qp.dest_ip.is_set() &&
+      from.peer_ip != qp.dest_ip) {
     count(&qp, &core::Counters::drop_src_addr);
     return;
   }
@@ -648,7 +648,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
       return nullptr;
     }
   }
-  qp->qpn = net::Registry::instance().allocate_qpn(iface_.ip_be, ports_->port());
+  qp->qpn = net::Registry::instance().allocate_qpn(iface_.ip, ports_->port());
   if (qp->qpn == 0) {
     arena_.release(qp->rq.slots, qp->rq_bytes);
     errno = ENOSPC;
@@ -731,7 +731,7 @@ int Engine::modify_qp(Qp* qp, const QpModify& m) {
       qp->dest_qpn = m.dest_qpn;
       stats_.set_dest(qp->qpn, m.dest_qpn);
     }
-    if (m.mask & kModAv) qp->dest_ip_be = m.dest_ip_be;
+    if (m.mask & kModAv) qp->dest_ip = m.dest_ip;
     if (m.mask & kModQkey) qp->qkey = m.qkey;
     if (m.mask & kModRqPsn) qp->resp.epsn = m.rq_psn;
     if (m.mask & kModSqPsn) {
@@ -849,7 +849,7 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
       }
       SqEntry& e = qp->sq.at(head);
       // Copy only what the WQE uses: SGE array and inline data are large.
-      std::memcpy(&e.wqe, &w, offsetof(SendWqe, sge));
+      std::memcpy(static_cast<void*>(&e.wqe), &w, offsetof(SendWqe, sge));
       std::memcpy(e.wqe.sge, w.sge, sizeof(Sge) * w.num_sge);
       if (w.flags & kInline) std::memcpy(e.wqe.inline_data, w.inline_data, w.length);
       e.started = false;
@@ -903,10 +903,10 @@ int Engine::post_recv(Qp* qp, const RecvWqe* wqes, int n, int* bad) {
   return rc;
 }
 
-void Engine::inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port,
+void Engine::inject_datagram(const uint8_t* data, uint32_t len, const wire::IpAddress& peer_ip, uint16_t peer_port,
                              uint16_t local_port) {
   std::lock_guard lock(lock_);
-  ports_->handle_packet(data, len, peer_ip_be, peer_port, local_port ? local_port : ports_->port());
+  ports_->handle_packet(data, len, peer_ip, peer_port, local_port ? local_port : ports_->port());
   batch_done();
   ports_->flush_own();
 }

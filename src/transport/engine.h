@@ -66,7 +66,7 @@ struct QpModify {
   uint32_t access_flags = 0;
   uint32_t mtu_bytes = 0;
   uint32_t dest_qpn = 0;
-  uint32_t dest_ip_be = 0;
+  wire::IpAddress dest_ip;
   uint32_t rq_psn = 0, sq_psn = 0;
   uint8_t timeout = 0, retry_cnt = 0, rnr_retry = 0, min_rnr_timer = 0;
   uint32_t max_rd_atomic = 0, max_dest_rd_atomic = 0;
@@ -80,7 +80,7 @@ struct QpModify {
 // (context_options below), read when it opens.
 struct EngineOptions {
   // Opens the packet port at (ip, port); port 0 means any. Throws std::system_error when it cannot.
-  std::function<std::unique_ptr<net::PacketPort>(uint32_t ip_be, uint16_t port)> open_port;
+  std::function<std::unique_ptr<net::PacketPort>(const wire::IpAddress& ip, uint16_t port)> open_port;
   // Wraps fd, another process's UDP 4791 socket taken from its offer (net/port_share.h), as a port;
   // throws std::system_error (closing fd) when it cannot. Empty: 4791 is never shared (ports that
   // are not UDP sockets). The default goes with the default open_port.
@@ -214,8 +214,8 @@ class Engine {
   // The UDP port this context receives on (the registry's endpoint for its QPNs).
   uint16_t udp_port() const { return ports_->port(); }
   // Feeds one datagram through the receive path as if it had arrived on local_port (0: udp_port()) from
-  // (peer_ip_be, peer_port): for fuzzing and hostile-input tests.
-  void inject_datagram(const uint8_t* data, uint32_t len, uint32_t peer_ip_be, uint16_t peer_port,
+  // (peer_ip, peer_port): for fuzzing and hostile-input tests.
+  void inject_datagram(const uint8_t* data, uint32_t len, const wire::IpAddress& peer_ip, uint16_t peer_port,
                        uint16_t local_port = 0);
   // The context's RoCEv2 ports, whose multicast groups UD QPs join (roce_ports.h).
   RocePorts& ports() { return *ports_; }
@@ -380,8 +380,8 @@ inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* 
 }
 inline net::Capture* PathServices::capture() { return e_.ports_->capture(); }
 inline void PathServices::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
-                                         uint32_t dest_ip_be, uint16_t dest_port) {
-  e_.ports_->send_packet_to(qp, pkt, payload, len, dest_ip_be, dest_port);
+                                         const wire::IpAddress& dest_ip, uint16_t dest_port) {
+  e_.ports_->send_packet_to(qp, pkt, payload, len, dest_ip, dest_port);
 }
 inline void PathServices::resolve_destination(Qp& qp, bool again) { e_.ports_->resolve_destination(qp, again); }
 inline net::Liveness::Verdict PathServices::peer_liveness(const Qp& qp, uint64_t max_age_ns, uint64_t asked_from_ns,

@@ -31,7 +31,7 @@
 
 namespace softrdma::transport {
 
-void RocePorts::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port) {
+void RocePorts::handle_gsi(const uint8_t* data, uint32_t len, const wire::IpAddress& peer_ip, uint16_t local_port) {
   const uint8_t* mad = wire::gsi_mad(data, len);
   wire::MadHeader h;
   // Only the 4791 holder routes; our ephemeral port never receives MADs.
@@ -41,7 +41,7 @@ void RocePorts::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
   }
   auto reply = [&](const uint8_t* out_mad) {
     uint8_t pkt[wire::kGsiPacketLen];
-    size_t n = wire::build_gsi_packet(iface().ip_be, peer_ip, wire::kRoceUdpPort, wire::kRoceUdpPort, 0, out_mad, pkt);
+    size_t n = wire::build_gsi_packet(iface().ip, peer_ip, wire::kRoceUdpPort, wire::kRoceUdpPort, 0, out_mad, pkt);
     roce_port_->send(pkt, static_cast<uint32_t>(n), peer_ip, wire::kRoceUdpPort);
   };
   const auto attr = static_cast<wire::CmAttr>(h.attr_id);
@@ -49,7 +49,7 @@ void RocePorts::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
     uint64_t sid = wire::cm_service_id(mad, h.attr_id);
     uint16_t port = static_cast<uint16_t>(sid & 0xFFFF);
     if (wire::is_ip_service_id(sid) && port && net::udp_port_bound(port)) {
-      roce_port_->send(data, len, iface().ip_be, port);
+      roce_port_->send(data, len, iface().ip, port);
       count(nullptr, &core::Counters::forwarded);
       return;
     }
@@ -58,7 +58,7 @@ void RocePorts::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
     {
       static std::mutex first_seen_mu;
       static std::unordered_map<uint64_t, uint64_t> first_seen;  // (peer IP, comm/request ID) -> when
-      const uint64_t key = (uint64_t{peer_ip} << 32) | wire::cm_destination_comm_id(mad, static_cast<uint16_t>(wire::CmAttr::SidrRep));  // bytes 0-3: the sender's comm/request ID
+      const uint64_t key = (uint64_t{peer_ip.key()} << 32) | wire::cm_destination_comm_id(mad, static_cast<uint16_t>(wire::CmAttr::SidrRep));  // bytes 0-3: the sender's comm/request ID
       const uint64_t now = now_ns();
       std::lock_guard lock(first_seen_mu);
       std::erase_if(first_seen, [&](const auto& kv) { return now - kv.second > 60'000'000'000ull; });
@@ -74,7 +74,7 @@ void RocePorts::handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, 
   uint32_t comm_id = wire::cm_destination_comm_id(mad, h.attr_id);
   auto ep = net::Registry::instance().lookup(comm_id & 0xFFFFFF);
   if (ep && ep->port && !(kill(ep->pid, 0) != 0 && errno == ESRCH)) {
-    roce_port_->send(data, len, iface().ip_be, ep->port);
+    roce_port_->send(data, len, iface().ip, ep->port);
     count(nullptr, &core::Counters::forwarded);
     return;
   }

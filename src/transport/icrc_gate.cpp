@@ -5,7 +5,7 @@
 
 namespace softrdma::transport {
 
-IcrcGate::Verdict IcrcGate::check(const wire::Ipv4UdpAddr& addr, const uint8_t* pkt, uint32_t len, uint64_t now,
+IcrcGate::Verdict IcrcGate::check(const wire::UdpAddr& addr, const uint8_t* pkt, uint32_t len, uint64_t now,
                                   wire::IpIdent* ident) {
   *ident = {addr.ip_id, addr.ip_flags};
   if (wire::check_icrc(addr, pkt, len)) return Verdict::Exact;
@@ -20,13 +20,13 @@ IcrcGate::Verdict IcrcGate::check(const wire::Ipv4UdpAddr& addr, const uint8_t* 
   if (addr.dst_port != wire::kRoceUdpPort) return Verdict::Bad;
   auto solved = wire::solve_ip_ident(addr, pkt, len);
   if (!solved) return Verdict::Bad;
-  auto [it, first_contact] = senders_.try_emplace(addr.src_ip_be, Sender{solved->ip_id, solved->ip_flags, false, 0, 0, now});
+  auto [it, first_contact] = senders_.try_emplace(addr.src_ip, Sender{solved->ip_id, solved->ip_flags, false, 0, 0, now});
   Sender& s = it->second;
   if (first_contact) {
     // Nothing to compare with yet: the one packet that opens a sender's history has only the solution.
     if (senders_.size() > kMaxSenders) {
       senders_.clear();
-      senders_.emplace(addr.src_ip_be, Sender{solved->ip_id, solved->ip_flags, false, 0, 0, now});
+      senders_.emplace(addr.src_ip, Sender{solved->ip_id, solved->ip_flags, false, 0, 0, now});
     }
     *ident = *solved;
     return Verdict::Solved;

@@ -38,7 +38,7 @@ class IcrcGate {
 
   // addr: the datagram's addresses as the socket saw them, ip_id its segment index (0 when alone). *ident gets the identification and flags
   // the packet checked out with (for a hop that forwards it on, which re-checks at full strength).
-  Verdict check(const wire::Ipv4UdpAddr& addr, const uint8_t* pkt, uint32_t len, uint64_t now_ns,
+  Verdict check(const wire::UdpAddr& addr, const uint8_t* pkt, uint32_t len, uint64_t now_ns,
                 wire::IpIdent* ident);
 
  private:
@@ -50,7 +50,7 @@ class IcrcGate {
     uint8_t resync_flags = 0;
     uint64_t last_ns;
   };
-  std::unordered_map<uint32_t, Sender> senders_;  // by source IPv4 address (Linux: one counter per pair)
+  std::unordered_map<wire::IpAddress, Sender> senders_;  // by source address (Linux: one IPv4 counter per pair)
 };
 
 }  // namespace softrdma::transport

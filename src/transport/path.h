@@ -62,11 +62,11 @@ class WireProtection;
 template <typename Slot>
 struct WorkQueue;
 
-// Where a RoCEv2 packet came from and went to (IPv4, network byte order), and its UDP length.
+// Where a RoCEv2 packet came from and went to, and its UDP length.
 struct Arrival {
-  uint32_t peer_ip_be = 0;
+  wire::IpAddress peer_ip;
   uint16_t peer_port = 0;
-  uint32_t local_ip_be = 0;  // the device's address, or the multicast group's
+  wire::IpAddress local_ip;  // the device's address, or the multicast group's
   uint32_t len = 0;
 };
 
@@ -149,7 +149,7 @@ class PathServices {
   void deliver(Qp& qp, wire::Packet& pkt, const Arrival& from);
   void batch_done();
   WireProtection& protection();
-  void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
+  void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, const wire::IpAddress& dest_ip,
                       uint16_t dest_port);
   void resolve_destination(Qp& qp, bool again = false);
   // Whether the QP's peer process exists, as its host's kernel says (net/liveness.h), and how long a

@@ -35,7 +35,7 @@ net::LinkState Engine::port_link() const { return unpack(port_link_.load(std::me
 
 void Engine::start_link_monitor() {
   try {
-    link_ = std::make_unique<net::LinkMonitor>(iface_.ifindex, iface_.ip_be);
+    link_ = std::make_unique<net::LinkMonitor>(iface_.ifindex, iface_.ip);
   } catch (const std::system_error&) {
     return;  // no netlink here (a seccomp sandbox): the port stays ACTIVE, as before
   }

@@ -44,10 +44,10 @@ bool WireProtection::derive_keys(Qp& qp) {
   auto tx = std::make_unique<wire::PacketCipher>();
   auto rx = std::make_unique<wire::PacketCipher>();
   const bool ok =
-      wire::derive_direction_key(qp.prot->secret, qp.prot->secret_len, qp.prot->mode, iface().ip_be, qp.qpn,
-                                 qp.dest_ip_be, qp.dest_qpn, &out) &&
-      wire::derive_direction_key(qp.prot->secret, qp.prot->secret_len, qp.prot->mode, qp.dest_ip_be, qp.dest_qpn,
-                                 iface().ip_be, qp.qpn, &in) &&
+      wire::derive_direction_key(qp.prot->secret, qp.prot->secret_len, qp.prot->mode, iface().ip, qp.qpn,
+                                 qp.dest_ip, qp.dest_qpn, &out) &&
+      wire::derive_direction_key(qp.prot->secret, qp.prot->secret_len, qp.prot->mode, qp.dest_ip, qp.dest_qpn,
+                                 iface().ip, qp.qpn, &in) &&
       tx->init(qp.prot->mode, out, true) && rx->init(qp.prot->mode, in, false);
   OPENSSL_cleanse(&out, sizeof out);
   OPENSSL_cleanse(&in, sizeof in);

@@ -77,7 +77,7 @@ struct SendWqe {
   uint64_t compare_add;     // ATOMIC compare (CmpSwap) or add operand (FetchAdd)
   uint64_t swap;
   // UD: where this datagram goes (from the WR's address handle, remote_qpn and remote_qkey).
-  uint32_t ud_dest_ip_be;
+  wire::IpAddress ud_dest_ip;
   uint32_t ud_remote_qpn;
   uint32_t ud_remote_qkey;
   uint32_t xrc_srqn;        // XRC_SEND: the remote XRC SRQ the message is for (its XRCETH)
@@ -289,7 +289,7 @@ struct Qp {
   uint32_t access_flags = 0;
   uint32_t mtu = 1024;
   uint32_t dest_qpn = 0;
-  uint32_t dest_ip_be = 0;
+  wire::IpAddress dest_ip;
   uint16_t dest_port = 0;          // UDP port packets go to (4791, or a local process's port)
   uint16_t src_port = 0;           // per-QP source port entropy (informational: sockets are shared)
   uint8_t timeout = 14, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 0;

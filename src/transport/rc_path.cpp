@@ -21,7 +21,7 @@ bool RcPath::transmit(Qp& qp, uint64_t now_ns) {
 }
 
 void RcPath::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) {
-  const uint32_t peer_ip = from.peer_ip_be;
+  const wire::IpAddress& peer_ip = from.peer_ip;
   const uint16_t peer_port = from.peer_port;
   if (qp.cfg.xrc != XrcRole::None) {
     // From here on an XRC packet is handled as the RC one it carries (its XRCETH is in pkt). An
@@ -34,7 +34,7 @@ void RcPath::deliver(Qp& qp, wire::Packet& pkt, const Arrival& from) {
       return;
     }
   }
-  if (qp.dest_port == wire::kRoceUdpPort && peer_ip == qp.dest_ip_be && net::UdpPort::is_context_port(peer_port)) {
+  if (qp.dest_port == wire::kRoceUdpPort && peer_ip == qp.dest_ip && net::UdpPort::is_context_port(peer_port)) {
     // The peer is a softrdma context on another host (RoCE stacks send from 0xC000 up): from now on it
     // is reached at its own port, not through the 4791 holder of its host (docs/architecture.md), and
     // our packets to it may travel segmented.

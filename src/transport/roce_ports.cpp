@@ -32,8 +32,9 @@ namespace {
 // source and the IPv4 identification the holder found it was sent with: IPv4 address (4), UDP port (2,
 // big-endian), identification (2, big-endian), flags (1), then this magic (4). The receiver checks the
 // ICRC again with them, at full strength: the hop is no way around the check.
-constexpr uint32_t kForwardTrailerLen = 13;
-constexpr uint8_t kForwardMagic[4] = {'S', 'R', 'F', 'W'};
+// Address (16 bytes, IPv4 mapped), port, IPv4 identification (2), flags (1), magic.
+constexpr uint32_t kForwardTrailerLen = 25;
+constexpr uint8_t kForwardMagic[4] = {'S', 'R', 'F', '2'};
 constexpr uint32_t kMaxDatagram = 8192;  // far above MTU 4096 plus every header
 // Sharing 4791 (net/port_share.h). A stand-by looks at the socket every 25 ms, so datagrams wait at
 // most about 50 ms for a stopped reader (kernel rxe's shortest usual timeout, 14, is 67 ms; it
@@ -56,7 +57,7 @@ RocePorts::RocePorts(Engine& e, OpenPort open_port, AdoptPort adopt_port, bool t
                      const std::string& capture)
     : PathServices(e), capture_(net::Capture::open(capture)), open_port_(std::move(open_port)),
       take_roce_port_(take_roce_port), adopt_port_(std::move(adopt_port)) {
-  port_ = open_port_(iface().ip_be, 0);
+  port_ = open_port_(iface().ip, 0);
   if (port_->fd() >= 0) watch(port_->fd(), EPOLLIN);
   if (liveness_fd() >= 0) watch(liveness_fd(), EPOLLIN);
 }
@@ -96,9 +97,9 @@ void RocePorts::serve_liveness() {
   net::Liveness* l = port_->liveness();
   if (!l) return;
   // A QP answers "receiving" only to its own peer's address: nobody else learns which QPNs exist.
-  l->serve([this](uint32_t qpn, uint32_t asker_ip_be) {
+  l->serve([this](uint32_t qpn, const wire::IpAddress& asker_ip) {
     const Qp* qp = find_qp(qpn);
-    if (!qp || qp->dest_ip_be != asker_ip_be) return false;
+    if (!qp || qp->dest_ip != asker_ip) return false;
     const QpState st = qp->state.load(std::memory_order_relaxed);
     return st == QpState::Rtr || st == QpState::Rts || st == QpState::Sqd;
   });
@@ -122,7 +123,7 @@ void RocePorts::try_take_roce_port(uint64_t now) {
   next_roce_try_ns_ = now + 1000000000ull;
   if (!roce_taker_) {
     try {
-      roce_port_ = open_port_(iface().ip_be, wire::kRoceUdpPort);
+      roce_port_ = open_port_(iface().ip, wire::kRoceUdpPort);
     } catch (const std::system_error&) {
       // held by another process: our peers reach us through it, and we take its socket
     }
@@ -136,7 +137,7 @@ void RocePorts::try_take_roce_port(uint64_t now) {
 
 void RocePorts::take_shared_roce_port(uint64_t now) {
   if (!adopt_port_) return;
-  if (!roce_taker_) roce_taker_ = std::make_unique<net::PortShare::Taker>(iface().ip_be, wire::kRoceUdpPort);
+  if (!roce_taker_) roce_taker_ = std::make_unique<net::PortShare::Taker>(iface().ip, wire::kRoceUdpPort);
   const int fd = roce_taker_->step();
   if (fd < 0) {
     // An offer answers when its process runs: a few more looks shortly, then a new try in a second.
@@ -161,7 +162,7 @@ void RocePorts::hold_roce_port(bool bound) {
     set_reading(true);
     return;
   }
-  roce_share_ = std::make_unique<net::PortShare>(roce_port_->fd(), iface().ip_be, wire::kRoceUdpPort);
+  roce_share_ = std::make_unique<net::PortShare>(roce_port_->fd(), iface().ip, wire::kRoceUdpPort);
   if (roce_share_->listener() >= 0) watch(roce_share_->listener(), EPOLLIN);
   // The binder reads; a taker reads only if the reader lock is free (nobody reads: its holder died).
   if (roce_share_->lock_reader() || bound) set_reading(true);
@@ -256,7 +257,7 @@ void RocePorts::receive_from(net::PacketPort& port, bool& did) {
   net::Datagram dgrams[net::PacketPort::kBatch];
   size_t n = port.receive(dgrams, net::PacketPort::kBatch);
   for (size_t i = 0; i < n; ++i)
-    handle_packet(dgrams[i].data, dgrams[i].len, dgrams[i].peer_ip_be, dgrams[i].peer_port, port.port(),
+    handle_packet(dgrams[i].data, dgrams[i].len, dgrams[i].peer_ip, dgrams[i].peer_port, port.port(),
                   dgrams[i].segment);
   if (n) {
     did = true;
@@ -264,21 +265,21 @@ void RocePorts::receive_from(net::PacketPort& port, bool& did) {
   }
 }
 
-void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port,
+void RocePorts::handle_packet(const uint8_t* data, uint32_t len, wire::IpAddress peer_ip, uint16_t peer_port,
                            uint16_t local_port, uint32_t segment) {
   count(nullptr, &core::Counters::rx_packets);
   count(nullptr, &core::Counters::rx_bytes, len);
   // Forwarded by this host's 4791 holder, which checked the ICRC against the original addresses and
   // appended them (UD receivers report the sender's address in the GRH).
-  bool forwarded = peer_ip == iface().ip_be && peer_port == wire::kRoceUdpPort && local_port != wire::kRoceUdpPort;
+  bool forwarded = peer_ip == iface().ip && peer_port == wire::kRoceUdpPort && local_port != wire::kRoceUdpPort;
   // Segment k of a segmented send carried identification k (net/gso.h).
-  wire::Ipv4UdpAddr addr{peer_ip, iface().ip_be, peer_port, local_port, static_cast<uint16_t>(segment)};
+  wire::UdpAddr addr{peer_ip, iface().ip, peer_port, local_port, static_cast<uint16_t>(segment)};
   if (forwarded && len >= kForwardTrailerLen && std::memcmp(data + len - 4, kForwardMagic, 4) == 0) {
     len -= kForwardTrailerLen;
     const uint8_t* t = data + len;
-    std::memcpy(&peer_ip, t, 4);
-    peer_port = static_cast<uint16_t>(t[4] << 8 | t[5]);
-    addr = {peer_ip, iface().ip_be, peer_port, wire::kRoceUdpPort, static_cast<uint16_t>(t[6] << 8 | t[7]), t[8]};
+    peer_ip = wire::IpAddress::from_bytes(t);
+    peer_port = static_cast<uint16_t>(t[16] << 8 | t[17]);
+    addr = {peer_ip, iface().ip, peer_port, wire::kRoceUdpPort, static_cast<uint16_t>(t[18] << 8 | t[19]), t[20]};
   } else {
     forwarded = false;
   }
@@ -295,7 +296,7 @@ void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_i
   }
   if (sealed) {
     // The cheap source check (below, for every connected QP) before any cryptography.
-    if (sealed->dest_ip_be != 0 && peer_ip != sealed->dest_ip_be) {
+    if (sealed->dest_ip.is_set() && peer_ip != sealed->dest_ip) {
       count(sealed, &core::Counters::drop_src_addr);
       return;
     }
@@ -321,8 +322,8 @@ void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_i
       (forwarded ? !wire::check_icrc(addr, data, len) : !icrc_accepts(addr, data, len, &ident)))
     return;
   // Opened: framed as it would have been plain (from this host, the sender's capture has it).
-  if (sealed && capture_ && peer_ip != iface().ip_be) [[unlikely]]
-    capture_packet(pkt, pkt.payload, pkt.payload_len, {peer_ip, iface().ip_be, peer_port, local_port},
+  if (sealed && capture_ && peer_ip != iface().ip) [[unlikely]]
+    capture_packet(pkt, pkt.payload, pkt.payload_len, {peer_ip, iface().ip, peer_port, local_port},
                    net::Capture::Direction::Inbound, kOpenedNote);
   // A single P_Key (the default, full or limited member) is all a softrdma port has.
   if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
@@ -345,32 +346,32 @@ void RocePorts::handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_i
     count(nullptr, &core::Counters::drop_unknown_qp);
     return;
   }
-  deliver(*qp, pkt, Arrival{peer_ip, peer_port, iface().ip_be, len});
+  deliver(*qp, pkt, Arrival{peer_ip, peer_port, iface().ip, len});
 }
 
-bool RocePorts::forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_qpn, uint32_t peer_ip,
+bool RocePorts::forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_qpn, const wire::IpAddress& peer_ip,
                               uint16_t peer_port, const wire::IpIdent& ident) {
   // From another host, for a QP of another process here: hand it over (docs/architecture.md,
   // "Devices and addressing").
   auto ep = net::Registry::instance().lookup(dest_qpn);
-  if (!ep || ep->ip_be != iface().ip_be || ep->port == port_->port() || len > kMaxDatagram - kForwardTrailerLen)
+  if (!ep || ep->ip_key != iface().ip.key() || ep->port == port_->port() || len > kMaxDatagram - kForwardTrailerLen)
     return false;
   // The original source address travels in a trailer after the ICRC.
   uint8_t fwd[kMaxDatagram];
   std::memcpy(fwd, data, len);
-  std::memcpy(fwd + len, &peer_ip, 4);
-  fwd[len + 4] = static_cast<uint8_t>(peer_port >> 8);
-  fwd[len + 5] = static_cast<uint8_t>(peer_port);
-  fwd[len + 6] = static_cast<uint8_t>(ident.ip_id >> 8);
-  fwd[len + 7] = static_cast<uint8_t>(ident.ip_id);
-  fwd[len + 8] = ident.ip_flags;
-  std::memcpy(fwd + len + 9, kForwardMagic, 4);
-  roce_port_->send(fwd, len + kForwardTrailerLen, ep->ip_be, ep->port);
+  std::memcpy(fwd + len, peer_ip.bytes.data(), 16);
+  fwd[len + 16] = static_cast<uint8_t>(peer_port >> 8);
+  fwd[len + 17] = static_cast<uint8_t>(peer_port);
+  fwd[len + 18] = static_cast<uint8_t>(ident.ip_id >> 8);
+  fwd[len + 19] = static_cast<uint8_t>(ident.ip_id);
+  fwd[len + 20] = ident.ip_flags;
+  std::memcpy(fwd + len + 21, kForwardMagic, 4);
+  roce_port_->send(fwd, len + kForwardTrailerLen, iface().ip, ep->port);
   count(nullptr, &core::Counters::forwarded);
   return true;
 }
 
-bool RocePorts::icrc_accepts(const wire::Ipv4UdpAddr& addr, const uint8_t* data, uint32_t len, wire::IpIdent* ident) {
+bool RocePorts::icrc_accepts(const wire::UdpAddr& addr, const uint8_t* data, uint32_t len, wire::IpIdent* ident) {
   switch (icrc_gate_.check(addr, data, len, now(), ident)) {
     case IcrcGate::Verdict::Exact:
       return true;
@@ -396,11 +397,11 @@ void RocePorts::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, u
   if (qp.cfg.xrc != XrcRole::None) pkt.bth.opcode |= wire::kXrcClassBits;
   if (synthetic) [[unlikely]] {
     if (capture_)
-      capture_packet(pkt, payload, len, {iface().ip_be, qp.dest_ip_be, port_->port(), qp.dest_port},
+      capture_packet(pkt, payload, len, {iface().ip, qp.dest_ip, port_->port(), qp.dest_port},
                      net::Capture::Direction::Outbound, synthetic);
     return;
   }
-  send_packet_to(qp, pkt, payload, len, qp.dest_ip_be, qp.dest_port);
+  send_packet_to(qp, pkt, payload, len, qp.dest_ip, qp.dest_port);
 }
 
 void RocePorts::capture_packet(const wire::Packet& in, const uint8_t* payload, uint32_t len,
@@ -414,17 +415,17 @@ void RocePorts::capture_packet(const wire::Packet& in, const uint8_t* payload, u
   std::vector<uint8_t> buf(n, 0);
   wire::write_headers(pkt, buf.data());
   if (len) std::memcpy(buf.data() + hdr, payload, len);
-  wire::append_icrc({ends.src_ip_be, ends.dst_ip_be, ends.src_port, ends.dst_port, ends.ip_id}, buf.data(),
+  wire::append_icrc({ends.src_ip, ends.dst_ip, ends.src_port, ends.dst_port, ends.ip_id}, buf.data(),
                     n - wire::kIcrcLen);
   capture_->packet(buf.data(), n, ends, dir, note);
 }
 
-void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
-                            uint16_t dest_port) {
-  if ((ntohl(dest_ip_be) >> 28) == 0xE && !mcast_if_set_) {
+void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
+                               const wire::IpAddress& dest_ip, uint16_t dest_port) {
+  if (dest_ip.is_v4() && dest_ip.is_multicast() && !mcast_if_set_) {
     // Multicast (UD) leaves through the device's own interface, not the default route's.
     in_addr ifa{};
-    ifa.s_addr = iface().ip_be;
+    ifa.s_addr = iface().ip.v4_be();
     setsockopt(port_->fd(), IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
     mcast_if_set_ = true;
   }
@@ -434,14 +435,14 @@ void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload
   wire::PacketCipher* seal = qp.prot ? qp.prot->tx.get() : nullptr;  // protected: a trailer before the ICRC
   // The port's capture shows only plain RoCEv2 (TVer 0): a sealed packet is framed here, unsealed.
   if (seal && capture_) [[unlikely]]
-    capture_packet(pkt, payload, len, {iface().ip_be, dest_ip_be, port_->port(), dest_port},
+    capture_packet(pkt, payload, len, {iface().ip, dest_ip, port_->port(), dest_port},
                    net::Capture::Direction::Outbound, kProtectedNote);
   const uint32_t n = hdr + len + pkt.bth.pad_count + (seal ? uint32_t{wire::kProtectTrailerLen} : 0) + wire::kIcrcLen;
   // Written in place into the port's send buffer. Packets to a softrdma context (not to 4791, where
   // RoCE stacks listen) may travel as segments of one send; the ICRC covers the identification that
   // segment gets on the wire.
   uint16_t ip_id = 0;
-  uint8_t* buf = port_->reserve(n, dest_ip_be, dest_port, dest_port != wire::kRoceUdpPort, &ip_id);
+  uint8_t* buf = port_->reserve(n, dest_ip, dest_port, dest_port != wire::kRoceUdpPort, &ip_id);
   if (!buf) return;
   pkt.bth.tver = seal ? wire::kProtectTver : 0;  // a protected packet's form (wire/protect.h)
   wire::write_headers(pkt, buf);
@@ -456,7 +457,7 @@ void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload
   if (seal) {
     std::memset(buf + n - wire::kIcrcLen, 0, wire::kIcrcLen);  // no ICRC under the tag
   } else {
-    wire::Ipv4UdpAddr addr{iface().ip_be, dest_ip_be, port_->port(), dest_port, ip_id};
+    wire::UdpAddr addr{iface().ip, dest_ip, port_->port(), dest_port, ip_id};
     wire::append_icrc(addr, buf, n - wire::kIcrcLen);
   }
   port_->commit();
@@ -470,12 +471,12 @@ net::Liveness::Verdict RocePorts::peer_liveness(const Qp& qp, uint64_t max_age_n
   net::Liveness* l = port_->liveness();
   if (!l || !net::UdpPort::is_context_port(qp.dest_port))
     return net::Liveness::Verdict::Unknown;
-  return l->check(qp.dest_ip_be, qp.dest_port, qp.dest_qpn, now(), max_age_ns, asked_from_ns, asked_until_ns);
+  return l->check(qp.dest_ip, qp.dest_port, qp.dest_qpn, now(), max_age_ns, asked_from_ns, asked_until_ns);
 }
 
 void RocePorts::resolve_destination(Qp& qp, bool again) {
   auto ep = net::Registry::instance().lookup(qp.dest_qpn);
-  if (ep && ep->ip_be == qp.dest_ip_be)
+  if (ep && ep->ip_key == qp.dest_ip.key())
     qp.dest_port = ep->port;
   else if (!again || !net::UdpPort::is_context_port(qp.dest_port))
     qp.dest_port = wire::kRoceUdpPort;
@@ -484,6 +485,7 @@ void RocePorts::resolve_destination(Qp& qp, bool again) {
 // ---- Multicast (IBTA 10.5; RoCE v2: the group's IPv4 multicast address, destination QPN 0xFFFFFF) ----
 
 int RocePorts::attach_mcast(Qp* qp, uint32_t group_ip_be) {
+  if (!iface().ip.is_v4()) return EOPNOTSUPP;  // IPv6 groups are not carried yet
   std::lock_guard lock(engine_lock());
   for (McastGroup& g : mcast_) {
     if (g.group_ip_be != group_ip_be) continue;
@@ -510,7 +512,7 @@ int RocePorts::attach_mcast(Qp* qp, uint32_t group_ip_be) {
   sa.sin_addr.s_addr = group_ip_be;
   ip_mreq mreq{};
   mreq.imr_multiaddr.s_addr = group_ip_be;
-  mreq.imr_interface.s_addr = iface().ip_be;
+  mreq.imr_interface.s_addr = iface().ip.v4_be();
   if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
       setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq) != 0) {
     int e = errno;
@@ -570,7 +572,8 @@ void RocePorts::mcast_receive(bool& did) {
         count(nullptr, &core::Counters::drop_malformed);
         continue;
       }
-      wire::Ipv4UdpAddr addr{from.sin_addr.s_addr, g.group_ip_be, ntohs(from.sin_port), wire::kRoceUdpPort};
+      const auto from_ip = wire::IpAddress::v4(from.sin_addr.s_addr), group_ip = wire::IpAddress::v4(g.group_ip_be);
+      wire::UdpAddr addr{from_ip, group_ip, ntohs(from.sin_port), wire::kRoceUdpPort};
       wire::IpIdent ident;
       if (!icrc_accepts(addr, buf, ulen, &ident)) continue;
       if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
@@ -583,7 +586,7 @@ void RocePorts::mcast_receive(bool& did) {
         continue;
       }
       // Each attached QP gets its own copy.
-      const Arrival a{from.sin_addr.s_addr, ntohs(from.sin_port), g.group_ip_be, ulen};
+      const Arrival a{from_ip, ntohs(from.sin_port), group_ip, ulen};
       for (Qp* qp : g.members) deliver(*qp, pkt, a);
     }
   }

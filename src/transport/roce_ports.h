@@ -30,7 +30,7 @@ namespace softrdma::transport {
 
 class RocePorts : PathServices {
  public:
-  using OpenPort = std::function<std::unique_ptr<net::PacketPort>(uint32_t ip_be, uint16_t port)>;
+  using OpenPort = std::function<std::unique_ptr<net::PacketPort>(const wire::IpAddress& ip, uint16_t port)>;
   using AdoptPort = std::function<std::unique_ptr<net::PacketPort>(int fd)>;
   // Opens the context's own port (throws std::system_error when it cannot) and watches it.
   // adopt_port: wraps 4791's socket taken from another process (empty: never shared).
@@ -57,14 +57,14 @@ class RocePorts : PathServices {
   uint64_t next_roce_try() const;
   // Serves fd when it is one of the ports' service sockets (liveness, 4791's offer): false when not.
   bool serve(int fd);
-  // One datagram as if it had arrived on local_port from (peer_ip_be, peer_port) (Engine::inject_datagram).
-  void handle_packet(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t peer_port, uint16_t local_port,
+  // One datagram as if it had arrived on local_port from (peer_ip, peer_port) (Engine::inject_datagram).
+  void handle_packet(const uint8_t* data, uint32_t len, wire::IpAddress peer_ip, uint16_t peer_port, uint16_t local_port,
                      uint32_t segment = 0);
 
   // The QP's packet to its peer, or to any address and port (UD). synthetic: to the capture only,
   // with that note.
   void send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, const char* synthetic = nullptr);
-  void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, uint32_t dest_ip_be,
+  void send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len, const wire::IpAddress& dest_ip,
                       uint16_t dest_port);
   // A QP of a process on this host is reached at that process's own port; any other at 4791, until it
   // answers from its own (rc_path.cpp). again (a retransmission timeout): a port learned so stays,
@@ -79,7 +79,8 @@ class RocePorts : PathServices {
   void serve_liveness();
   int liveness_fd();
 
-  // UD multicast (IBTA 10.5): the QP joins/leaves the IPv4 group on the device's interface (takes the
+  // UD multicast (IBTA 10.5): the QP joins/leaves the IPv4 group on the device's interface (an IPv6
+  // device: EOPNOTSUPP) (takes the
   // engine lock). 0 or an errno. forget_qp: a destroyed QP leaves its groups (lock held).
   int attach_mcast(Qp* qp, uint32_t group_ip_be);
   int detach_mcast(Qp* qp, uint32_t group_ip_be);
@@ -101,12 +102,12 @@ class RocePorts : PathServices {
   void set_reading(bool on);
   // A datagram for a QP of another process of this host, arrived at 4791 from another host: handed to
   // that process with its original source in a trailer; false when no such process here takes it.
-  bool forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_qpn, uint32_t peer_ip, uint16_t peer_port,
+  bool forward_to_owner(const uint8_t* data, uint32_t len, uint32_t dest_qpn, const wire::IpAddress& peer_ip, uint16_t peer_port,
                         const wire::IpIdent& ident);
   // gsi.cpp: a datagram for QP1 (CM MADs): routed to the process it belongs to.
-  void handle_gsi(const uint8_t* data, uint32_t len, uint32_t peer_ip, uint16_t local_port);
+  void handle_gsi(const uint8_t* data, uint32_t len, const wire::IpAddress& peer_ip, uint16_t local_port);
   // The ICRC check of a datagram as the socket saw it (icrc_gate.h); counts what it drops.
-  bool icrc_accepts(const wire::Ipv4UdpAddr& addr, const uint8_t* data, uint32_t len, wire::IpIdent* ident);
+  bool icrc_accepts(const wire::UdpAddr& addr, const uint8_t* data, uint32_t len, wire::IpIdent* ident);
   void mcast_receive(bool& did);
   // A frame of pkt (tver 0, with its ICRC) between the ends given, to the capture.
   void capture_packet(const wire::Packet& pkt, const uint8_t* payload, uint32_t len, const net::Capture::Endpoints& ends,

@@ -15,32 +15,24 @@ namespace {
 
 constexpr uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
 
-// The IPv4 address an address vector names: softrdma's port speaks RoCE v2 over IPv4 only, so the
-// AV needs a GRH, our only source GID (index 0), and an IPv4-mapped destination GID.
-int av_destination(const ibv_ah_attr& a, uint32_t* ip_be) {
-  if (a.port_num != 1 || !a.is_global || a.grh.sgid_index != 0) return EINVAL;
-  if (std::memcmp(a.grh.dgid.raw, kMappedPrefix, sizeof kMappedPrefix) != 0) return EINVAL;
-  std::memcpy(ip_be, a.grh.dgid.raw + 12, 4);
-  if (*ip_be == 0 || *ip_be == 0xFFFFFFFFu) return EINVAL;
+}  // namespace
+
+int softrdma::verbs::av_destination(ibv_context* ctx, const ibv_ah_attr& a, wire::IpAddress* out, bool qp_path) {
+  if ((!qp_path && a.port_num != 1) || !a.is_global || a.grh.sgid_index != 0) return EINVAL;
+  const wire::IpAddress ip = wire::IpAddress::from_bytes(a.grh.dgid.raw);
+  if (ip.is_v4() != to_ctx(ctx)->device->iface.ip.is_v4()) return EINVAL;
+  if (!qp_path && (!ip.is_set() || (ip.is_v4() ? ip.v4_be() == 0xFFFFFFFFu : ip.is_multicast()))) return EINVAL;
+  *out = ip;
   return 0;
 }
-
-void mapped_gid(ibv_gid& g, const uint8_t* ip4) {
-  std::memset(g.raw, 0, sizeof g.raw);
-  g.raw[10] = 0xFF;
-  g.raw[11] = 0xFF;
-  std::memcpy(g.raw + 12, ip4, 4);
-}
-
-}  // namespace
 
 SOFTRDMA_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   if (pd && is_iwarp(pd->context)) {
     errno = EOPNOTSUPP;  // address handles are for UD, which an RNIC does not have (siw has none)
     return nullptr;
   }
-  uint32_t ip = 0;
-  if (!pd || !attr || av_destination(*attr, &ip)) {
+  wire::IpAddress ip;
+  if (!pd || !attr || av_destination(pd->context, *attr, &ip)) {
     errno = EINVAL;
     return nullptr;
   }
@@ -50,7 +42,7 @@ SOFTRDMA_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     return nullptr;
   }
   a->attr = *attr;
-  a->dest_ip_be = ip;
+  a->dest_ip = ip;
   a->ah.context = pd->context;
   a->ah.pd = pd;
   a->ah.handle = to_ctx(pd->context)->next_handle++;
@@ -72,18 +64,29 @@ SOFTRDMA_EXPORT int ibv_init_ah_from_wc(ibv_context* ctx, uint8_t port_num, ibv_
     errno = EINVAL;
     return -1;
   }
-  // RoCE v2 over IPv4: the IPv4 header is the last 20 bytes of the 40-byte GRH area.
-  const uint8_t* ip = reinterpret_cast<const uint8_t*>(grh) + 20;
-  if (ip[0] >> 4 != 4) {
+  // RoCE v2 over IPv4: the IPv4 header is the last 20 bytes of the 40-byte GRH area; over IPv6 the
+  // GRH area is the IPv6 header.
+  const auto* area = reinterpret_cast<const uint8_t*>(grh);
+  const uint8_t* ip = area + 20;
+  wire::IpAddress src, dst;
+  uint8_t traffic_class = 0;
+  if (ip[0] >> 4 == 4) {
+    uint32_t s4, d4;
+    std::memcpy(&s4, ip + 12, 4);
+    std::memcpy(&d4, ip + 16, 4);
+    src = wire::IpAddress::v4(s4);
+    dst = wire::IpAddress::v4(d4);
+    traffic_class = ip[1];
+  } else if (area[0] >> 4 == 6) {
+    src = wire::IpAddress::from_bytes(area + 8);
+    dst = wire::IpAddress::from_bytes(area + 24);
+    traffic_class = static_cast<uint8_t>((area[0] << 4) | (area[1] >> 4));
+  } else {
     errno = EINVAL;
     return -1;
   }
-  const uint8_t* src = ip + 12;
-  const uint8_t* dst = ip + 16;
   // The message must have been addressed to our GID (or to a multicast group we joined).
-  uint32_t dst_be, ours = to_ctx(ctx)->device->iface.ip_be;
-  std::memcpy(&dst_be, dst, 4);
-  if (dst_be != ours && (dst[0] & 0xF0) != 0xE0) {
+  if (dst != to_ctx(ctx)->device->iface.ip && !dst.is_multicast()) {
     errno = EINVAL;
     return -1;
   }
@@ -93,10 +96,10 @@ SOFTRDMA_EXPORT int ibv_init_ah_from_wc(ibv_context* ctx, uint8_t port_num, ibv_
   ah_attr->src_path_bits = wc->dlid_path_bits;
   ah_attr->port_num = port_num;
   ah_attr->is_global = 1;
-  mapped_gid(ah_attr->grh.dgid, src);
+  std::memcpy(ah_attr->grh.dgid.raw, src.bytes.data(), 16);
   ah_attr->grh.sgid_index = 0;
   ah_attr->grh.hop_limit = 0xFF;
-  ah_attr->grh.traffic_class = ip[1];
+  ah_attr->grh.traffic_class = traffic_class;
   return 0;
 }
 

@@ -46,15 +46,20 @@ SoftDevice* make_device(const net::Interface& itf, int index, bool iwarp) {
   d->iwarp = iwarp;
   d->dev.node_type = iwarp ? IBV_NODE_RNIC : IBV_NODE_CA;
   d->dev.transport_type = iwarp ? IBV_TRANSPORT_IWARP : IBV_TRANSPORT_IB;
-  snprintf(d->dev.name, sizeof d->dev.name, iwarp ? "softrdma_iw_%s" : "softrdma_%s", itf.ifname.c_str());
+  // A device on an IPv6 address is softrdma6_<ifname> (the interface's IPv4 device keeps the plain name).
+  const char* form = iwarp ? "softrdma_iw_%s" : itf.ip.is_v4() ? "softrdma_%s" : "softrdma6_%s";
+  snprintf(d->dev.name, sizeof d->dev.name, form, itf.ifname.c_str());
   snprintf(d->dev.dev_name, sizeof d->dev.dev_name, "uverbs%d", index);
   snprintf(d->dev.dev_path, sizeof d->dev.dev_path, "/sys/class/infiniband_verbs/uverbs%d", index);
   snprintf(d->dev.ibdev_path, sizeof d->dev.ibdev_path, "/sys/class/infiniband/%s", d->dev.name);
   bool has_mac = false;
   for (uint8_t b : itf.mac) has_mac |= b != 0;
   // An iWARP device takes its GUID from the MAC as siw does, a zero MAC included (loopback); a RoCE
-  // device without a MAC uses the IPv4 address.
-  d->guid_be = htobe64(has_mac || iwarp ? eui64(itf.mac) : (0x02ull << 56) | ntohl(itf.ip_be));
+  // device without a MAC uses its address (an IPv6 one by its key). An IPv6 device's GUID has 6 in
+  // bits 32-35, so that it differs from the IPv4 device of the same interface.
+  uint64_t guid = has_mac || iwarp ? eui64(itf.mac) : (0x02ull << 56) | ntohl(itf.ip.key());
+  if (!itf.ip.is_v4()) guid ^= 0x6ull << 32;
+  d->guid_be = htobe64(guid);
   return d;
 }
 
@@ -71,8 +76,10 @@ const std::vector<SoftDevice*>& devices_of(Selection sel) {
     int i = 0;
     if (sel != Selection::Iwarp)
       for (const net::Interface& itf : itfs) out->push_back(make_device(itf, i++, false));
+    // iWARP runs over TCP/IPv4 only for now: no iWARP device on an IPv6 address.
     if (sel != Selection::Roce)
-      for (const net::Interface& itf : itfs) out->push_back(make_device(itf, i++, true));
+      for (const net::Interface& itf : itfs)
+        if (itf.ip.is_v4()) out->push_back(make_device(itf, i++, true));
     lists[k] = out;
   });
   return *lists[k];
@@ -85,9 +92,9 @@ const std::vector<SoftDevice*>& all_devices() { return devices_of(selection()); 
 namespace {
 constexpr uint32_t kGidTblLen = 16;
 
-ibv_mtu ib_mtu_for(uint32_t netdev_mtu) {
-  // Largest IBTA MTU whose packets (IPv4 + UDP + BTH + the largest extension headers + ICRC) fit.
-  constexpr uint32_t overhead = 20 + 8 + 12 + 28 + 4;
+ibv_mtu ib_mtu_for(uint32_t netdev_mtu, bool v6) {
+  // Largest IBTA MTU whose packets (IP + UDP + BTH + the largest extension headers + ICRC) fit.
+  const uint32_t overhead = (v6 ? 40 : 20) + 8 + 12 + 28 + 4;
   for (int m = IBV_MTU_4096; m > IBV_MTU_256; --m)
     if (core::mtu_bytes(m) + overhead <= netdev_mtu) return static_cast<ibv_mtu>(m);
   return IBV_MTU_256;
@@ -100,9 +107,8 @@ ibv_gid gid_of(const SoftDevice& d) {
     std::memcpy(g.raw, d.iface.mac.data(), d.iface.mac.size());
     return g;
   }
-  g.raw[10] = 0xFF;
-  g.raw[11] = 0xFF;
-  std::memcpy(&g.raw[12], &d.iface.ip_be, 4);
+  // RoCE v2: the address itself, IPv4 as ::ffff:a.b.c.d.
+  std::memcpy(g.raw, d.iface.ip.bytes.data(), 16);
   return g;
 }
 
@@ -171,7 +177,7 @@ ibv_mtu iwarp_mtu_for(uint32_t netdev_mtu) {
 ibv_mtu iwarp_rc_path_mtu(ibv_context* ctx) {
   // The direct-path attach runs the RC machinery, whose packets (if any) must fit a UDP datagram.
   const SoftDevice& d = *to_ctx(ctx)->device;
-  return std::min(ib_mtu_for(d.iface.mtu), iwarp_mtu_for(d.iface.mtu));
+  return std::min(ib_mtu_for(d.iface.mtu, !d.iface.ip.is_v4()), iwarp_mtu_for(d.iface.mtu));
 }
 
 int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* out, size_t size) {
@@ -182,7 +188,7 @@ int query_port_ex(ibv_context* ctx, uint8_t port, ibv_port_attr* out, size_t siz
   // The port follows its interface as a RoCE port follows its netdev: Disabled while it is down,
   // Polling while up without carrier (no peer), LinkUp otherwise.
   a.state = link.active() ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
-  a.max_mtu = a.active_mtu = ib_mtu_for(d.iface.mtu);
+  a.max_mtu = a.active_mtu = ib_mtu_for(d.iface.mtu, !d.iface.ip.is_v4());
   // Index 0 holds the interface's GID; the others are empty slots, as on a RoCE port whose netdev
   // has fewer addresses than its table has entries (they read back as ENODATA).
   a.gid_tbl_len = kGidTblLen;
@@ -355,8 +361,8 @@ namespace {
 ibv_context* open_context(SoftDevice* sd, const config::Settings& settings, uint32_t flags) {
   transport::EngineOptions opts = transport::context_options(settings);
   if (flags & SOFTRDMA_OPEN_PACKETS) opts.direct = false;
-  opts.open_port = [settings](uint32_t ip_be, uint16_t port) -> std::unique_ptr<net::PacketPort> {
-    return std::make_unique<net::UdpPort>(ip_be, port, settings);
+  opts.open_port = [settings](const wire::IpAddress& ip, uint16_t port) -> std::unique_ptr<net::PacketPort> {
+    return std::make_unique<net::UdpPort>(ip, port, settings);
   };
   opts.adopt_port = [settings](int fd) -> std::unique_ptr<net::PacketPort> {
     return std::make_unique<net::UdpPort>(net::UdpPort::Adopt{}, fd, settings);

@@ -166,5 +166,5 @@ SOFTRDMA_EXPORT int softrdma_iwarp_attach(ibv_qp* qp, const softrdma_iwarp_conn*
 // The IPv4 address (network order) a device of ours is bound to. An iWARP
 // device's GID holds its MAC, so librdmacm finds its device by this instead.
 SOFTRDMA_EXPORT uint32_t softrdma_device_ipv4(ibv_device* dev) {
-  return dev ? reinterpret_cast<SoftDevice*>(dev)->iface.ip_be : 0;  // as ibv_get_device_index
+  return dev ? reinterpret_cast<SoftDevice*>(dev)->iface.ip.v4_be() : 0;  // as ibv_get_device_index
 }

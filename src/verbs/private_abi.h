@@ -48,7 +48,8 @@ struct softrdma_iwarp_conn {
 /* Moves an RC QP of an iWARP device (INIT) to RTS over the connection. 0 or an errno. */
 int softrdma_iwarp_attach(struct ibv_qp *qp, const struct softrdma_iwarp_conn *conn);
 
-/* The IPv4 address (network byte order) that a device of ibv_get_device_list is bound to: librdmacm
+/* The IPv4 address (network byte order) that a device of ibv_get_device_list is bound to (0 for a
+ * device of an IPv6 address): librdmacm
  * finds an iWARP device by it, since an iWARP GID holds the interface's MAC, not the address. */
 uint32_t softrdma_device_ipv4(struct ibv_device *dev);
 

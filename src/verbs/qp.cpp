@@ -200,7 +200,7 @@ int translate(const ibv_send_wr& wr, const transport::QpConfig& cfg, SendWqe& w)
   if (!kind.allowed) return EINVAL;
   if (cfg.type == transport::QpType::Ud) {
     if (!wr.wr.ud.ah) return EINVAL;
-    w.ud_dest_ip_be = to_ah(wr.wr.ud.ah)->dest_ip_be;
+    w.ud_dest_ip = to_ah(wr.wr.ud.ah)->dest_ip;
     w.ud_remote_qpn = wr.wr.ud.remote_qpn;
     w.ud_remote_qkey = wr.wr.ud.remote_qkey;
   }
@@ -415,12 +415,8 @@ int softrdma::verbs::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, bool att
     m.mtu_bytes = core::mtu_bytes(attr->path_mtu);
   }
   if (mask & IBV_QP_AV) {
-    // RoCE v2 over IPv4: the destination GID must be IPv4-mapped, and our only source GID is index 0.
-    const uint8_t* g = attr->ah_attr.grh.dgid.raw;
-    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
-    if (!attr->ah_attr.is_global || std::memcmp(g, prefix, 12) != 0 || attr->ah_attr.grh.sgid_index != 0)
-      return EINVAL;
-    std::memcpy(&m.dest_ip_be, g + 12, 4);
+    // RoCE v2: a destination GID of the device's family; our only source GID is index 0.
+    if (int rc = av_destination(qp->context, attr->ah_attr, &m.dest_ip, true)) return rc;
   }
   m.access_flags = attr->qp_access_flags;
   m.dest_qpn = attr->dest_qp_num;
@@ -671,7 +667,7 @@ void qpx_install(SoftQp* q) {
       of(x)->staged_error = EINVAL;
       return;
     }
-    w->ud_dest_ip_be = to_ah(ah)->dest_ip_be;
+    w->ud_dest_ip = to_ah(ah)->dest_ip;
     w->ud_remote_qpn = remote_qpn;
     w->ud_remote_qkey = remote_qkey;
   };

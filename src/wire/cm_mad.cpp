@@ -305,22 +305,37 @@ uint64_t cm_service_id(const uint8_t* mad, uint16_t attr_id) {
 void encode_cma_header(const CmaIpHeader& h, uint8_t* out) {
   std::memset(out, 0, kCmaHeaderLen);
   out[0] = 0;
-  out[1] = static_cast<uint8_t>(h.ip_version << 4);
+  const bool v4 = h.src_ip.is_v4();
+  out[1] = static_cast<uint8_t>((v4 ? 4 : 6) << 4);
   put_be(out + 2, 2, h.src_port);
-  std::memcpy(out + 16, &h.src_ip_be, 4);
-  std::memcpy(out + 32, &h.dst_ip_be, 4);
+  if (v4) {
+    std::memcpy(out + 16, h.src_ip.bytes.data() + 12, 4);
+    std::memcpy(out + 32, h.dst_ip.bytes.data() + 12, 4);
+  } else {
+    std::memcpy(out + 4, h.src_ip.bytes.data(), 16);
+    std::memcpy(out + 20, h.dst_ip.bytes.data(), 16);
+  }
 }
 
 bool decode_cma_header(const uint8_t* in, CmaIpHeader& h) {
   if (in[0] != 0) return false;
   h.ip_version = in[1] >> 4;
   h.src_port = static_cast<uint16_t>(get_be(in + 2, 2));
-  std::memcpy(&h.src_ip_be, in + 16, 4);
-  std::memcpy(&h.dst_ip_be, in + 32, 4);
-  return h.ip_version == 4;
+  if (h.ip_version == 4) {
+    uint32_t src, dst;
+    std::memcpy(&src, in + 16, 4);
+    std::memcpy(&dst, in + 32, 4);
+    h.src_ip = IpAddress::v4(src);
+    h.dst_ip = IpAddress::v4(dst);
+    return true;
+  }
+  if (h.ip_version != 6) return false;
+  h.src_ip = IpAddress::from_bytes(in + 4);
+  h.dst_ip = IpAddress::from_bytes(in + 20);
+  return true;
 }
 
-size_t build_gsi_packet(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port, uint16_t dst_port,
+size_t build_gsi_packet(const IpAddress& src_ip, const IpAddress& dst_ip, uint16_t src_port, uint16_t dst_port,
                         uint32_t psn, const uint8_t* mad, uint8_t* out) {
   Packet pkt{};
   pkt.bth.opcode = kUdSendOnly;
@@ -332,7 +347,7 @@ size_t build_gsi_packet(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_por
   size_t n = write_headers(pkt, out);
   std::memcpy(out + n, mad, kMadLen);
   n += kMadLen;
-  append_icrc(Ipv4UdpAddr{src_ip_be, dst_ip_be, src_port, dst_port}, out, n);
+  append_icrc(UdpAddr{src_ip, dst_ip, src_port, dst_port}, out, n);
   return n + kIcrcLen;
 }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "wire/ip_address.h"
 #include "wire/opcode.h"  // kUdSendOnly
 
 namespace softrdma::wire {
@@ -168,20 +169,20 @@ inline constexpr uint64_t ip_service_id(uint16_t port_space, uint16_t port) {
 inline constexpr bool is_ip_service_id(uint64_t sid) { return (sid & 0xFFFFFFFFFF000000ull) == kIpServiceIdBase; }
 
 // The rdma_cm IP header at the start of REQ and SIDR_REQ private data (Annex A11): version 0, IP version
-// in the upper nibble, the active side's port, then source and destination addresses (IPv4 in the last 4
-// bytes of each 16).
+// in the upper nibble, the active side's port, then source and destination addresses (16 bytes each;
+// IPv4 in the last 4 of them, the rest zero). The version follows the addresses' family.
 inline constexpr size_t kCmaHeaderLen = 36;
 struct CmaIpHeader {
   uint8_t ip_version = 4;
   uint16_t src_port = 0;
-  uint32_t src_ip_be = 0, dst_ip_be = 0;
+  IpAddress src_ip, dst_ip;
 };
 void encode_cma_header(const CmaIpHeader& h, uint8_t* out);
-bool decode_cma_header(const uint8_t* in, CmaIpHeader& h);  // false: not version 0 / IPv4
+bool decode_cma_header(const uint8_t* in, CmaIpHeader& h);  // false: not version 0 / IPv4 or IPv6
 
 // A RoCEv2 UD SEND_ONLY from QP1 to QP1 (BTH, DETH with the GSI Q_Key, the MAD, ICRC computed over the
 // given addresses). out must hold kGsiPacketLen bytes; returns kGsiPacketLen.
-size_t build_gsi_packet(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port, uint16_t dst_port,
+size_t build_gsi_packet(const IpAddress& src_ip, const IpAddress& dst_ip, uint16_t src_port, uint16_t dst_port,
                         uint32_t psn, const uint8_t* mad, uint8_t* out);
 // Checks the transport framing of a GSI datagram (not the ICRC): opcode, QP1, Q_Key, a full MAD.
 // Returns the MAD or nullptr.

@@ -44,7 +44,15 @@ uint32_t stored_icrc(const uint8_t* p) {
 
 }  // namespace
 
-uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len) {
+uint32_t compute_icrc(const UdpAddr& addr, const uint8_t* bth, size_t len) {
+  if (!addr.src_ip.is_v4() || !addr.dst_ip.is_v4()) {
+    Ipv6UdpAddr a6{};
+    __builtin_memcpy(a6.src_ip, addr.src_ip.bytes.data(), 16);
+    __builtin_memcpy(a6.dst_ip, addr.dst_ip.bytes.data(), 16);
+    a6.src_port = addr.src_port;
+    a6.dst_port = addr.dst_port;
+    return compute_icrc_v6(a6, bth, len);
+  }
   // Pseudo-header: LRH stand-in (8) + IPv4 (20) + UDP (8) + BTH (12), with the variant fields set to ones.
   uint8_t h[8 + 20 + 8 + kBthLen];
   for (int i = 0; i < 8; ++i) h[i] = 0xFF;
@@ -62,8 +70,8 @@ uint32_t compute_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len) {
   ip[9] = 17;    // UDP
   ip[10] = 0xFF;  // header checksum
   ip[11] = 0xFF;
-  __builtin_memcpy(ip + 12, &addr.src_ip_be, 4);
-  __builtin_memcpy(ip + 16, &addr.dst_ip_be, 4);
+  __builtin_memcpy(ip + 12, addr.src_ip.bytes.data() + 12, 4);
+  __builtin_memcpy(ip + 16, addr.dst_ip.bytes.data() + 12, 4);
   udp_bth_part(ip + 20, addr.src_port, addr.dst_port, bth, len);
   return icrc_of(h, sizeof h, bth, len);
 }
@@ -88,12 +96,12 @@ uint32_t compute_icrc_v6(const Ipv6UdpAddr& addr, const uint8_t* bth, size_t len
   return icrc_of(h, sizeof h, bth, len);
 }
 
-void append_icrc(const Ipv4UdpAddr& addr, uint8_t* bth, size_t len) { store_icrc(compute_icrc(addr, bth, len), bth + len); }
+void append_icrc(const UdpAddr& addr, uint8_t* bth, size_t len) { store_icrc(compute_icrc(addr, bth, len), bth + len); }
 void append_icrc_v6(const Ipv6UdpAddr& addr, uint8_t* bth, size_t len) {
   store_icrc(compute_icrc_v6(addr, bth, len), bth + len);
 }
 
-bool check_icrc(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
+bool check_icrc(const UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
   if (len_with_icrc < kBthLen + kIcrcLen) return false;
   const size_t len = len_with_icrc - kIcrcLen;
   return stored_icrc(bth + len) == compute_icrc(addr, bth, len);
@@ -105,10 +113,13 @@ bool check_icrc_v6(const Ipv6UdpAddr& addr, const uint8_t* bth, size_t len_with_
   return stored_icrc(bth + len) == compute_icrc_v6(addr, bth, len);
 }
 
-std::optional<IpIdent> solve_ip_ident(const Ipv4UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
+std::optional<IpIdent> solve_ip_ident(const UdpAddr& addr, const uint8_t* bth, size_t len_with_icrc) {
   if (len_with_icrc < kBthLen + kIcrcLen) return std::nullopt;
+  // IPv6 has no identification: the ICRC matches or not.
+  if (!addr.src_ip.is_v4() || !addr.dst_ip.is_v4())
+    return check_icrc(addr, bth, len_with_icrc) ? std::optional<IpIdent>(IpIdent{0, 0x40}) : std::nullopt;
   const size_t len = len_with_icrc - kIcrcLen;
-  Ipv4UdpAddr a = addr;
+  UdpAddr a = addr;
   a.ip_id = 0;
   a.ip_flags = 0x40;
   const uint32_t c0 = compute_icrc(a, bth, len);
@@ -129,11 +140,11 @@ std::optional<IpIdent> solve_ip_ident(const Ipv4UdpAddr& addr, const uint8_t* bt
   if (!basis) {
     basis = &cache[next++ % 4];
     for (int i = 0; i < 16; ++i) {
-      Ipv4UdpAddr t = a;
+      UdpAddr t = a;
       t.ip_id = static_cast<uint16_t>(1u << i);
       basis->v[i] = compute_icrc(t, bth, len) ^ c0;
     }
-    Ipv4UdpAddr t = a;
+    UdpAddr t = a;
     t.ip_flags = 0;
     basis->v[16] = compute_icrc(t, bth, len) ^ c0;
     basis->len = len;

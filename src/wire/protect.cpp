@@ -9,6 +9,7 @@
 #include <openssl/kdf.h>
 
 #include <cstring>
+#include <utility>
 
 #ifdef SOFTRDMA_HAVE_IPSEC_MB
 // Its header aligns the key data to 64 bytes only when LINUX is defined.
@@ -40,23 +41,26 @@ ProtectTrailer parse_trailer(const uint8_t* buf) {
   return t;
 }
 
-bool derive_direction_key(const uint8_t* secret, size_t secret_len, Protection mode, uint32_t src_ip_be,
-                          uint32_t src_qpn, uint32_t dst_ip_be, uint32_t dst_qpn, DirectionKey* out) {
+bool derive_direction_key(const uint8_t* secret, size_t secret_len, Protection mode, const IpAddress& src_ip,
+                          uint32_t src_qpn, const IpAddress& dst_ip, uint32_t dst_qpn, DirectionKey* out) {
   if ((secret_len != 16 && secret_len != 32) || mode == Protection::Off) return false;
-  // info: a label, the mode, then the sending end and the receiving end.
-  uint8_t info[16 + 1 + 16];
+  // info: a label, the mode, then the sending end and the receiving end (address, QPN).
+  uint8_t info[16 + 1 + 2 * (16 + 4)];
   std::memcpy(info, "softrdma wire v2", 16);  // format 2: TVer 1, no ICRC (protect.h)
   info[16] = static_cast<uint8_t>(mode);
-  std::memcpy(info + 17, &src_ip_be, 4);
-  be::put32(info + 21, src_qpn);
-  std::memcpy(info + 25, &dst_ip_be, 4);
-  be::put32(info + 29, dst_qpn);
+  size_t at = 17;
+  for (const auto& [ip, qpn] : {std::pair{&src_ip, src_qpn}, std::pair{&dst_ip, dst_qpn}}) {
+    const size_t n = ip->is_v4() ? 4 : 16;
+    std::memcpy(info + at, ip->bytes.data() + 16 - n, n);
+    be::put32(info + at + n, qpn);
+    at += n + 4;
+  }
   uint8_t okm[32 + 4];
   const size_t okm_len = secret_len + 4;
   EVP_PKEY_CTX* pctx = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr);
   bool ok = pctx && EVP_PKEY_derive_init(pctx) > 0 && EVP_PKEY_CTX_set_hkdf_md(pctx, EVP_sha256()) > 0 &&
             EVP_PKEY_CTX_set1_hkdf_key(pctx, secret, static_cast<int>(secret_len)) > 0 &&
-            EVP_PKEY_CTX_add1_hkdf_info(pctx, info, sizeof info) > 0;
+            EVP_PKEY_CTX_add1_hkdf_info(pctx, info, static_cast<int>(at)) > 0;
   size_t len = okm_len;
   ok = ok && EVP_PKEY_derive(pctx, okm, &len) > 0 && len == okm_len;
   EVP_PKEY_CTX_free(pctx);

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "wire/ip_address.h"
+
 struct evp_cipher_ctx_st;
 
 namespace softrdma::wire {
@@ -52,8 +54,9 @@ struct DirectionKey {
 // connection's secret (16 or 32 bytes; the key has its length) with the format, the mode and both ends
 // in the info: the two directions of a connection, two modes, and two formats never share a key.
 // False on a bad length.
-bool derive_direction_key(const uint8_t* secret, size_t secret_len, Protection mode, uint32_t src_ip_be,
-                          uint32_t src_qpn, uint32_t dst_ip_be, uint32_t dst_qpn, DirectionKey* out);
+// (IPv4 ends are 4 bytes of the info, IPv6 ones 16.)
+bool derive_direction_key(const uint8_t* secret, size_t secret_len, Protection mode, const IpAddress& src_ip,
+                          uint32_t src_qpn, const IpAddress& dst_ip, uint32_t dst_qpn, DirectionKey* out);
 
 // Which AES-GCM implementation a PacketCipher uses. Best: Intel's multi-buffer crypto library
 // (libIPSec_MB: VAES/VPCLMULQDQ, AVX2 or AES-NI code, chosen for the CPU) where the build found it and

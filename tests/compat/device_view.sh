@@ -101,9 +101,15 @@ check_view() {
     info=$("${pre[@]}" "$SOFTRDMA" devices -d "$dev")
     guid=$(sed -n 's/^\tnode_guid:\t*//p' <<<"$info")
     ip=$(sed -n 's/.*GID\[  0\]:.*(IPv4 \(.*\))/\1/p' <<<"$info")
-    # shellcheck disable=SC2046
-    gidhex=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(tr . ' ' <<<"$ip"))
-    ifname=$("${pre[@]}" ip -o -4 addr show | awk -v ip="$ip" '{ split($4, a, "/"); if (a[1] == ip) print $2 }' | head -n1)
+    if [[ -n $ip ]]; then
+      # shellcheck disable=SC2046
+      gidhex=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(tr . ' ' <<<"$ip"))
+      ifname=$("${pre[@]}" ip -o -4 addr show | awk -v ip="$ip" '{ split($4, a, "/"); if (a[1] == ip) print $2 }' | head -n1)
+    else  # a device of an IPv6 address (softrdma6_*): the GID is the address
+      ip=$(sed -n 's/.*GID\[  0\]:[[:space:]]*\([0-9a-f:]*\), RoCE v2.*/\1/p' <<<"$info")
+      gidhex=$(python3 -c 'import ipaddress,sys; h=ipaddress.IPv6Address(sys.argv[1]).exploded; print(h)' "$ip")
+      ifname=$("${pre[@]}" ip -o -6 addr show | awk -v ip="$ip" '{ split($4, a, "/"); if (a[1] == ip) print $2 }' | head -n1)
+    fi
     local d=/sys/class/infiniband/$dev p=/sys/class/infiniband/$dev/ports/1
     want="$guid|1: CA|4: ACTIVE|5: LinkUp|Ethernet|$gidhex|RoCE v2|$ifname|$ifname|softrdma|ok"
     got=$("${pre[@]}" "$SOFTRDMA" run -- sh -c "

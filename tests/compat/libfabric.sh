@@ -66,7 +66,7 @@ fabric_info_check() {
   if ((${#msg[@]})); then
     grep -qx 'verbs;ofi_rxm' <<<"$rdm_provs" || why+="no FI_EP_RDM through verbs;ofi_rxm; "
   fi
-  d=$(printf '%s\n' "$got_msg" "$got_dgram" "$got_rdm" | grep -v '^softrdma_' | grep -v '^$' | head -n1 || true)
+  d=$(printf '%s\n' "$got_msg" "$got_dgram" "$got_rdm" | grep -v '^softrdma6\?_' | grep -v '^$' | head -n1 || true)
   [[ -z $d ]] || why+="domain $d is not a softrdma device; "
   if [[ -z $why ]]; then compat_result "$name" 1; else compat_result "$name" 0 "${why%; }"; fi
 }

@@ -73,7 +73,7 @@ struct Answer {
 sockaddr_un direct_address(const net::Endpoint& ep, socklen_t* len) {
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
-  int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "softrdma-direct-%08x-%u", ep.ip_be, ep.port);
+  int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "softrdma-direct-%08x-%u", ep.ip_key, ep.port);
   *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
   return sa;
 }

@@ -79,7 +79,7 @@ void add_icrc(std::vector<uint8_t>& body, uint16_t src_port, uint16_t dst_port) 
   size_t n = body.size();
   body.resize(n + wire::kIcrcLen);
   if (n < wire::kBthLen) return;  // too short for an ICRC: leave zeros
-  wire::Ipv4UdpAddr addr{kLoopbackBe, kLoopbackBe, src_port, dst_port};
+  wire::UdpAddr addr{wire::IpAddress::v4(kLoopbackBe), wire::IpAddress::v4(kLoopbackBe), src_port, dst_port};
   wire::append_icrc(addr, body.data(), n);
 }
 
@@ -183,7 +183,7 @@ bool Pair::up(uint64_t seed) {
     return false;
   }
   ep = *e;
-  EXPECT_EQ(ep.ip_be, kLoopbackBe);
+  EXPECT_EQ(ep.ip_key, kLoopbackBe);
   EXPECT_EQ(ep.pid, getpid());
   if (!read_stats(b.qpn())) {
     ADD_FAILURE() << "no stats page holds QP " << b.qpn();

@@ -439,7 +439,7 @@ TEST(Hostile, BadIcrc) {
   auto shoot = [&](std::vector<uint8_t> d) {
     ++variant;
     // What the receiver computes: from 127.0.0.1:<our port> to 127.0.0.1:<b's port>, IP id 0.
-    wire::Ipv4UdpAddr seen{0x0100007f, 0x0100007f, p.sock.port(), p.ep.port};
+    wire::UdpAddr seen{wire::IpAddress::v4(0x0100007f), wire::IpAddress::v4(0x0100007f), p.sock.port(), p.ep.port};
     EXPECT_FALSE(wire::check_icrc(seen, d.data(), d.size()))
         << "variant " << variant << " has a valid ICRC";
     t.add("drop_icrc");
@@ -460,7 +460,7 @@ TEST(Hostile, BadIcrc) {
     auto body = build_body([&] { auto q = pk; q.bth.pad_count = wire::pad_for(cw.kLen); return q; }(), cw.data, cw.kLen);
     size_t n = body.size();
     body.resize(n + 4);
-    wire::Ipv4UdpAddr addr{src_be, 0x0100007f, sport, dport, ip_id};
+    wire::UdpAddr addr{wire::IpAddress::v4(src_be), wire::IpAddress::v4(0x0100007f), sport, dport, ip_id};
     wire::append_icrc(addr, body.data(), n);
     return body;
   };

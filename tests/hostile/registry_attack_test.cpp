@@ -125,7 +125,7 @@ int act(const std::vector<std::string>& a) {
     put("forged", forge_entry(r.own_path(), qpn, std::stoul(a[3]), pid, start, claim));
   } else if (what == "alloc") {  // BASE PORT
     net::Registry r(a[1]);
-    put("qpn", r.allocate_qpn(kLo, std::stoul(a[2])));
+    put("qpn", r.allocate_qpn(wire::IpAddress::v4(kLo), std::stoul(a[2])));
   } else if (what == "lookup") {  // BASE QPN
     net::Registry r(a[1]);
     auto ep = r.lookup(std::stoul(a[2]));
@@ -293,7 +293,7 @@ TEST_F(RegistryAttack, VictimFileIsReadOnlyForOthers) {
 
 TEST_F(RegistryAttack, CrossUserLookupAndUniqueness) {
   net::Registry r(base_);
-  const uint32_t mine = r.allocate_qpn(kLo, 1111);
+  const uint32_t mine = r.allocate_qpn(wire::IpAddress::v4(kLo), 1111);
   ASSERT_NE(mine, 0u);
   Other a(kAttacker, "alloc " + base_ + " 2222");
   ASSERT_TRUE(a.ready());
@@ -314,7 +314,7 @@ TEST_F(RegistryAttack, CrossUserLookupAndUniqueness) {
 // victim, whether the forged entry is dated at the attacker's start, before it, or names another pid.
 TEST_F(RegistryAttack, LiveQpnCannotBeClaimedByAnotherUser) {
   net::Registry r(base_);
-  const uint32_t q = r.allocate_qpn(kLo, 1111);
+  const uint32_t q = r.allocate_qpn(wire::IpAddress::v4(kLo), 1111);
   ASSERT_NE(q, 0u);
   const std::string qs = std::to_string(q);
   struct Case {
@@ -363,7 +363,7 @@ TEST_F(RegistryAttack, ForgedFilesAndSymlinksUnderTheVictimsName) {
   ASSERT_EQ(stat((base_ + "-target").c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 0) << "the victim wrote through the planted symlink";
   EXPECT_FALSE(r.lookup(forged_qpn)) << "an entry from a file whose owner is not the uid in its name";
-  const uint32_t q = r.allocate_qpn(kLo, 1111);
+  const uint32_t q = r.allocate_qpn(wire::IpAddress::v4(kLo), 1111);
   ASSERT_NE(q, 0u);
   Other b(kBystander, "lookup " + base_ + " " + std::to_string(q));
   ASSERT_TRUE(b.ready());

@@ -237,7 +237,7 @@ struct Victim {
     }
     ep_a = *ea;
     ep_b = *eb;
-    EXPECT_EQ(ep_b.ip_be, ip_be(kVictimIp));
+    EXPECT_EQ(ep_b.ip_key, ip_be(kVictimIp));
     return true;
   }
 
@@ -297,11 +297,11 @@ struct Victim {
     auto body = build_body(q, payload, len);
     const size_t n = body.size();
     body.resize(n + wire::kIcrcLen);
-    wire::append_icrc({src_be, ep_b.ip_be, sport, ep_b.port}, body.data(), n);
+    wire::append_icrc({wire::IpAddress::v4(src_be), wire::IpAddress::v4(ep_b.ip_key), sport, ep_b.port}, body.data(), n);
     send_udp(body, src_be, sport);
   }
   void send_udp(const std::vector<uint8_t>& d, uint32_t src_be, uint16_t sport) {
-    Lab::get().send(src_be, sport, ep_b.ip_be, ep_b.port, d);
+    Lab::get().send(src_be, sport, ep_b.ip_key, ep_b.port, d);
     if (++phase_sent % 32 == 0) {
       const uint64_t want = phase_before.rx_packets + phase_sent;
       if (!wait_for([&] { return stats().dev.rx_packets >= want; }))
@@ -401,7 +401,7 @@ TEST(WireAttack, GuessedRkeys) {
       while (std::find(real.begin(), real.end(), k) != real.end());
       // The first at the expected PSN; the rest at the PSNs that would follow had it been accepted.
       v.inject(v.write(wire::psn_add(v.epsn, i), v.target->addr(64), k, sizeof payload), payload, sizeof payload,
-               v.ep_a.ip_be, v.ep_a.port);
+               v.ep_a.ip_key, v.ep_a.port);
       ++guesses;
     }
     const core::Counters after = v.settle();
@@ -451,7 +451,7 @@ void blind_injection(const WindowRun& w, bool forged_source) {
   fill_pattern(v.target->data, kLen, kPatternSeed);
   std::vector<uint8_t> model(v.target->data, v.target->data + kLen);
   std::mt19937_64 rng(w.half_width * 31 + w.n);
-  const uint32_t src = forged_source ? v.ep_a.ip_be : ip_be(kAttackerIp);
+  const uint32_t src = forged_source ? v.ep_a.ip_key : ip_be(kAttackerIp);
   const uint16_t sport = forged_source ? v.ep_a.port : kAttackerPort;
   uint64_t executed = 0, dups = 0, ooo = 0, gaps = 0;
   bool in_gap = false;
@@ -612,7 +612,7 @@ TEST(WireAttack, ReplayOfFinishedTransfer) {
   const Stats before = v.stats();
   for (int t = 0; t < kTimes; ++t)
     for (const auto& c : pkts) {
-      Lab::get().send(c.src_be, c.sport, v.ep_b.ip_be, v.ep_b.port, c.udp_payload, c.ip_id);
+      Lab::get().send(c.src_be, c.sport, v.ep_b.ip_key, v.ep_b.port, c.udp_payload, c.ip_id);
       if (++v.phase_sent % 32 == 0) v.settle();
     }
   const core::Counters after = v.settle();
@@ -657,7 +657,7 @@ TEST(WireAttack, ForgedPeerSource) {
     ASSERT_TRUE(v.up());
     v.a_write(0, 4096, 9);
     fill_pattern(v.target->data, kLen, kPatternSeed);
-    const uint32_t src = forged ? v.ep_a.ip_be : ip_be(kAttackerIp);
+    const uint32_t src = forged ? v.ep_a.ip_key : ip_be(kAttackerIp);
     const uint16_t sport = forged ? v.ep_a.port : kAttackerPort;
     std::mt19937_64 rng(forged ? 1 : 2);
     v.begin();
@@ -684,7 +684,7 @@ TEST(WireAttack, ForgedPeerSource) {
       junk[7] = static_cast<uint8_t>(qpn);
       const size_t n = junk.size();
       junk.resize(n + wire::kIcrcLen);
-      wire::append_icrc({src, v.ep_b.ip_be, sport, v.ep_b.port}, junk.data(), n);
+      wire::append_icrc({wire::IpAddress::v4(src), wire::IpAddress::v4(v.ep_b.ip_key), sport, v.ep_b.port}, junk.data(), n);
       v.send_udp(junk, src, sport);
     }
     core::Counters after = v.settle();

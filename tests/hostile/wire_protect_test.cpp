@@ -110,7 +110,8 @@ class WireProtected : public ::testing::TestWithParam<wire::Protection> {
     std::vector<uint8_t> d(hdr + 64 + wire::kProtectTrailerLen, 0x99);
     wire::write_headers(p, d.data());
     wire::DirectionKey k{};
-    EXPECT_TRUE(wire::derive_direction_key(kSecret, 32, GetParam(), kLoopbackBe, a_.qpn(), kLoopbackBe, b_.qpn(), &k));
+    EXPECT_TRUE(wire::derive_direction_key(kSecret, 32, GetParam(), wire::IpAddress::v4(kLoopbackBe), a_.qpn(),
+                                           wire::IpAddress::v4(kLoopbackBe), b_.qpn(), &k));
     wire::PacketCipher c;
     EXPECT_TRUE(c.init(GetParam(), k, true));
     EXPECT_TRUE(c.seal(d.data(), hdr, 64, counter));

@@ -19,7 +19,7 @@
 namespace softrdma::net {
 namespace {
 
-const uint32_t kLo = htonl(INADDR_LOOPBACK);
+const wire::IpAddress kLo = wire::IpAddress::v4(htonl(INADDR_LOOPBACK));
 
 // The environment's settings with SOFTRDMA_IMPAIR set to spec: what a port opened under it gets.
 config::Settings impaired(const char* spec) {
@@ -265,7 +265,7 @@ TEST(Impairment, HoldWaitsForTheNextSendHoweverLate) {
   EXPECT_TRUE(h.out.empty());
   // The next send, to another destination, goes first; the held one right after it, intact.
   std::vector<uint8_t> d = original(2);
-  DirectionImpairment::Meta other{htonl(0x0a000002), 4791, kLo};
+  DirectionImpairment::Meta other{wire::IpAddress::v4(htonl(0x0a000002)), 4791, kLo};
   std::vector<DirectionImpairment::Meta> metas;
   h.imp.offer(d.data(), 64, other, [&](const uint8_t* p, uint32_t n, const DirectionImpairment::Meta& m) {
     h.emit()(p, n, m);
@@ -273,8 +273,8 @@ TEST(Impairment, HoldWaitsForTheNextSendHoweverLate) {
   });
   ASSERT_EQ(seqs(h), (std::vector<uint32_t>{2, 1}));
   EXPECT_EQ(h.out[1].bytes, original(1));
-  EXPECT_EQ(metas[0].ip_be, other.ip_be);
-  EXPECT_EQ(metas[1].ip_be, 0u);  // the held one keeps its own destination
+  EXPECT_EQ(metas[0].ip, other.ip);
+  EXPECT_FALSE(metas[1].ip.is_set());  // the held one keeps its own destination
   // The releasing send is never held itself; the one after it may be again.
   EXPECT_FALSE(h.imp.holding());
   h.offer(3);

@@ -14,7 +14,7 @@
 namespace softrdma::net {
 namespace {
 
-constexpr uint32_t kIpA = 0x0100000A, kIpB = 0x0200000A, kIpC = 0x0300000A;
+const wire::IpAddress kIpA = wire::IpAddress::v4(0x0100000A), kIpB = wire::IpAddress::v4(0x0200000A), kIpC = wire::IpAddress::v4(0x0300000A);
 
 // Byte i of datagram `seq`: misplaced, truncated or merged data shows.
 uint8_t pattern(uint32_t seq, uint32_t i) { return static_cast<uint8_t>(seq * 131 + i * 7 + (i >> 8)); }
@@ -27,7 +27,7 @@ std::vector<uint8_t> bytes_of(uint32_t seq, uint32_t len) {
 struct Got {
   std::vector<uint8_t> bytes;
   uint32_t segment;
-  uint32_t peer_ip_be;
+  wire::IpAddress peer_ip;
   uint16_t peer_port;
 };
 
@@ -53,7 +53,7 @@ class MemoryNetworkGso : public ::testing::Test {
   // One datagram, written in place; returns the identification reserve() gave it.
   uint16_t put(PacketPort& from, uint32_t seq, uint32_t len, const PacketPort& to, bool coalesce = true) {
     uint16_t ip_id = 0xFFFF;
-    uint8_t* p = from.reserve(len, to.ip_be(), to.port(), coalesce, &ip_id);
+    uint8_t* p = from.reserve(len, to.ip(), to.port(), coalesce, &ip_id);
     EXPECT_NE(p, nullptr);
     if (!p) return 0xFFFF;
     auto d = bytes_of(seq, len);
@@ -70,7 +70,7 @@ class MemoryNetworkGso : public ::testing::Test {
     for (size_t n; (n = port.receive(batch, max_per_call)) > 0;)
       for (size_t i = 0; i < n; ++i)
         got.push_back({std::vector<uint8_t>(batch[i].data, batch[i].data + batch[i].len), batch[i].segment,
-                       batch[i].peer_ip_be, batch[i].peer_port});
+                       batch[i].peer_ip, batch[i].peer_port});
     return got;
   }
 };
@@ -91,7 +91,7 @@ TEST_F(MemoryNetworkGso, ConsecutiveDatagramsFlyAsOneAndArriveApart) {
   for (uint32_t k = 0; k < 5; ++k) {
     EXPECT_EQ(got[k].segment, k);
     EXPECT_EQ(got[k].bytes, bytes_of(k, 200)) << "segment " << k;
-    EXPECT_EQ(got[k].peer_ip_be, kIpA);
+    EXPECT_EQ(got[k].peer_ip, kIpA);
     EXPECT_EQ(got[k].peer_port, a->port());
   }
   EXPECT_EQ(net.stats().delivered, 1u);

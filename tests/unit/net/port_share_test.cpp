@@ -22,7 +22,7 @@
 namespace softrdma::net {
 namespace {
 
-const uint32_t kLo = htonl(INADDR_LOOPBACK);
+const wire::IpAddress kLo = wire::IpAddress::v4(htonl(INADDR_LOOPBACK));
 
 // Steps the taker, serving the offer between steps, as the two processes' engines would.
 int take(PortShare& offer, PortShare::Taker& taker) {
@@ -50,7 +50,7 @@ TEST(PortShare, ATakerGetsTheVerySocketOffered) {
   ASSERT_GE(fd, 0);
   UdpPort shared(UdpPort::Adopt{}, fd);
   EXPECT_EQ(shared.port(), holder.port());
-  EXPECT_EQ(shared.ip_be(), kLo);
+  EXPECT_EQ(shared.ip(), kLo);
 
   // One receive queue: a datagram to the port is read through either, once.
   UdpPort sender(kLo, 0);

@@ -25,7 +25,7 @@
 namespace softrdma::net {
 namespace {
 
-const uint32_t kLo = htonl(INADDR_LOOPBACK);
+const wire::IpAddress kLo = wire::IpAddress::v4(htonl(INADDR_LOOPBACK));
 
 // Each test gets its own registry file, so tests neither see host state nor each other.
 class RegistryTest : public UserFilesTest {
@@ -52,13 +52,31 @@ void read_all(int fd, void* p, size_t n) {
   ASSERT_EQ(read(fd, p, n), static_cast<ssize_t>(n));
 }
 
+// An IPv6 context is named by its address's key: the same for the same address, never an IPv4
+// unicast address (0.0.0.0/8), and another for another address.
+TEST_F(RegistryTest, Ipv6ContextIsNamedByItsAddressKey) {
+  Registry r(path_);
+  wire::IpAddress a, b;
+  ASSERT_TRUE(wire::parse("fd00::1", &a));
+  ASSERT_TRUE(wire::parse("fd00::2", &b));
+  uint32_t q = r.allocate_qpn(a, 5001);
+  ASSERT_TRUE(valid_qpn(q));
+  auto ep = r.lookup(q);
+  ASSERT_TRUE(ep);
+  EXPECT_EQ(ep->ip_key, a.key());
+  EXPECT_NE(ep->ip_key, b.key());
+  EXPECT_EQ(reinterpret_cast<const uint8_t*>(&ep->ip_key)[0], 0) << "in 0.0.0.0/8";
+  EXPECT_NE(ep->ip_key, 0u);
+  r.release_qpn(q);
+}
+
 TEST_F(RegistryTest, AllocateLookupRelease) {
   Registry r(path_);
   uint32_t q = r.allocate_qpn(kLo, 5000);
   ASSERT_TRUE(valid_qpn(q));
   auto ep = r.lookup(q);
   ASSERT_TRUE(ep);
-  EXPECT_EQ(ep->ip_be, kLo);
+  EXPECT_EQ(ep->ip_key, kLo.key());
   EXPECT_EQ(ep->port, 5000);
   EXPECT_EQ(ep->pid, getpid());
   EXPECT_FALSE(r.lookup(q ^ 0x10000));  // same slot, different QPN
@@ -136,7 +154,7 @@ TEST_F(RegistryTest, CrossProcessVisibility) {
   pid_t child = fork();
   if (child == 0) {
     Registry own(path_);  // a fresh open, as an unrelated process would do
-    uint32_t q = own.allocate_qpn(ip, 4791);
+    uint32_t q = own.allocate_qpn(wire::IpAddress::v4(ip), 4791);
     if (write(to_parent[1], &q, sizeof(q)) != sizeof(q)) _exit(2);
     char go;
     if (read(to_child[0], &go, 1) != 1) _exit(3);
@@ -149,7 +167,7 @@ TEST_F(RegistryTest, CrossProcessVisibility) {
   auto ep = r.lookup(q);
   ASSERT_TRUE(ep);
   EXPECT_EQ(ep->pid, child);
-  EXPECT_EQ(ep->ip_be, ip);
+  EXPECT_EQ(ep->ip_key, ip);
   EXPECT_EQ(ep->port, 4791);
   r.release_qpn(q);  // not ours: must be ignored
   EXPECT_TRUE(r.lookup(q));
@@ -335,7 +353,7 @@ void write_file(const std::string& path, mode_t mode, uint32_t qpn, uint16_t por
   ASSERT_EQ(fchmod(fd, mode), 0);
   ASSERT_EQ(ftruncate(fd, kLen), 0);
   uint64_t slot[4] = {qpn | (2ull << 24) | (1ull << 26) | (static_cast<uint64_t>(pid) << 32),
-                      (static_cast<uint64_t>(kLo) << 32) | port, start * tick_ns() + 1, start};
+                      (static_cast<uint64_t>(kLo.key()) << 32) | port, start * tick_ns() + 1, start};
   ASSERT_EQ(pwrite(fd, slot, sizeof slot, kHdr + kSlot * (qpn & 0xFFFF)), static_cast<ssize_t>(sizeof slot));
   uint64_t hdr[3] = {0x474552414d445253ull, 2, kLen};
   ASSERT_EQ(pwrite(fd, hdr, sizeof hdr, 0), static_cast<ssize_t>(sizeof hdr));
@@ -409,7 +427,7 @@ TEST_F(RegistryTest, AllocationAvoidsQpnsOfOtherFiles) {
       uint64_t* slot = w + (kHdr + kSlot * i) / 8;
       uint32_t qpn = (0x55u << 16) | i;  // upper byte 0x55 everywhere
       slot[0] = qpn | (2ull << 24) | (1ull << 26) | (static_cast<uint64_t>(getpid()) << 32);
-      slot[1] = (static_cast<uint64_t>(kLo) << 32) | 7;
+      slot[1] = (static_cast<uint64_t>(kLo.key()) << 32) | 7;
       slot[2] = own_start_ticks() * tick_ns() + 1;
       slot[3] = own_start_ticks();
     }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <system_error>
@@ -18,7 +19,7 @@
 namespace softrdma::net {
 namespace {
 
-const uint32_t kLo = htonl(INADDR_LOOPBACK);
+const wire::IpAddress kLo = wire::IpAddress::v4(htonl(INADDR_LOOPBACK));
 
 // Byte i of datagram `seq` is a function of both, so misplaced or truncated data shows.
 uint8_t pattern(uint32_t seq, uint32_t i) { return static_cast<uint8_t>(seq * 131 + i * 7 + (i >> 8)); }
@@ -34,7 +35,7 @@ std::vector<uint8_t> make_datagram(uint32_t seq, uint32_t len) {
 // dropped with a note. Other tests run in parallel, and a softrdma process of theirs may still
 // retransmit to a port its peer held before this test's port took that number (ephemeral reuse).
 bool from_sender(const Datagram& d, uint16_t from) {
-  if (from == 0 || (d.peer_port == from && d.peer_ip_be == kLo)) return true;
+  if (from == 0 || (d.peer_port == from && d.peer_ip == kLo)) return true;
   std::fprintf(stderr, "stray datagram of %u bytes from port %u (expected %u), ignored\n", d.len, d.peer_port, from);
   return false;
 }
@@ -58,7 +59,7 @@ TEST(UdpPort, BindsEphemeralPortWithDfAndPktinfo) {
   UdpPort p(kLo, 0);
   EXPECT_GE(p.fd(), 0);
   EXPECT_NE(p.port(), 0);
-  EXPECT_EQ(p.ip_be(), kLo);
+  EXPECT_EQ(p.ip(), kLo);
   int v = -1;
   socklen_t len = sizeof(v);
   ASSERT_EQ(getsockopt(p.fd(), IPPROTO_IP, IP_MTU_DISCOVER, &v, &len), 0);
@@ -103,9 +104,9 @@ TEST(UdpPort, ExchangesBatchesOfVariousSizes) {
       std::memcpy(&s, data.data(), 4);
       ASSERT_TRUE(sent.count(s)) << "unknown datagram " << s;
       EXPECT_EQ(data, sent[s]) << "datagram " << s;
-      EXPECT_EQ(dg.peer_ip_be, kLo);
+      EXPECT_EQ(dg.peer_ip, kLo);
       EXPECT_EQ(dg.peer_port, a.port());
-      EXPECT_EQ(dg.local_ip_be, kLo);
+      EXPECT_EQ(dg.local_ip, kLo);
       sent.erase(s);
     }
   }
@@ -180,15 +181,15 @@ TEST(UdpPort, RejectedDatagramIsCountedAndOthersStillGo) {
 }
 
 TEST(UdpPort, ReportsDestinationAddressWhenBoundToAny) {
-  UdpPort any(htonl(INADDR_ANY), 0), a(kLo, 0);
-  const uint32_t other = htonl(0x7f000002);  // 127.0.0.2 also reaches this host
+  UdpPort any(wire::IpAddress::v4(htonl(INADDR_ANY)), 0), a(kLo, 0);
+  const wire::IpAddress other = wire::IpAddress::v4(htonl(0x7f000002));  // 127.0.0.2 also reaches this host
   auto d = make_datagram(5, 64);
   a.send(d.data(), 64, other, any.port());
   a.flush();
   auto got = receive_n(any, 1, a.port());
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].first, d);
-  EXPECT_EQ(got[0].second.local_ip_be, other);
+  EXPECT_EQ(got[0].second.local_ip, other);
   EXPECT_EQ(got[0].second.peer_port, a.port());
 }
 
@@ -198,7 +199,7 @@ TEST(UdpPort, BoundPortsAreSeenAndReleasedOnesAreNot) {
     UdpPort p(kLo, 0);
     port = p.port();
     EXPECT_TRUE(udp_port_bound(port));
-    UdpPort any(htonl(INADDR_ANY), 0);
+    UdpPort any(wire::IpAddress::v4(htonl(INADDR_ANY)), 0);
     EXPECT_TRUE(udp_port_bound(any.port()));
   }
   // Closed: no longer listed (an ephemeral port is not handed out again at once).
@@ -248,7 +249,7 @@ TEST(UdpPortGso, ACoalescedRunArrivesAsItsSegments) {
       EXPECT_EQ(got[k].first, sent[k]) << "datagram " << k;
       EXPECT_EQ(got[k].second.segment, k) << "one GRO buffer: datagram " << k << " is its segment " << k;
       EXPECT_EQ(got[k].second.peer_port, a.port());
-      EXPECT_EQ(got[k].second.local_ip_be, kLo);
+      EXPECT_EQ(got[k].second.local_ip, kLo);
     }
   }
   EXPECT_EQ(b.stats().rx_packets, 2u + 9u + 64u);
@@ -382,4 +383,49 @@ TEST(UdpPortGso, OffWithSoftrdmaGso0) {
 }
 
 }  // namespace
+// RoCEv2 over UDP/IPv6: a port bound to an IPv6 address (here ::1) exchanges datagrams, single and
+// segmented, and reports both ends' IPv6 addresses (IPV6_PKTINFO for the local one).
+TEST(UdpPort, ExchangesDatagramsOverIpv6) {
+  wire::IpAddress lo6;
+  ASSERT_TRUE(wire::parse("::1", &lo6));
+  std::unique_ptr<UdpPort> a, b;
+  try {
+    a = std::make_unique<UdpPort>(lo6, 0);
+    b = std::make_unique<UdpPort>(lo6, 0);
+  } catch (const std::system_error& e) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
+  }
+  EXPECT_EQ(a->ip(), lo6);
+  std::vector<std::vector<uint8_t>> sent;
+  for (uint32_t seq = 0; seq < 8; ++seq) {
+    // Four of one length, then a shorter one: a segmented run where the port offers it.
+    const uint32_t len = seq < 4 ? 1200 : seq == 4 ? 300 : 64 + seq;
+    sent.push_back(make_datagram(seq, len));
+    uint16_t ip_id = 0xFFFF;
+    uint8_t* p = a->reserve(len, lo6, b->port(), seq < 5, &ip_id);
+    ASSERT_NE(p, nullptr);
+    std::memcpy(p, sent.back().data(), len);
+    a->commit();
+  }
+  a->flush();
+  std::map<uint32_t, std::vector<uint8_t>> got;
+  Datagram batch[UdpPort::kBatch];
+  while (got.size() < sent.size()) {
+    pollfd p{b->fd(), POLLIN, 0};
+    if (poll(&p, 1, 5000) <= 0) break;
+    for (size_t i = 0, n = b->receive(batch, UdpPort::kBatch); i < n; ++i) {
+      if (batch[i].peer_port != a->port()) continue;  // a stray of another test
+      EXPECT_EQ(batch[i].peer_ip, lo6);
+      EXPECT_EQ(batch[i].local_ip, lo6);
+      uint32_t seq;
+      std::memcpy(&seq, batch[i].data, 4);
+      got[seq].assign(batch[i].data, batch[i].data + batch[i].len);
+    }
+  }
+  ASSERT_EQ(got.size(), sent.size());
+  for (uint32_t seq = 0; seq < sent.size(); ++seq) EXPECT_EQ(got[seq], sent[seq]) << "datagram " << seq;
+  EXPECT_EQ(a->stats().tx_errors, 0u);
+}
+
 }  // namespace softrdma::net
+

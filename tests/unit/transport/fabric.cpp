@@ -15,12 +15,13 @@ Fabric::~Fabric() {
   hosts.clear();
 }
 
-Host& Fabric::add_host(uint32_t ip_be) {
+Host& Fabric::add_host(const wire::IpAddress& ip) {
   auto h = std::make_unique<Host>();
-  h->ip_be = ip_be;
-  net::Interface iface{"mem" + std::to_string(hosts.size()), ip_be, 0x00FFFFFF, 0, 9000, false, {}};
+  h->ip = ip;
+  net::Interface iface{"mem" + std::to_string(hosts.size()), ip, ip.is_v4() ? 0x00FFFFFFu : 0u,
+                       static_cast<uint8_t>(ip.is_v4() ? 24 : 64), 0, 9000, false, {}};
   EngineOptions o;
-  o.open_port = [this](uint32_t ip, uint16_t port) { return net.open(ip, port); };
+  o.open_port = [this](const wire::IpAddress& a, uint16_t port) { return net.open(a, port); };
   o.clock = &net;
   o.progress_thread = false;
   o.link_monitor = false;
@@ -109,7 +110,7 @@ void bring_up(End& e, const End& peer, uint32_t my_psn, uint32_t peer_psn, const
   m.state = QpState::Rtr;
   m.mtu_bytes = p.mtu;
   m.dest_qpn = peer.qp->qpn;
-  m.dest_ip_be = peer.host->ip_be;
+  m.dest_ip = peer.host->ip;
   m.rq_psn = peer_psn;
   m.max_dest_rd_atomic = p.max_rd_atomic;
   m.min_rnr_timer = p.min_rnr_timer;

@@ -13,10 +13,10 @@
 
 namespace softrdma::transport::test {
 
-// One host: an engine on the network at ip_be.
+// One host: an engine on the network at ip.
 struct Host {
   std::unique_ptr<Engine> engine;
-  uint32_t ip_be = 0;
+  wire::IpAddress ip;
 };
 
 class Fabric {
@@ -27,7 +27,7 @@ class Fabric {
   // With o.gso, engines' packets to one another travel as segmented datagrams (memory_network.h).
   explicit Fabric(const net::MemoryNetwork::Options& o) : net(o) {}
   ~Fabric();
-  Host& add_host(uint32_t ip_be);
+  Host& add_host(const wire::IpAddress& ip);
 
   // One round: deliver what is due, step every engine. True when anything happened.
   bool round();

@@ -24,7 +24,7 @@
 namespace softrdma::transport::test {
 namespace {
 
-constexpr uint32_t kIpA = 0x0100000A, kIpB = 0x0200000A;
+const wire::IpAddress kIpA = wire::IpAddress::v4(0x0100000A), kIpB = wire::IpAddress::v4(0x0200000A);
 
 // One flight as the policy saw it: its segments, parsed.
 struct Flight {
@@ -55,7 +55,7 @@ class GsoTransport : public ::testing::Test {
     ha = &f.add_host(kIpA);
     hb = &f.add_host(kIpB);
     f.net.set_policy([this](const net::MemoryNetwork::Offer& o) {
-      Flight fl{o.from.ip_be == kIpA, o.from.port, o.to.port, o.seg_size, {}, {}};
+      Flight fl{o.from.ip == kIpA, o.from.port, o.to.port, o.seg_size, {}, {}};
       for (const Segment& s : segments(o)) {
         fl.lens.push_back(s.len);
         fl.pkts.push_back(view(s.data, s.len));

@@ -15,9 +15,9 @@
 namespace softrdma::transport {
 namespace {
 
-using wire::Ipv4UdpAddr;
+using wire::UdpAddr;
 
-constexpr uint32_t kPeerIp = 0x0A00000A, kOurIp = 0x0B00000A;
+const wire::IpAddress kPeerIp = wire::IpAddress::v4(0x0A00000A), kOurIp = wire::IpAddress::v4(0x0B00000A);
 constexpr uint64_t kMs = 1000000;
 
 // A WRITE ONLY of 1024 payload bytes as a sender with this identification and DF would put it on the wire
@@ -33,7 +33,7 @@ std::vector<uint8_t> packet_to(uint16_t src_port, uint16_t dst_port, uint16_t ip
   size_t n = wire::write_headers(p, buf.data());
   for (size_t i = 0; i < 1024; ++i) buf[n + i] = static_cast<uint8_t>(i * 7 + psn);
   n += 1024;
-  Ipv4UdpAddr sent{kPeerIp, kOurIp, src_port, dst_port, ip_id, flags};
+  UdpAddr sent{kPeerIp, kOurIp, src_port, dst_port, ip_id, flags};
   wire::append_icrc(sent, buf.data(), n);
   buf.resize(n + wire::kIcrcLen);
   return buf;
@@ -65,7 +65,7 @@ TEST(IcrcGate, SoftrdmaSenderIsCheckedAtFullStrength) {
   const auto good = packet(40000, 0, 0x40, 7);
   wire::IpIdent ident;
   for (uint16_t dst : {wire::kRoceUdpPort, uint16_t{41000}}) {
-    const Ipv4UdpAddr seen{kPeerIp, kOurIp, 40000, dst};
+    const UdpAddr seen{kPeerIp, kOurIp, 40000, dst};
     if (dst != wire::kRoceUdpPort) {
       auto d = packet(40000, 0, 0x40, 7);
       wire::append_icrc(seen, d.data(), d.size() - wire::kIcrcLen);
@@ -75,7 +75,7 @@ TEST(IcrcGate, SoftrdmaSenderIsCheckedAtFullStrength) {
                 IcrcGate::Verdict::Exact);
     }
   }
-  const Ipv4UdpAddr seen{kPeerIp, kOurIp, 40000, wire::kRoceUdpPort};
+  const UdpAddr seen{kPeerIp, kOurIp, 40000, wire::kRoceUdpPort};
   int accepted = 0, solvable = 0;
   for (int i = 0; i < 1000000; ++i) {
     auto d = good;
@@ -94,7 +94,7 @@ TEST(IcrcGate, ForeignSenderIdentificationsAreFollowed) {
   // Linux rxe: source port 0xC000 | hash, DF, one identification counter per address pair.
   IcrcGate gate;
   wire::IpIdent ident;
-  const Ipv4UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort};
+  const UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort};
   uint16_t id = 0xFFF0;  // runs through the 16-bit wrap, and through 0
   uint64_t now = 0;
   auto offer = [&](uint16_t ip_id, uint64_t t) {
@@ -121,7 +121,7 @@ TEST(IcrcGate, ForeignSenderIdentificationsAreFollowed) {
   EXPECT_EQ(offer(static_cast<uint16_t>(id + 30001), now), IcrcGate::Verdict::Solved);
   EXPECT_EQ(ident.ip_id, static_cast<uint16_t>(id + 30001));
   // A foreign source port towards a context's own port: only softrdma sends there.
-  const Ipv4UdpAddr own{kPeerIp, kOurIp, 0xC123, 41000};
+  const UdpAddr own{kPeerIp, kOurIp, 0xC123, 41000};
   auto d = packet(0xC123, 0x1234, 0x40, 1);
   EXPECT_EQ(gate.check(own, d.data(), static_cast<uint32_t>(d.size()), now, &ident), IcrcGate::Verdict::Bad);
 }
@@ -132,7 +132,7 @@ TEST(IcrcGate, ForeignSenderResidualAcceptance) {
   IcrcGate gate;
   net::ImpairmentRng rng(99);
   wire::IpIdent ident;
-  const Ipv4UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort};
+  const UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort};
   uint16_t id = 100;
   int accepted = 0, solvable = 0, valid_dropped = 0;
   constexpr int kCorrupted = 2000000;
@@ -167,7 +167,7 @@ TEST(IcrcGate, ContextSegmentsAreCheckedWithTheirIndexThenAnyBelow64) {
     SCOPED_TRACE("to port " + std::to_string(dst));
     auto verdict = [&](uint16_t sent_id, uint8_t flags, uint16_t segment) {
       auto d = packet_to(40000, dst, sent_id, flags, sent_id);
-      const Ipv4UdpAddr seen{kPeerIp, kOurIp, 40000, dst, segment};
+      const UdpAddr seen{kPeerIp, kOurIp, 40000, dst, segment};
       return gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), 0, &ident);
     };
     for (uint16_t k : {0, 1, 5, 63}) {
@@ -199,12 +199,12 @@ TEST(IcrcGate, ForeignSendersGetNoSegmentLeniency) {
   wire::IpIdent ident;
   for (uint16_t k : {1, 5, 63}) {
     auto d = packet_to(0xC123, 41000, k, 0x40, k);
-    const Ipv4UdpAddr seen{kPeerIp, kOurIp, 0xC123, 41000, 0};
+    const UdpAddr seen{kPeerIp, kOurIp, 0xC123, 41000, 0};
     EXPECT_EQ(gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), 0, &ident), IcrcGate::Verdict::Bad) << k;
   }
   auto offer = [&](uint16_t id, uint16_t segment, uint64_t now) {
     auto d = packet(0xC123, id, 0x40, id);
-    const Ipv4UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort, segment};
+    const UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort, segment};
     return gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), now, &ident);
   };
   // The sender's counter stands at 20000: a packet with identification 5 (a context's segment 5 would
@@ -222,7 +222,7 @@ TEST(IcrcGate, ForeignSendersGetNoSegmentLeniency) {
   for (int i = 0; i < 200000; ++i) {
     auto d = good;
     flip(d, rng);
-    const Ipv4UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort, static_cast<uint16_t>(i % 64)};
+    const UdpAddr seen{kPeerIp, kOurIp, 0xC123, wire::kRoceUdpPort, static_cast<uint16_t>(i % 64)};
     segment_verdicts += gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), 0, &ident) == IcrcGate::Verdict::Segment;
   }
   EXPECT_EQ(segment_verdicts, 0);
@@ -241,7 +241,7 @@ TEST(IcrcGate, FlippedContextSegmentsAreNotAccepted) {
     auto d = good;
     flip(d, rng);
     if (!changed_invariant(good, d)) continue;
-    const Ipv4UdpAddr seen{kPeerIp, kOurIp, 40000, 41000, j};
+    const UdpAddr seen{kPeerIp, kOurIp, 40000, 41000, j};
     accepted += IcrcGate::accepted(gate.check(seen, d.data(), static_cast<uint32_t>(d.size()), 0, &ident));
   }
   EXPECT_EQ(accepted, 0);

@@ -78,8 +78,8 @@ struct IwPair {
   Fabric f;
   End a, b;
   explicit IwPair(const IwOptions& o = {}, uint32_t access = kAllAccess) {
-    Host& ha = f.add_host(0x0100000a);
-    Host& hb = f.add_host(0x0200000a);
+    Host& ha = f.add_host(wire::IpAddress::v4(0x0100000a));
+    Host& hb = f.add_host(wire::IpAddress::v4(0x0200000a));
     make_iw_end(a, ha, access);
     make_iw_end(b, hb, access);
     int sv[2];

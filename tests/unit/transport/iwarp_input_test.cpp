@@ -18,7 +18,7 @@ using L = iw::TermLayer;
 class IwarpInput : public ::testing::TestWithParam<bool> {  // CRC on or off
  protected:
   void SetUp() override {
-    host_ = &f_.add_host(0x0100000a);
+    host_ = &f_.add_host(wire::IpAddress::v4(0x0100000a));
     make_iw_end(e_, *host_);
     // Guard bytes on both sides of the target window: nothing may be written there.
     mem_ = register_region(e_.engine(), 1, 3 * 4096, kAllAccess);
@@ -394,7 +394,7 @@ TEST_P(IwarpInput, RandomBytesNeverCrashOrWriteOutside) {
 // framing) is refused with LLP / MPA / FPDU start, before anything of that FPDU is placed.
 TEST(IwarpMarkers, BadMarker) {
   Fabric f;
-  Host& h = f.add_host(0x0100000a);
+  Host& h = f.add_host(wire::IpAddress::v4(0x0100000a));
   End e;
   make_iw_end(e, h);
   auto mem = register_region(e.engine(), 1, 4096, kAllAccess);

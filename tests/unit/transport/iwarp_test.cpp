@@ -493,7 +493,7 @@ TEST(Iwarp, OperationsIwarpLacksAreRefusedAtPost) {
 
 TEST(Iwarp, AttachRefusesAnythingButRcInInit) {
   Fabric f;
-  Host& h = f.add_host(0x0100000a);
+  Host& h = f.add_host(wire::IpAddress::v4(0x0100000a));
   End e;
   make_iw_end(e, h);
   QpModify m;
@@ -635,8 +635,8 @@ std::pair<int, int> tcp_pair() {
 
 TEST(IwarpTcp, LoopbackTcpWithPartialWrites) {
   Fabric f;
-  Host& ha = f.add_host(0x0100000a);
-  Host& hb = f.add_host(0x0200000a);
+  Host& ha = f.add_host(wire::IpAddress::v4(0x0100000a));
+  Host& hb = f.add_host(wire::IpAddress::v4(0x0200000a));
   End a, b;
   make_iw_end(a, ha);
   make_iw_end(b, hb);

@@ -28,7 +28,8 @@ struct CapturedWrite {
 // Connects hosts ip_a and ip_b, fills a's 1024-byte source with byte i = i * mul + add, posts a WRITE
 // of it to b's region and captures that WRITE ONLY (dropped, so b never gets it); the policy is then
 // cleared. Use under ASSERT_NO_FATAL_FAILURE.
-inline void capture_write_only(CapturedWrite& c, uint32_t ip_a, uint32_t ip_b, int mul, int add) {
+inline void capture_write_only(CapturedWrite& c, const wire::IpAddress& ip_a, const wire::IpAddress& ip_b, int mul,
+                               int add) {
   c.ha = &c.f.add_host(ip_a);
   c.hb = &c.f.add_host(ip_b);
   c.pair = connect_rc(c.f, *c.ha, *c.hb, c.p);
@@ -38,7 +39,7 @@ inline void capture_write_only(CapturedWrite& c, uint32_t ip_a, uint32_t ip_b, i
   for (int i = 0; i < 1024; ++i) c.src->data()[i] = static_cast<uint8_t>(i * mul + add);
   c.f.net.set_policy([&c, ip_a](const net::MemoryNetwork::Offer& o) {
     net::MemoryNetwork::Fate fate;
-    if (c.good.empty() && o.from.ip_be == ip_a && view(o.data, o.len).opcode == wire::kRcWriteOnly) {
+    if (c.good.empty() && o.from.ip == ip_a && view(o.data, o.len).opcode == wire::kRcWriteOnly) {
       c.good.assign(o.data, o.data + o.len);
       c.from = o.from;
       fate.drop = true;

@@ -14,7 +14,7 @@
 namespace softrdma::transport::test {
 namespace {
 
-constexpr uint32_t kIpA = 0x0100000A, kIpB = 0x0200000A;
+const wire::IpAddress kIpA = wire::IpAddress::v4(0x0100000A), kIpB = wire::IpAddress::v4(0x0200000A);
 
 TEST(LiveIcrc, NoFlippedPacketOfASoftrdmaPeerIsAccepted) {
   // Capture a's WRITE ONLY on its way (b never gets it), with where it came from.

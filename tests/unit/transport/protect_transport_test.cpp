@@ -20,7 +20,7 @@
 namespace softrdma::transport::test {
 namespace {
 
-constexpr uint32_t kIpA = 0x0100000A, kIpB = 0x0200000A;
+const wire::IpAddress kIpA = wire::IpAddress::v4(0x0100000A), kIpB = wire::IpAddress::v4(0x0200000A);
 constexpr uint32_t kAll = core::kLocalWrite | core::kRemoteWrite | core::kRemoteRead | core::kRemoteAtomic;
 constexpr uint8_t kSecret[32] = {0x5e, 0xc2, 0x37, 0x01, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0xaa, 0xbb,
                                  0xcc, 0xdd, 0xee, 0xff, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23};
@@ -74,7 +74,7 @@ TEST_P(Protected, EveryByteUnderLossReorderAndDuplication) {
     fate.drop = rng.uniform() < 0.04;
     fate.duplicate = !fate.drop && rng.uniform() < 0.05;
     fate.hold = rng.uniform() < 0.05;
-    if (fate.duplicate) ++(o.to.ip_be == kIpB ? dup_to_b : dup_to_a);
+    if (fate.duplicate) ++(o.to.ip == kIpB ? dup_to_b : dup_to_a);
     if (std::search(o.data, o.data + o.len, kMarker, kMarker + 16) != o.data + o.len) ++marker_seen;
     return fate;
   });
@@ -121,14 +121,14 @@ TEST_P(Protected, EveryByteUnderLossReorderAndDuplication) {
 
 // The ICRC of a datagram as sent from `from` to `to` by a softrdma context (identification 0, DF).
 void fix_icrc(const Captured& c, std::vector<uint8_t>& d) {
-  wire::Ipv4UdpAddr addr{c.from.ip_be, c.to.ip_be, c.from.port, c.to.port};
+  wire::UdpAddr addr{c.from.ip, c.to.ip, c.from.port, c.to.port};
   wire::append_icrc(addr, d.data(), d.size() - wire::kIcrcLen);
 }
 
 TEST_P(Protected, TamperedForgedAndReplayedPacketsAreRefused) {
   std::vector<Captured> cap;
   f_.net.set_policy([&](const net::MemoryNetwork::Offer& o) {
-    if (o.to.ip_be == kIpB) cap.push_back({o.from, o.to, std::vector<uint8_t>(o.data, o.data + o.len)});
+    if (o.to.ip == kIpB) cap.push_back({o.from, o.to, std::vector<uint8_t>(o.data, o.data + o.len)});
     return net::MemoryNetwork::Fate{};
   });
   pair_ = connect_rc(f_, *ha_, *hb_, p_);
@@ -154,7 +154,7 @@ TEST_P(Protected, TamperedForgedAndReplayedPacketsAreRefused) {
   const core::Counters b0 = counters(*hb_);
   Engine& eb = pair_.b.engine();
   auto inject = [&](const Captured& c, const std::vector<uint8_t>& d) {
-    eb.inject_datagram(d.data(), static_cast<uint32_t>(d.size()), c.from.ip_be, c.from.port, c.to.port);
+    eb.inject_datagram(d.data(), static_cast<uint32_t>(d.size()), c.from.ip, c.from.port, c.to.port);
     f_.round();
   };
   // Replays: every captured packet again, unchanged (their PSNs are duplicates the responder would
@@ -293,7 +293,7 @@ TEST(ProtectedForwarded, TheHolderOf4791HandsThemToTheOwner) {
     std::vector<Captured> cap;
     f.net.set_policy([&](const net::MemoryNetwork::Offer& o) {
       net::MemoryNetwork::Fate fate;
-      if (o.to.ip_be == kIpB && cap.size() < 8) {
+      if (o.to.ip == kIpB && cap.size() < 8) {
         cap.push_back({o.from, o.to, std::vector<uint8_t>(o.data, o.data + o.len)});
         fate.drop = true;
       }
@@ -305,7 +305,7 @@ TEST(ProtectedForwarded, TheHolderOf4791HandsThemToTheOwner) {
     const core::Counters h0 = holder.engine->counters();
     for (const Captured& c : cap) {
       EXPECT_EQ(c.bytes[1] & 0xF, wire::kProtectTver);
-      holder.engine->inject_datagram(c.bytes.data(), static_cast<uint32_t>(c.bytes.size()), c.from.ip_be,
+      holder.engine->inject_datagram(c.bytes.data(), static_cast<uint32_t>(c.bytes.size()), c.from.ip,
                                      c.from.port, wire::kRoceUdpPort);
     }
     std::vector<core::Cqe> got;
@@ -326,7 +326,7 @@ TEST(ProtectedForwarded, TheHolderOf4791HandsThemToTheOwner) {
     // The same packets again through the holder: forwarded, and refused by the owner as replays.
     const uint64_t replays0 = hb.engine->counters().auth_replay;
     for (const Captured& c : cap)
-      holder.engine->inject_datagram(c.bytes.data(), static_cast<uint32_t>(c.bytes.size()), c.from.ip_be,
+      holder.engine->inject_datagram(c.bytes.data(), static_cast<uint32_t>(c.bytes.size()), c.from.ip,
                                      c.from.port, wire::kRoceUdpPort);
     f.settle();
     EXPECT_EQ(hb.engine->counters().auth_replay - replays0, 8u);

@@ -10,13 +10,16 @@
 //   - READ and ATOMIC results, and every received message, are what the model computed.
 // RcModel.Seeds runs them on a network without segmentation offload; RcModel.SeedsGso runs the same
 // seeds with it (MemoryNetwork::Options::gso: packets to a context's port leave as segmented flights,
-// and each fault then strikes a whole flight, a bit flip one segment of it).
-// RC_MODEL_SEEDS=N (default 2000; RC_MODEL_GSO_SEEDS, if set, for SeedsGso alone) and RC_MODEL_FIRST=S
+// and each fault then strikes a whole flight, a bit flip one segment of it); RcModel.SeedsIpv6 runs the
+// first 500 of them between IPv6 addresses (RoCEv2 over UDP/IPv6: the IPv6 ICRC pseudo-header).
+// RC_MODEL_SEEDS=N (default 2000; RC_MODEL_GSO_SEEDS and RC_MODEL_IPV6_SEEDS, if set, for SeedsGso and
+// SeedsIpv6 alone) and RC_MODEL_FIRST=S
 // choose the seeds; RC_MODEL_BIG=1 draws sizes up to 4 MiB. RC_MODEL_TRACE=1 prints every datagram
 // (every segment of a flight) and its fate. A failing seed prints its one-line reproduction.
 #include <gtest/gtest.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,7 +33,13 @@
 namespace softrdma::transport::test {
 namespace {
 
-constexpr uint32_t kIpA = 0x0100000A, kIpB = 0x0200000A;
+const wire::IpAddress kIpA = wire::IpAddress::v4(0x0100000A), kIpB = wire::IpAddress::v4(0x0200000A);
+wire::IpAddress ipv6(const char* text) {
+  wire::IpAddress a;
+  if (!wire::parse(text, &a)) std::abort();
+  return a;
+}
+const wire::IpAddress kIp6A = ipv6("fd00:5eed::a"), kIp6B = ipv6("fd00:5eed::b");
 constexpr uint32_t kAll = core::kLocalWrite | core::kRemoteWrite | core::kRemoteRead | core::kRemoteAtomic;
 
 uint64_t env_u64(const char* name, uint64_t dflt) {
@@ -54,8 +63,8 @@ struct Op {
 
 class Seed {
  public:
-  Seed(uint64_t seed, bool big, bool gso)
-      : seed_(seed), rng_(net::ImpairmentRng::mix(seed, 0x5EED)), big_(big), gso_(gso) {}
+  Seed(uint64_t seed, bool big, bool gso, bool v6)
+      : seed_(seed), rng_(net::ImpairmentRng::mix(seed, 0x5EED)), big_(big), gso_(gso), v6_(v6) {}
   // Returns "" or what went wrong.
   std::string run();
 
@@ -70,6 +79,7 @@ class Seed {
   net::ImpairmentRng rng_;
   bool big_;
   bool gso_;
+  bool v6_;
   bool trace_ = getenv("RC_MODEL_TRACE") != nullptr;
 };
 
@@ -89,8 +99,9 @@ std::string Seed::run() {
   const uint64_t kMaxSend = 16u << 10;
 
   Fabric f(net::MemoryNetwork::Options{.latency_ns = 1000 + rng_.below(20000), .gso = gso_});
-  Host& ha = f.add_host(kIpA);
-  Host& hb = f.add_host(kIpB);
+  const wire::IpAddress ip_a = v6_ ? kIp6A : kIpA;
+  Host& ha = f.add_host(ip_a);
+  Host& hb = f.add_host(v6_ ? kIp6B : kIpB);
   // Faults: each kind in half the seeds, at up to 5% (RETRY_EXC needs 8 losses in a row then).
   net::ImpairmentRng frng(net::ImpairmentRng::mix(seed_, 0xFA17));
   auto rate = [&](double max) { return frng.below(2) ? frng.uniform() * max : 0.0; };
@@ -108,7 +119,7 @@ std::string Seed::run() {
       for (const Segment& s : segments(o)) {
         const bool flipped = fate.flip_bit != ~0u && fate.flip_bit / 8 >= s.offset && fate.flip_bit / 8 < s.offset + s.len;
         std::printf("%12llu %s %s%s%s%s%s%s\n", static_cast<unsigned long long>(f.now()),
-                    o.from.ip_be == kIpA ? "a>" : "b>", describe(view(s.data, s.len)).c_str(),
+                    o.from.ip == ip_a ? "a>" : "b>", describe(view(s.data, s.len)).c_str(),
                     o.seg_size ? (" [" + std::to_string(s.offset / o.seg_size) + "]").c_str() : "",
                     fate.drop ? " DROP" : "", fate.duplicate ? " DUP" : "", fate.hold ? " HOLD" : "",
                     flipped ? " FLIP" : "");
@@ -378,27 +389,29 @@ std::string Seed::run() {
   return "";
 }
 
-void run_seeds(bool gso, uint64_t default_count) {
+void run_seeds(bool gso, uint64_t default_count, bool v6 = false) {
   // Each seed allocates and frees a few MiB: keep them on the heap instead of fresh (page-faulting)
   // mappings, which would cost more than the seed itself.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   const uint64_t first = env_u64("RC_MODEL_FIRST", 1);
-  const uint64_t count = env_u64(gso && getenv("RC_MODEL_GSO_SEEDS") ? "RC_MODEL_GSO_SEEDS" : "RC_MODEL_SEEDS",
-                                 default_count);
+  const char* own = v6 ? "RC_MODEL_IPV6_SEEDS" : gso ? "RC_MODEL_GSO_SEEDS" : "RC_MODEL_SEEDS";
+  const uint64_t count = getenv(own) ? env_u64(own, default_count)
+                         : v6        ? std::min(env_u64("RC_MODEL_SEEDS", default_count), default_count)
+                                     : env_u64("RC_MODEL_SEEDS", default_count);
   const bool big = env_u64("RC_MODEL_BIG", 0) != 0;
-  const char* test = gso ? "RcModel.SeedsGso" : "RcModel.Seeds";
+  const char* test = v6 ? "RcModel.SeedsIpv6" : gso ? "RcModel.SeedsGso" : "RcModel.Seeds";
   uint64_t failed = 0;
   for (uint64_t s = first; s < first + count; ++s) {
-    std::string err = Seed(s, big, gso).run();
+    std::string err = Seed(s, big, gso, v6).run();
     if (err.empty()) continue;
     ++failed;
-    ADD_FAILURE() << "seed " << s << (gso ? " (gso)" : "") << ": " << err << "\n  reproduce: RC_MODEL_FIRST=" << s
-                  << (gso ? " RC_MODEL_GSO_SEEDS=1" : " RC_MODEL_SEEDS=1") << (big ? " RC_MODEL_BIG=1" : "")
+    ADD_FAILURE() << "seed " << s << (gso ? " (gso)" : "") << (v6 ? " (ipv6)" : "") << ": " << err
+                  << "\n  reproduce: RC_MODEL_FIRST=" << s << " " << own << "=1" << (big ? " RC_MODEL_BIG=1" : "")
                   << " build/tests/unit_transport --gtest_filter=" << test;
     if (failed >= 5) break;
   }
-  std::printf("rc model%s: %llu seeds from %llu, %llu failed\n", gso ? " (gso)" : "",
+  std::printf("rc model%s: %llu seeds from %llu, %llu failed\n", v6 ? " (ipv6)" : gso ? " (gso)" : "",
               static_cast<unsigned long long>(count), static_cast<unsigned long long>(first),
               static_cast<unsigned long long>(failed));
 }
@@ -407,6 +420,9 @@ TEST(RcModel, Seeds) { run_seeds(false, 2000); }
 
 // The same seeds (same connections, workloads and fault rates) over segmented flights.
 TEST(RcModel, SeedsGso) { run_seeds(true, 2000); }
+
+// Between IPv6 addresses, segmented (the ICRC of every segment over the IPv6 pseudo-header).
+TEST(RcModel, SeedsIpv6) { run_seeds(true, 500, true); }
 
 }  // namespace
 }  // namespace softrdma::transport::test

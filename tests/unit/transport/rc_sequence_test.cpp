@@ -13,7 +13,7 @@
 namespace softrdma::transport::test {
 namespace {
 
-constexpr uint32_t kIpA = 0x0100000A, kIpB = 0x0200000A;
+const wire::IpAddress kIpA = wire::IpAddress::v4(0x0100000A), kIpB = wire::IpAddress::v4(0x0200000A);
 
 struct Traced {
   bool from_a;
@@ -36,7 +36,7 @@ class RcSequence : public ::testing::Test {
     ha = &f.add_host(kIpA);
     hb = &f.add_host(kIpB);
     f.net.set_policy([this](const net::MemoryNetwork::Offer& o) {
-      Traced t{o.from.ip_be == kIpA, view(o.data, o.len), f.now()};
+      Traced t{o.from.ip == kIpA, view(o.data, o.len), f.now()};
       trace.push_back(t);
       return faults ? faults(t) : net::MemoryNetwork::Fate{};
     });

@@ -13,7 +13,7 @@
 namespace softrdma::transport::test {
 namespace {
 
-constexpr uint32_t kIpA = 0x0100000A, kIpB = 0x0200000A, kIpAttacker = 0x0300000A;
+const wire::IpAddress kIpA = wire::IpAddress::v4(0x0100000A), kIpB = wire::IpAddress::v4(0x0200000A), kIpAttacker = wire::IpAddress::v4(0x0300000A);
 
 TEST(SourceAddress, RequestFromAnotherAddressIsDroppedAndCounted) {
   // Capture a's WRITE ONLY on its way (b never gets it).

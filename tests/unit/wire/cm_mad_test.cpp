@@ -209,8 +209,8 @@ TEST(CmMad, SidrPositions) {
 TEST(CmMad, CmaHeader) {
   CmaIpHeader h;
   h.src_port = 0x1234;
-  h.src_ip_be = 0x0100007F;  // 127.0.0.1 in network order on a little-endian host
-  h.dst_ip_be = 0x0200000A;
+  h.src_ip = IpAddress::v4(0x0100007F);  // 127.0.0.1 in network order on a little-endian host
+  h.dst_ip = IpAddress::v4(0x0200000A);
   uint8_t b[kCmaHeaderLen];
   encode_cma_header(h, b);
   EXPECT_EQ(b[0], 0);
@@ -223,16 +223,39 @@ TEST(CmMad, CmaHeader) {
   CmaIpHeader back;
   ASSERT_TRUE(decode_cma_header(b, back));
   EXPECT_EQ(back.src_port, 0x1234);
-  EXPECT_EQ(back.dst_ip_be, h.dst_ip_be);
-  b[1] = 0x60;
+  EXPECT_EQ(back.dst_ip, h.dst_ip);
+  EXPECT_EQ(back.src_ip, h.src_ip);
+  b[1] = 0x50;  // neither IPv4 nor IPv6
   EXPECT_FALSE(decode_cma_header(b, back));
+}
+
+// IPv6 (librdmacm's cma_hdr): version 6 and the two whole addresses, source then destination.
+TEST(CmMad, CmaHeaderIpv6) {
+  CmaIpHeader h;
+  h.src_port = 0x4321;
+  ASSERT_TRUE(parse("fd00::1", &h.src_ip));
+  ASSERT_TRUE(parse("fd00::2:3", &h.dst_ip));
+  uint8_t b[kCmaHeaderLen];
+  encode_cma_header(h, b);
+  EXPECT_EQ(b[1], 0x60);
+  EXPECT_EQ(b[4], 0xfd);
+  EXPECT_EQ(b[19], 1);
+  EXPECT_EQ(b[20], 0xfd);
+  EXPECT_EQ(b[33], 2);
+  EXPECT_EQ(b[35], 3);
+  CmaIpHeader back;
+  ASSERT_TRUE(decode_cma_header(b, back));
+  EXPECT_EQ(back.ip_version, 6);
+  EXPECT_EQ(back.src_ip, h.src_ip);
+  EXPECT_EQ(back.dst_ip, h.dst_ip);
+  EXPECT_EQ(back.src_port, 0x4321);
 }
 
 TEST(CmMad, GsiPacket) {
   uint8_t mad[kMadLen];
   encode_simple(hdr(CmAttr::Drep), CmSimple{}, mad);
   uint8_t pkt[kGsiPacketLen];
-  ASSERT_EQ(build_gsi_packet(0x0100007F, 0x0100007F, 50000, 4791, 7, mad, pkt), kGsiPacketLen);
+  ASSERT_EQ(build_gsi_packet(IpAddress::v4(0x0100007F), IpAddress::v4(0x0100007F), 50000, 4791, 7, mad, pkt), kGsiPacketLen);
   EXPECT_EQ(pkt[0], 0x64);
   EXPECT_EQ(pkt[7], 1);     // dest QP 1
   EXPECT_EQ(pkt[12], 0x80);  // Q_Key 0x80010000
@@ -241,7 +264,7 @@ TEST(CmMad, GsiPacket) {
   const uint8_t* m = gsi_mad(pkt, sizeof pkt);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(std::memcmp(m, mad, kMadLen), 0);
-  EXPECT_TRUE(check_icrc(Ipv4UdpAddr{0x0100007F, 0x0100007F, 50000, 4791}, pkt, sizeof pkt));
+  EXPECT_TRUE(check_icrc(UdpAddr{IpAddress::v4(0x0100007F), IpAddress::v4(0x0100007F), 50000, 4791}, pkt, sizeof pkt));
   pkt[12] = 0;  // wrong Q_Key
   EXPECT_EQ(gsi_mad(pkt, sizeof pkt), nullptr);
   EXPECT_EQ(gsi_mad(pkt, 100), nullptr);

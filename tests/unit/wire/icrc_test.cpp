@@ -10,11 +10,11 @@
 namespace softrdma::wire {
 namespace {
 
-uint32_t ip_be(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
+IpAddress ip_be(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
   const uint8_t bytes[4] = {a, b, c, d};
   uint32_t v;
   std::memcpy(&v, bytes, 4);
-  return v;
+  return IpAddress::v4(v);
 }
 
 uint32_t read_le32(const uint8_t* p) {
@@ -22,10 +22,13 @@ uint32_t read_le32(const uint8_t* p) {
 }
 
 // What a receiver that sees the real IPv4/UDP headers (raw capture) derives from them.
-Ipv4UdpAddr addr_from_headers(const uint8_t* ip) {
-  Ipv4UdpAddr a{};
-  std::memcpy(&a.src_ip_be, ip + 12, 4);
-  std::memcpy(&a.dst_ip_be, ip + 16, 4);
+UdpAddr addr_from_headers(const uint8_t* ip) {
+  UdpAddr a{};
+  uint32_t src, dst;
+  std::memcpy(&src, ip + 12, 4);
+  std::memcpy(&dst, ip + 16, 4);
+  a.src_ip = IpAddress::v4(src);
+  a.dst_ip = IpAddress::v4(dst);
   a.ip_id = static_cast<uint16_t>(ip[4] << 8 | ip[5]);
   a.src_port = static_cast<uint16_t>(ip[20] << 8 | ip[21]);
   a.dst_port = static_cast<uint16_t>(ip[22] << 8 | ip[23]);
@@ -47,8 +50,8 @@ const uint8_t kCx4Cnp[] = {
 constexpr size_t kIpUdp = 28;
 
 TEST(Icrc, MatchesRealConnectX4Packet) {
-  const Ipv4UdpAddr a = addr_from_headers(kCx4Cnp);
-  EXPECT_EQ(a.src_ip_be, ip_be(10, 0, 17, 1));
+  const UdpAddr a = addr_from_headers(kCx4Cnp);
+  EXPECT_EQ(a.src_ip, ip_be(10, 0, 17, 1));
   EXPECT_EQ(a.dst_port, kRoceUdpPort);
   const uint8_t* bth = kCx4Cnp + kIpUdp;
   const size_t len = sizeof kCx4Cnp - kIpUdp - kIcrcLen;
@@ -62,7 +65,7 @@ TEST(Icrc, MaskedFieldsOfRealPacketDoNotMatter) {
     uint8_t pkt[sizeof kCx4Cnp];
     std::memcpy(pkt, kCx4Cnp, sizeof pkt);
     pkt[off] ^= 0x5A;  // TOS, TTL, IP checksum, UDP checksum, BTH resv8a
-    const Ipv4UdpAddr a = addr_from_headers(pkt);
+    const UdpAddr a = addr_from_headers(pkt);
     EXPECT_TRUE(check_icrc(a, pkt + kIpUdp, sizeof pkt - kIpUdp)) << off;
   }
   // The identification is covered.
@@ -78,7 +81,7 @@ TEST(Icrc, MatchesScapyUcSendOnly) {
   uint8_t pkt[] = {0x24, 0x60, 0xFF, 0xFF, 0x00, 0x00, 0x00, 0xD3, 0x00, 0xCF, 0x17, 0x10,
                    0x46, 0x30, 0x81, 0x8B, 0xE2, 0x89, 0x35, 0xD9, 0x0E, 0x9A, 0x95, 0x50,
                    0x54, 0x01, 0xBE, 0x88, 0x5E, 0x50, 0x00, 0x00, 0x78, 0xF3, 0x53, 0xF3};
-  Ipv4UdpAddr a{ip_be(192, 168, 0, 7), ip_be(192, 168, 0, 7), 49152, kRoceUdpPort};
+  UdpAddr a{ip_be(192, 168, 0, 7), ip_be(192, 168, 0, 7), 49152, kRoceUdpPort};
   a.ip_id = 1144;
   EXPECT_TRUE(check_icrc(a, pkt, sizeof pkt));
   uint8_t copy[sizeof pkt];
@@ -96,7 +99,7 @@ TEST(Icrc, MatchesScapyUcSendOnly) {
 //   udp  = struct.pack('!HHH', 0xC001, 4791, 8+20+4) + b'\xff\xff'
 //   zlib.crc32(b'\xff'*8 + ip + udp + bth[:4] + b'\xff' + bth[5:] + rest) == 0x6cc310d6
 TEST(Icrc, MatchesSpecVectorForKernelStyleHeader) {
-  const Ipv4UdpAddr a{ip_be(192, 168, 1, 2), ip_be(192, 168, 1, 3), 0xC001, kRoceUdpPort};
+  const UdpAddr a{ip_be(192, 168, 1, 2), ip_be(192, 168, 1, 3), 0xC001, kRoceUdpPort};
   Packet p{};
   p.bth = {kRcSendOnlyImm, true, false, pad_for(3), 0, kDefaultPkey, false, false, 0x11, true, 0x123456};
   const uint8_t imm[4] = {0xDE, 0xAD, 0xBE, 0xEF};
@@ -179,8 +182,25 @@ TEST(Icrc, Ipv6AndIpv4PseudoHeadersDiffer) {
   a6.src_ip[15] = a6.dst_ip[15] = 1;
   a6.src_port = 0xC000;
   a6.dst_port = kRoceUdpPort;
-  const Ipv4UdpAddr a4{ip_be(127, 0, 0, 1), ip_be(127, 0, 0, 1), 0xC000, kRoceUdpPort};
+  const UdpAddr a4{ip_be(127, 0, 0, 1), ip_be(127, 0, 0, 1), 0xC000, kRoceUdpPort};
   EXPECT_NE(compute_icrc_v6(a6, buf, sizeof buf), compute_icrc(a4, buf, sizeof buf));
+}
+
+// The family-neutral form picks the IPv6 pseudo-header for IPv6 addresses: the spec vector above.
+TEST(Icrc, UdpAddrOfIpv6AddressesIsTheIpv6Icrc) {
+  const Ipv6UdpAddr a6 = v6_addr();
+  UdpAddr a{IpAddress::from_bytes(a6.src_ip), IpAddress::from_bytes(a6.dst_ip), a6.src_port, a6.dst_port};
+  uint8_t buf[36] = {4, 0x40, 0xff, 0xff, 0, 0, 0, 0x11, 0x80, 0x12, 0x34, 0x56};
+  std::memcpy(buf + kBthLen, "ipv6-roce-payload-01", 20);
+  EXPECT_EQ(compute_icrc(a, buf, 32), 0x0D8BA48Fu);
+  append_icrc(a, buf, 32);
+  EXPECT_TRUE(check_icrc(a, buf, 36));
+  // Nothing to solve over IPv6: the identification is DF and 0 when the ICRC matches, else none.
+  auto ident = solve_ip_ident(a, buf, 36);
+  ASSERT_TRUE(ident.has_value());
+  EXPECT_EQ(ident->ip_id, 0);
+  buf[20] ^= 1;
+  EXPECT_FALSE(solve_ip_ident(a, buf, 36).has_value());
 }
 
 // Independent bit-at-a-time CRC-32 (reflected 0xEDB88320), to cross-check ISA-L at many lengths.
@@ -194,7 +214,7 @@ uint32_t slow_crc32(const std::vector<uint8_t>& d) {
 }
 
 TEST(Icrc, AgreesWithBitwiseReferenceAtManyLengths) {
-  const Ipv4UdpAddr a{ip_be(10, 1, 2, 3), ip_be(10, 4, 5, 6), 0xD00D, kRoceUdpPort};
+  const UdpAddr a{ip_be(10, 1, 2, 3), ip_be(10, 4, 5, 6), 0xD00D, kRoceUdpPort};
   for (size_t len : {size_t{12}, size_t{13}, size_t{16}, size_t{31}, size_t{64}, size_t{257}, size_t{1500},
                      size_t{4124}}) {
     std::vector<uint8_t> pkt(len);
@@ -213,7 +233,7 @@ TEST(Icrc, AgreesWithBitwiseReferenceAtManyLengths) {
 }
 
 TEST(Icrc, EveryCoveredByteChangesIt) {
-  const Ipv4UdpAddr a{ip_be(192, 168, 1, 2), ip_be(192, 168, 1, 3), 0xC001, kRoceUdpPort};
+  const UdpAddr a{ip_be(192, 168, 1, 2), ip_be(192, 168, 1, 3), 0xC001, kRoceUdpPort};
   std::vector<uint8_t> pkt(12 + 16 + 40);
   for (size_t i = 0; i < pkt.size(); ++i) pkt[i] = static_cast<uint8_t>(i + 1);
   const uint32_t base = compute_icrc(a, pkt.data(), pkt.size());
@@ -228,11 +248,11 @@ TEST(Icrc, EveryCoveredByteChangesIt) {
     }
   }
   // Addresses, ports, identification and the length are covered too.
-  Ipv4UdpAddr b = a;
-  b.src_ip_be ^= 0x01000000;
+  UdpAddr b = a;
+  b.src_ip.bytes[12] ^= 0x01;
   EXPECT_NE(compute_icrc(b, pkt.data(), pkt.size()), base);
   b = a;
-  b.dst_ip_be ^= 0x00000001;
+  b.dst_ip.bytes[15] ^= 0x01;
   EXPECT_NE(compute_icrc(b, pkt.data(), pkt.size()), base);
   b = a;
   b.src_port ^= 1;
@@ -247,7 +267,7 @@ TEST(Icrc, EveryCoveredByteChangesIt) {
 }
 
 TEST(Icrc, CheckRejectsCorruptionAndShortInput) {
-  const Ipv4UdpAddr a{ip_be(127, 0, 0, 1), ip_be(127, 0, 0, 1), 50000, kRoceUdpPort};
+  const UdpAddr a{ip_be(127, 0, 0, 1), ip_be(127, 0, 0, 1), 50000, kRoceUdpPort};
   std::vector<uint8_t> pkt(12 + 8 + kIcrcLen, 0x33);
   append_icrc(a, pkt.data(), pkt.size() - kIcrcLen);
   EXPECT_TRUE(check_icrc(a, pkt.data(), pkt.size()));
@@ -271,7 +291,7 @@ namespace {
 // receiver, which cannot see those header bits, still accepts it, and still rejects corruption.
 class UnknownIpId : public ::testing::Test {
  protected:
-  std::vector<uint8_t> make(size_t payload, uint16_t ip_id, uint8_t flags, Ipv4UdpAddr& addr) {
+  std::vector<uint8_t> make(size_t payload, uint16_t ip_id, uint8_t flags, UdpAddr& addr) {
     Packet p{};
     p.bth.opcode = kRcWriteOnly;
     p.bth.pkey = 0xFFFF;
@@ -282,8 +302,8 @@ class UnknownIpId : public ::testing::Test {
     size_t n = write_headers(p, buf.data());
     for (size_t i = 0; i < payload; ++i) buf[n + i] = static_cast<uint8_t>(i * 7 + 3);
     n += payload;
-    addr = {0x0100007F, 0x0200007F, 50000, 4791};
-    Ipv4UdpAddr sender = addr;
+    addr = {IpAddress::v4(0x0100007F), IpAddress::v4(0x0200007F), 50000, 4791};
+    UdpAddr sender = addr;
     sender.ip_id = ip_id;
     sender.ip_flags = flags;
     append_icrc(sender, buf.data(), n);
@@ -296,7 +316,7 @@ TEST_F(UnknownIpId, RecoversTheIdentificationAndDf) {
   for (uint16_t id : {uint16_t{0}, uint16_t{1}, uint16_t{0x1234}, uint16_t{0xFFFF}, uint16_t{0x8001}}) {
     for (uint8_t flags : {uint8_t{0x40}, uint8_t{0x00}}) {
       for (size_t payload : {size_t{0}, size_t{4}, size_t{1024}, size_t{4096}}) {
-        Ipv4UdpAddr addr;
+        UdpAddr addr;
         auto pkt = make(payload, id, flags, addr);
         EXPECT_EQ(check_icrc(addr, pkt.data(), pkt.size()), id == 0 && flags == 0x40)
             << "the plain check assumes identification 0 and DF";
@@ -312,7 +332,7 @@ TEST_F(UnknownIpId, RecoversTheIdentificationAndDf) {
 TEST_F(UnknownIpId, RejectsCorruptedPackets) {
   // Each corruption below is caught unless it happens to equal an identification change
   // (probability 2^-15 each); with these fixed flips none does.
-  Ipv4UdpAddr addr;
+  UdpAddr addr;
   auto good = make(1024, 0x4321, 0x40, addr);
   int rejected = 0, tried = 0;
   for (size_t pos = 0; pos < good.size() - kIcrcLen; pos += 37) {

@@ -14,7 +14,7 @@ namespace softrdma::wire {
 namespace {
 
 constexpr uint8_t kSecret[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-constexpr uint32_t kIpA = 0x0100000A, kIpB = 0x0200000A;
+const wire::IpAddress kIpA = wire::IpAddress::v4(0x0100000A), kIpB = wire::IpAddress::v4(0x0200000A);
 
 DirectionKey key_ab(Protection mode, size_t len = 16) {
   uint8_t secret[32];
