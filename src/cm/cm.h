@@ -25,7 +25,7 @@ inline constexpr uint8_t kDefaultMtu = 3;  // IBTA path MTU code: 1024 bytes
 
 // What the protocol needs of the device a connection runs on.
 struct Device {
-  uint32_t ip_be = 0;
+  wire::IpAddress ip;  // its address (an iWARP device's is IPv4)
   uint64_t guid_be = 0;
   uint8_t mtu = kDefaultMtu;  // the port's active MTU (IBTA code)
   uint8_t max_rd_atom = 16;
@@ -114,15 +114,15 @@ struct Connection {
   bool ud = false;             // a datagram port space: SIDR instead of REQ/REP/RTU
   uint16_t port_space = 0;     // for IP service IDs
   int sock = -1;  // UDP socket holding this endpoint's port (and receiving REQs while listening)
-  // An IPv6 socket (IPV6_V6ONLY) holding the port in IPv6's port space, for a bind to "::": never
-  // polled, no CM datagram comes over IPv6 yet (docs/rdmacm.md).
+  // An IPv6 socket (IPV6_V6ONLY) holding the port in IPv6's port space, for a bind to "::" (with sock
+  // holding IPv4's unless AFONLY): a listener receives REQs over IPv6 on it.
   int sock6 = -1;
   const Device* dev = nullptr;
-  uint32_t local_ip_be = 0;    // the bound or resolved source address
+  wire::IpAddress local_ip;    // the bound or resolved source address (unset: a wildcard)
   uint16_t local_port = 0;     // the port bound (host order)
   uint32_t local_comm_id = 0, remote_comm_id = 0;
   uint64_t tid = 0;
-  uint32_t peer_ip_be = 0;
+  wire::IpAddress peer_ip;
   uint16_t peer_port = 0;      // the peer's rdma_cm port (from the REQ's IP header)
   bool peer_local = false;
   uint16_t service_port = 0;  // own port; active side: the port the REQ names
@@ -179,8 +179,8 @@ class Consumer {
   // A REQ or SIDR_REQ for listener: the consumer makes the passive endpoint (nullptr: dropped).
   virtual Connection* make_passive(Connection& listener) = 0;
   virtual void discard(Connection& c) = 0;  // a passive endpoint that could not be set up
-  // The device that holds ip (0: open every device, return any); nullptr when none does.
-  virtual const Device* device_for_ip(uint32_t ip_be) = 0;
+  // The device that holds ip; nullptr when none does (unset: opens every device, returns nullptr).
+  virtual const Device* device_for_ip(const wire::IpAddress& ip) = 0;
   virtual void event(Connection& c, const Event& e) = 0;
   // Whether the connection has a QP, and moving it to RTR/RTS with c's parameters (0: done).
   virtual bool has_qp(const Connection& c) = 0;
@@ -232,14 +232,14 @@ class Manager {
   const std::vector<Connection*>& connections() const { return conns_; }
 
   // Binds c's UDP socket (its port is the rdma_cm port; docs/rdmacm.md "port space"). 0 or an errno.
-  int bind_port(Connection& c, uint32_t ip_be, uint16_t port_be);
+  int bind_port(Connection& c, const wire::IpAddress& ip, uint16_t port_be);
   // A bind to "::": the port in IPv6's port space and, unless v6_only, IPv4's wildcard too (the
   // connections that can come). 0 or an errno.
   int bind_port_v6(Connection& c, bool v6_only, uint16_t port_be);
   int listen(Connection& c);  // binds to the wildcard first if unbound; 0 or an errno
-  // Address resolution: the source address (src_ip_be, or what the route to dst picks), its device,
+  // Address resolution: the source address (src_ip, or what the route to dst picks), its device,
   // the port bound. 0: resolved; > 0: an errno for an ADDR_ERROR event; < 0: -errno of the bind.
-  int resolve_addr(Connection& c, uint32_t src_ip_be, uint16_t src_port_be, uint32_t dst_ip_be);
+  int resolve_addr(Connection& c, const wire::IpAddress& src_ip, uint16_t src_port_be, const wire::IpAddress& dst_ip);
   int resolve_route(Connection& c);  // RoCE has no SA: the path is the two GIDs and the port's MTU
   // The active side. connect sends the REQ (SIDR_REQ for UD); the REP/SIDR_REP arrives as an event.
   int connect(Connection& c, uint16_t dst_port, const ConnectParams& p);  // 0 or an errno
@@ -267,7 +267,7 @@ class Manager {
     uint64_t deadline_ns = 0;
   };
   // A non-blocking socket of type bound to (ip, port), as c's rdma_cm port. 0 or an errno.
-  int bind_socket(Connection& c, int type, uint32_t ip_be, uint16_t port_be);
+  int bind_socket(Connection& c, int type, const wire::IpAddress& ip, uint16_t port_be);
   int iw_bind(Connection& c, uint32_t ip_be, uint16_t port_be);
   int iw_listen(Connection& c);
   int iw_connect(Connection& c, uint16_t dst_port, const ConnectParams& p);
@@ -301,7 +301,7 @@ class Manager {
   uint32_t alloc_comm_id(Connection& c);
   void release_comm_id(Connection& c);
   void send_mad(Connection& c, const uint8_t* mad, bool request);
-  void send_to(uint32_t dst_ip, uint16_t dst_port, uint32_t src_ip, const uint8_t* mad);
+  void send_to(const wire::IpAddress& dst_ip, uint16_t dst_port, const wire::IpAddress& src_ip, const uint8_t* mad);
   void receive(int fd, Connection* listener);
   void on_mad(const uint8_t* mad, Connection* listener);
   void on_req(const wire::MadHeader& h, const uint8_t* mad, Connection* listener);
@@ -322,6 +322,8 @@ class Manager {
   std::vector<Connection*> conns_;
   std::unordered_map<uint32_t, Connection*> by_comm_;
   int sock_ = -1;
+  // The same port in IPv6's port space (IPV6_V6ONLY), for MADs to and from IPv6 peers (-1: no IPv6).
+  int sock6_ = -1;
   uint16_t sock_port_ = 0;
   int wake_fd_ = -1;
   // Passes of the CM thread out of poll(): a socket it polls stays bound until poll returns (the kernel
@@ -332,10 +334,10 @@ class Manager {
 };
 
 // Address resolution: the source address the kernel's route would use for dst (UDP connect +
-// getsockname), network order. 0 or an errno.
-int route_source(uint32_t dst_ip_be, uint16_t dst_port_be, uint32_t& src_ip_be);
+// getsockname). 0 or an errno.
+int route_source(const wire::IpAddress& dst_ip, uint16_t dst_port_be, wire::IpAddress& src_ip);
 // Whether ip is one of this host's addresses (a peer here is reached straight at its socket).
-bool is_local(uint32_t ip_be);
+bool is_local(const wire::IpAddress& ip);
 
 // What the 4791 holder (transport/gsi.cpp) answers, as a dead process's kernel CM would, for a MAD to
 // this host that no live process takes: REQ -> REJ "invalid service ID", SIDR_REQ -> SIDR_REP

@@ -73,7 +73,7 @@ void set_nodelay(int fd) {
 }  // namespace
 
 int Manager::iw_bind(Connection& c, uint32_t ip_be, uint16_t port_be) {
-  if (int rc = bind_socket(c, SOCK_STREAM, ip_be, port_be)) return rc;
+  if (int rc = bind_socket(c, SOCK_STREAM, wire::IpAddress::v4(ip_be), port_be)) return rc;
   if (!c.iw) c.iw = std::make_unique<IwarpState>();
   return 0;
 }
@@ -202,7 +202,7 @@ void Manager::iw_start_connect(Connection& c) {
   w.step = IwStep::Connecting;
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = c.peer_ip_be;
+  a.sin_addr.s_addr = c.peer_ip.v4_be();
   a.sin_port = htons(c.service_port);
   if (::connect(c.sock, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
     // Refused at once (loopback answers a SYN to a closed port before connect returns).
@@ -221,7 +221,7 @@ bool Manager::iw_retry_refused(Connection& c) {
   w.refused_retries--;
   // A socket whose connect failed cannot connect again: a new one, on the same address and port.
   const uint16_t service = c.service_port, port = c.local_port;
-  const uint32_t ip = c.local_ip_be;
+  const wire::IpAddress ip = c.local_ip;
   close_fd(c.sock);
   if (bind_socket(c, SOCK_STREAM, ip, htons(port)) != 0) return false;
   c.service_port = service;
@@ -401,13 +401,13 @@ void Manager::iw_on_accepted(IwAccept& a, short /*revents*/) {
   c->port_space = L->port_space;
   c->listener = L;
   c->passive = true;
-  c->dev = consumer_->device_for_ip(l.sin_addr.s_addr);
+  c->dev = consumer_->device_for_ip(wire::IpAddress::v4(l.sin_addr.s_addr));
   if (!c->dev) c->dev = L->dev;
-  c->local_ip_be = l.sin_addr.s_addr;
+  c->local_ip = wire::IpAddress::v4(l.sin_addr.s_addr);
   c->local_port = c->service_port = L->service_port;
-  c->peer_ip_be = rem.sin_addr.s_addr;
+  c->peer_ip = wire::IpAddress::v4(rem.sin_addr.s_addr);
   c->peer_port = ntohs(rem.sin_port);
-  c->peer_local = net::is_local_ip(wire::IpAddress::v4(c->peer_ip_be));
+  c->peer_local = net::is_local_ip(c->peer_ip);
   c->st = St::ReqRcvd;
   w.step = IwStep::ReqRcvd;
   const uint16_t max_ird = c->dev ? c->dev->max_ird : 16, max_ord = c->dev ? c->dev->max_ord : 16;

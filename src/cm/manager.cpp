@@ -54,17 +54,9 @@ uint32_t random_u32() {
 }
 uint64_t random_tid() { return (uint64_t(random_u32()) << 32) | random_u32(); }
 
-// RoCE GIDs are IPv4-mapped: ::ffff:a.b.c.d.
-void set_gid(uint8_t* g, uint32_t ip_be) {
-  std::memset(g, 0, 16);
-  g[10] = g[11] = 0xFF;
-  std::memcpy(g + 12, &ip_be, 4);
-}
-uint32_t gid_ip(const uint8_t* raw) {
-  uint32_t ip;
-  std::memcpy(&ip, raw + 12, 4);
-  return ip;
-}
+// RoCE v2 GIDs are the addresses: ::ffff:a.b.c.d for IPv4.
+void set_gid(uint8_t* g, const wire::IpAddress& ip) { std::memcpy(g, ip.bytes.data(), 16); }
+wire::IpAddress gid_ip(const uint8_t* raw) { return wire::IpAddress::from_bytes(raw); }
 
 bool owner_alive(uint32_t comm_id) {
   auto ep = net::Registry::instance().lookup(comm_id & 0xFFFFFF);
@@ -73,22 +65,20 @@ bool owner_alive(uint32_t comm_id) {
 
 }  // namespace
 
-bool is_local(uint32_t ip_be) { return net::is_local_ip(wire::IpAddress::v4(ip_be)); }
+bool is_local(const wire::IpAddress& ip) { return net::is_local_ip(ip); }
 
-int route_source(uint32_t dst_ip_be, uint16_t dst_port_be, uint32_t& src_ip_be) {
-  int fd = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in probe{};
-  probe.sin_family = AF_INET;
-  probe.sin_addr.s_addr = dst_ip_be;
-  probe.sin_port = dst_port_be ? dst_port_be : htons(9);
+int route_source(const wire::IpAddress& dst_ip, uint16_t dst_port_be, wire::IpAddress& src_ip) {
+  int fd = net::os_socket(dst_ip.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage probe{};
+  const socklen_t len = wire::to_sockaddr(dst_ip, dst_port_be ? ntohs(dst_port_be) : 9, &probe);
   int err = 0;
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&probe), sizeof probe) != 0) {
-    err = errno;
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&probe), len) != 0) {
+    err = fd < 0 ? EAFNOSUPPORT : errno;
   } else {
-    sockaddr_in a{};
+    sockaddr_storage a{};
     socklen_t l = sizeof a;
     getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
-    src_ip_be = a.sin_addr.s_addr;
+    wire::from_sockaddr(reinterpret_cast<sockaddr*>(&a), &src_ip);
   }
   if (fd >= 0) close(fd);
   return err;
@@ -105,12 +95,33 @@ Manager::Manager() {
   // (wire/icrc.h), and kernel rxe drops MADs whose ICRC does not match.
   int pmtu = IP_PMTUDISC_DO;
   setsockopt(sock_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  bind(sock_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t l = sizeof a;
-  getsockname(sock_, reinterpret_cast<sockaddr*>(&a), &l);
-  sock_port_ = ntohs(a.sin_port);
+  // The same number in IPv6's port space for MADs over IPv6: the registry names one port per
+  // process, and the 4791 holder of an IPv6 device hands MADs to it there.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    bind(sock_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t l = sizeof a;
+    getsockname(sock_, reinterpret_cast<sockaddr*>(&a), &l);
+    sock_port_ = ntohs(a.sin_port);
+    sock6_ = net::os_socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (sock6_ < 0) break;  // no IPv6 here
+    int one = 1, pmtu6 = IPV6_PMTUDISC_DO;
+    setsockopt(sock6_, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    setsockopt(sock6_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof pmtu6);
+    sockaddr_in6 a6{};
+    a6.sin6_family = AF_INET6;
+    a6.sin6_port = a.sin_port;
+    if (bind(sock6_, reinterpret_cast<sockaddr*>(&a6), sizeof a6) == 0) break;
+    const int err = errno;
+    close(sock6_);
+    sock6_ = -1;
+    if (err != EADDRINUSE) break;
+    // Taken in IPv6's space: both sockets try another number.
+    close(sock_);
+    sock_ = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    setsockopt(sock_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   // The thread takes none of the application's signals.
   sigset_t all, old;
@@ -146,14 +157,14 @@ void Manager::release_comm_id(Connection& c) {
   c.local_comm_id = 0;
 }
 
-void Manager::send_to(uint32_t dst_ip, uint16_t dst_port, uint32_t src_ip, const uint8_t* mad) {
+void Manager::send_to(const wire::IpAddress& dst_ip, uint16_t dst_port, const wire::IpAddress& src_ip,
+                      const uint8_t* mad) {
   uint8_t pkt[wire::kGsiPacketLen];
-  size_t n = wire::build_gsi_packet(wire::IpAddress::v4(src_ip), wire::IpAddress::v4(dst_ip), sock_port_, dst_port, random_u32(), mad, pkt);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = dst_ip;
-  a.sin_port = htons(dst_port);
-  [[maybe_unused]] ssize_t r = sendto(sock_, pkt, n, 0, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  size_t n = wire::build_gsi_packet(src_ip, dst_ip, sock_port_, dst_port, random_u32(), mad, pkt);
+  sockaddr_storage a{};
+  const socklen_t len = wire::to_sockaddr(dst_ip, dst_port, &a);
+  const int fd = dst_ip.is_v4() ? sock_ : sock6_;
+  [[maybe_unused]] ssize_t r = fd >= 0 ? sendto(fd, pkt, n, 0, reinterpret_cast<sockaddr*>(&a), len) : -1;
 }
 
 void Manager::send_mad(Connection& c, const uint8_t* mad, bool request) {
@@ -165,19 +176,20 @@ void Manager::send_mad(Connection& c, const uint8_t* mad, bool request) {
   }
   wire::MadHeader h;
   wire::decode_mad_header(mad, wire::kMadLen, h);
-  uint32_t src_ip = c.dev ? c.dev->ip_be : 0;
+  // The ICRC's source: the device's address, or ours where the device is another family's (::1 on lo).
+  const wire::IpAddress src_ip = c.dev && c.dev->ip.is_v4() == c.peer_ip.is_v4() ? c.dev->ip : c.local_ip;
   if (c.listener_probes) return;
   if (!c.peer_local) {
-    send_to(c.peer_ip_be, wire::kRoceUdpPort, src_ip, mad);
+    send_to(c.peer_ip, wire::kRoceUdpPort, src_ip, mad);
     return;
   }
   // A peer on this host: straight to its socket (docs/rdmacm.md), by service port or by its comm ID.
   if (h.attr_id == static_cast<uint16_t>(wire::CmAttr::Req) || h.attr_id == static_cast<uint16_t>(wire::CmAttr::SidrReq)) {
-    send_to(c.peer_ip_be, c.service_port, src_ip, mad);
+    send_to(c.peer_ip, c.service_port, src_ip, mad);
     return;
   }
   auto ep = net::Registry::instance().lookup(wire::cm_destination_comm_id(mad, h.attr_id) & 0xFFFFFF);
-  if (ep) send_to(c.peer_ip_be, ep->port, src_ip, mad);
+  if (ep) send_to(c.peer_ip, ep->port, src_ip, mad);
 }
 
 void Manager::send_rej(Connection& c, uint16_t reason, uint8_t msg, const void* pdata, uint8_t len) {
@@ -236,39 +248,48 @@ void Manager::send_sidr_rep(Connection& c, uint8_t status, uint32_t qpn, const v
   send_mad(c, c.last_mad, false);
 }
 
-int Manager::bind_port(Connection& c, uint32_t ip_be, uint16_t port_be) {
-  if (c.iwarp) return iw_bind(c, ip_be, port_be);
-  return bind_socket(c, SOCK_DGRAM, ip_be, port_be);
+int Manager::bind_port(Connection& c, const wire::IpAddress& ip, uint16_t port_be) {
+  if (c.iwarp) {
+    if (!ip.is_v4()) return EAFNOSUPPORT;  // iWARP runs over TCP/IPv4 (docs/rdmacm.md)
+    return iw_bind(c, ip.v4_be(), port_be);
+  }
+  return bind_socket(c, SOCK_DGRAM, ip, port_be);
 }
 
-int Manager::bind_socket(Connection& c, int type, uint32_t ip_be, uint16_t port_be) {
-  int fd = net::os_socket(AF_INET, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+int Manager::bind_socket(Connection& c, int type, const wire::IpAddress& ip, uint16_t port_be) {
+  int fd = net::os_socket(ip.family(), type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
-  if (type == SOCK_STREAM) {
-    int one = 1;
+  int one = 1;
+  if (type == SOCK_STREAM)
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // a listener may come back at once
-  }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = ip_be;
-  a.sin_port = port_be;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+  // An IPv6 address's port is IPv6's alone: the IPv4 one of the same number is another id's.
+  if (!ip.is_v4()) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  sockaddr_storage a{};
+  socklen_t l = wire::to_sockaddr(ip, ntohs(port_be), &a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), l) != 0) {
     int e = errno;
     close(fd);
     return e;
   }
-  socklen_t l = sizeof a;
+  l = sizeof a;
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
-  c.sock = fd;
-  c.service_port = c.local_port = ntohs(a.sin_port);
-  c.local_ip_be = ip_be;
+  wire::IpAddress bound;
+  uint16_t port = 0;
+  wire::from_sockaddr(reinterpret_cast<sockaddr*>(&a), &bound, &port);
+  if (ip.is_v4()) {
+    c.sock = fd;
+  } else {
+    c.sock6 = fd;
+  }
+  c.service_port = c.local_port = port;
+  c.local_ip = ip;
   if (c.st == St::Idle) c.st = St::Bound;
   return 0;
 }
 
 int Manager::bind_port_v6(Connection& c, bool v6_only, uint16_t port_be) {
   if (!v6_only)
-    if (int e = bind_port(c, INADDR_ANY, port_be)) return e;
+    if (int e = bind_port(c, wire::IpAddress::v4(INADDR_ANY), port_be)) return e;
   int fd = net::os_socket(AF_INET6, (c.iwarp ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   int one = 1;
   sockaddr_in6 a{};
@@ -289,7 +310,7 @@ int Manager::bind_port_v6(Connection& c, bool v6_only, uint16_t port_be) {
   c.sock6 = fd;
   if (v6_only) {
     c.service_port = c.local_port = ntohs(a.sin6_port);
-    c.local_ip_be = 0;
+    c.local_ip = wire::IpAddress{};  // "::"
     if (c.st == St::Idle) c.st = St::Bound;
   }
   return 0;
@@ -297,34 +318,38 @@ int Manager::bind_port_v6(Connection& c, bool v6_only, uint16_t port_be) {
 
 int Manager::listen(Connection& c) {
   if (c.sock < 0 && c.sock6 < 0)
-    if (int e = bind_port(c, INADDR_ANY, 0)) return e;
+    if (int e = bind_port(c, wire::IpAddress::v4(INADDR_ANY), 0)) return e;
   if (c.st != St::Bound && c.st != St::Listen) return EINVAL;
-  if (c.sock < 0) {  // IPv6 only: it holds its port, and hears nothing until IPv6 is carried
-    c.st = St::Listen;
-    return 0;
+  if (c.iwarp) {
+    if (c.sock < 0) return EAFNOSUPPORT;  // iWARP has no IPv6 listener
+    return iw_listen(c);
   }
-  if (c.iwarp) return iw_listen(c);
   // A wildcard listener hears every device, as the kernel's: open them all, so that this host has a
   // 4791 holder to forward REQs from other hosts even when no other softrdma process runs here.
-  if (!c.dev && consumer_) consumer_->device_for_ip(0);
+  if (!c.dev && consumer_) consumer_->device_for_ip(wire::IpAddress{});
   c.st = St::Listen;
   wake();
   return 0;
 }
 
-int Manager::resolve_addr(Connection& c, uint32_t src_ip, uint16_t src_port_be, uint32_t dst_ip) {
-  if (!src_ip && c.sock >= 0) src_ip = c.local_ip_be;
+int Manager::resolve_addr(Connection& c, const wire::IpAddress& src, uint16_t src_port_be,
+                          const wire::IpAddress& dst_ip) {
+  wire::IpAddress src_ip = src;
+  // A bound id resolves from its address, when that is of the destination's family.
+  if (!src_ip.is_set() && c.local_ip.is_set() && c.local_ip.is_v4() == dst_ip.is_v4()) src_ip = c.local_ip;
+  if (src_ip.is_set() && src_ip.is_v4() != dst_ip.is_v4()) return EAFNOSUPPORT;
   int err = 0;
-  if (!src_ip) err = route_source(dst_ip, 0, src_ip);  // what the kernel would pick for a datagram to dst
+  if (!src_ip.is_set()) err = route_source(dst_ip, 0, src_ip);  // what the kernel would pick for a datagram to dst
   const Device* d = err || !consumer_ ? nullptr : consumer_->device_for_ip(src_ip);
   if (!d) return err ? err : ENODEV;
-  if (c.sock < 0) c.iwarp = d->iwarp;
-  if (c.sock < 0)
+  if (c.sock < 0 && c.sock6 < 0) {
+    c.iwarp = d->iwarp;
     if (int e = bind_port(c, src_ip, src_port_be)) return -e;
+  }
   c.dev = d;
-  c.peer_ip_be = dst_ip;
-  c.peer_local = net::is_local_ip(wire::IpAddress::v4(dst_ip));
-  c.local_ip_be = src_ip;
+  c.peer_ip = dst_ip;
+  c.peer_local = net::is_local_ip(dst_ip);
+  c.local_ip = src_ip;
   c.st = St::AddrResolved;
   return 0;
 }
@@ -341,8 +366,8 @@ int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
   if (c.iwarp) return iw_connect(c, dst_port, p);
   wire::CmaIpHeader cma;
   cma.src_port = c.local_port;
-  cma.src_ip = wire::IpAddress::v4(c.local_ip_be);
-  cma.dst_ip = wire::IpAddress::v4(c.peer_ip_be);
+  cma.src_ip = c.local_ip;
+  cma.dst_ip = c.peer_ip;
   wire::MadHeader h;
   uint8_t mad[wire::kMadLen];
   if (c.ud) {
@@ -393,8 +418,8 @@ int Manager::connect(Connection& c, uint16_t dst_port, const ConnectParams& p) {
     req.rnr_retry_count = std::min<uint8_t>(p.rnr_retry_count, 7);
     req.max_cm_retries = 15;
     req.srq = p.srq;
-    set_gid(req.primary.local_gid, c.local_ip_be);
-    set_gid(req.primary.remote_gid, c.peer_ip_be);
+    set_gid(req.primary.local_gid, c.local_ip);
+    set_gid(req.primary.remote_gid, c.peer_ip);
     req.primary.hop_limit = 64;
     req.primary.packet_rate = 16;
     req.primary.local_ack_timeout = c.ack_timeout_opt != 0xFF ? c.ack_timeout_opt : 17;
@@ -556,14 +581,14 @@ void Manager::destroy(Connection& c, std::unique_lock<std::mutex>& lock) {
   // An iWARP id's TCP socket is polled in every state it is open in.
   bool polled = c.st == St::Listen || c.iwarp;
   std::erase(conns_, &c);
-  if (c.sock >= 0) {
+  if (c.sock >= 0 || c.sock6 >= 0) {
     if (polled) {
       // The application may bind this port again at once (perftest -R re-listens).
       const uint64_t gen = loop_gen_;
       wake();
       loop_cv_.wait(lock, [&] { return loop_gen_ != gen; });
     }
-    close(c.sock);
+    if (c.sock >= 0) close(c.sock);
     c.sock = -1;
   }
   if (c.sock6 >= 0) close(c.sock6);
@@ -575,12 +600,12 @@ void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Connection* L
   wire::decode_req(mad, req);
   wire::CmaIpHeader cma;
   bool have_cma = wire::decode_cma_header(req.private_data, cma);
-  uint32_t peer_ip = have_cma ? cma.src_ip.v4_be() : gid_ip(req.primary.local_gid);
-  uint32_t local_ip = have_cma ? cma.dst_ip.v4_be() : gid_ip(req.primary.remote_gid);
+  const wire::IpAddress peer_ip = have_cma ? cma.src_ip : gid_ip(req.primary.local_gid);
+  const wire::IpAddress local_ip = have_cma ? cma.dst_ip : gid_ip(req.primary.remote_gid);
   if (!L || !consumer_) return;
   // A resent REQ: answer again with what we answered (REP), or keep waiting for the application.
   for (Connection* c : conns_) {
-    if (c->listener == L && c->remote_comm_id == req.local_comm_id && c->peer_ip_be == peer_ip) {
+    if (c->listener == L && c->remote_comm_id == req.local_comm_id && c->peer_ip == peer_ip) {
       if (c->st == St::RepSent && c->awaiting) send_mad(*c, c->last_mad, false);
       return;
     }
@@ -593,11 +618,11 @@ void Manager::on_req(const wire::MadHeader& h, const uint8_t* mad, Connection* L
   c->passive = true;
   c->dev = consumer_->device_for_ip(local_ip);
   if (!c->dev && L->dev) c->dev = L->dev;
-  c->local_ip_be = local_ip;
+  c->local_ip = local_ip;
   c->local_port = c->service_port = L->service_port;
-  c->peer_ip_be = peer_ip;
+  c->peer_ip = peer_ip;
   c->peer_port = have_cma ? cma.src_port : 0;
-  c->peer_local = net::is_local_ip(wire::IpAddress::v4(peer_ip));
+  c->peer_local = net::is_local_ip(peer_ip);
   c->tid = h.tid;
   c->remote_comm_id = req.local_comm_id;
   c->remote_qpn = req.local_qpn;
@@ -668,7 +693,7 @@ void Manager::on_sidr_req(const wire::MadHeader& h, const uint8_t* mad, Connecti
   wire::CmaIpHeader cma;
   if (!L || !consumer_ || !wire::decode_cma_header(req.private_data, cma)) return;
   for (Connection* c : conns_) {
-    if (c->listener == L && c->remote_comm_id == req.request_id && c->peer_ip_be == cma.src_ip.v4_be()) {
+    if (c->listener == L && c->remote_comm_id == req.request_id && c->peer_ip == cma.src_ip) {
       if (c->st == St::Connected || c->st == St::Rejected) send_mad(*c, c->last_mad, false);
       return;
     }
@@ -678,11 +703,11 @@ void Manager::on_sidr_req(const wire::MadHeader& h, const uint8_t* mad, Connecti
   c->ud = true;
   c->port_space = L->port_space;
   c->listener = L;
-  c->dev = consumer_->device_for_ip(cma.dst_ip.v4_be());
+  c->dev = consumer_->device_for_ip(cma.dst_ip);
   if (!c->dev && L->dev) c->dev = L->dev;
-  c->local_ip_be = cma.dst_ip.v4_be();
+  c->local_ip = cma.dst_ip;
   c->local_port = L->service_port;
-  c->peer_ip_be = cma.src_ip.v4_be();
+  c->peer_ip = cma.src_ip;
   c->peer_port = cma.src_port;
   c->peer_local = net::is_local_ip(cma.src_ip);
   c->tid = h.tid;
@@ -985,15 +1010,16 @@ void Manager::loop() {
     size_t n_udp = 0;
     {
       std::lock_guard lock(mu);
-      fds.assign({pollfd{sock_, POLLIN, 0}, pollfd{wake_fd_, POLLIN, 0}});
-      owners.assign(2, nullptr);
+      fds.assign({pollfd{sock_, POLLIN, 0}, pollfd{wake_fd_, POLLIN, 0}, pollfd{sock6_, POLLIN, 0}});
+      owners.assign(3, nullptr);
       iw_fds.clear();
       iw_owners.clear();
       iw_kinds.clear();
       uint64_t now = now_ns();
       for (Connection* c : conns_) {
-        if (c->st == St::Listen && c->sock >= 0 && !c->iwarp) {
-          fds.push_back(pollfd{c->sock, POLLIN, 0});
+        for (int fd : {c->sock, c->sock6}) {
+          if (c->st != St::Listen || fd < 0 || c->iwarp) continue;
+          fds.push_back(pollfd{fd, POLLIN, 0});
           owners.push_back(c);
         }
         if (c->awaiting) {
@@ -1015,12 +1041,14 @@ void Manager::loop() {
     uint64_t v;
     [[maybe_unused]] ssize_t n = read(wake_fd_, &v, sizeof v);
     receive(sock_, nullptr);
+    if (sock6_ >= 0) receive(sock6_, nullptr);
     for (size_t i = n_udp; i < fds.size(); ++i)
       if (fds[i].revents) iw_dispatch(iw_owners[i - n_udp], iw_kinds[i - n_udp], fds[i].fd, fds[i].revents);
-    for (size_t i = 2; i < n_udp; ++i) {
+    for (size_t i = 3; i < n_udp; ++i) {
       if (!(fds[i].revents & POLLIN)) continue;
       // The endpoint may have been destroyed while we polled.
-      if (std::find(conns_.begin(), conns_.end(), owners[i]) != conns_.end() && owners[i]->sock == fds[i].fd)
+      if (std::find(conns_.begin(), conns_.end(), owners[i]) != conns_.end() &&
+          (owners[i]->sock == fds[i].fd || owners[i]->sock6 == fds[i].fd))
         receive(fds[i].fd, owners[i]);
     }
     timers();

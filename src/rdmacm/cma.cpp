@@ -30,56 +30,40 @@ namespace {
 
 using cm::St;
 
-void set_gid(ibv_gid& g, uint32_t ip_be) {
-  std::memset(&g, 0, sizeof g);
-  g.raw[10] = g.raw[11] = 0xFF;
-  std::memcpy(&g.raw[12], &ip_be, 4);
+// The loopback of either family is softrdma_lo's 127.0.0.1 to the transport: ::1 names it in GIDs.
+wire::IpAddress transport_ip(const wire::IpAddress& ip) {
+  return !ip.is_v4() && ip.is_loopback() ? wire::IpAddress::v4(htonl(INADDR_LOOPBACK)) : ip;
 }
-uint32_t gid_ip(const uint8_t* raw) {
-  uint32_t ip;
-  std::memcpy(&ip, raw + 12, 4);
-  return ip;
-}
+// A route's RoCE v2 GID for an address (IPv4 as ::ffff:a.b.c.d).
+void set_gid(ibv_gid& g, const wire::IpAddress& ip) { std::memcpy(g.raw, transport_ip(ip).bytes.data(), 16); }
+wire::IpAddress gid_ip(const uint8_t* raw) { return wire::IpAddress::from_bytes(raw); }
 
 sockaddr_in* sin_of(sockaddr* a) { return reinterpret_cast<sockaddr_in*>(a); }
 
-// The IPv4 address an rdma_cm address stands for: an IPv4 one, and of IPv6 the IPv4-mapped
-// (::ffff:a.b.c.d) and the wildcard (::, as 0.0.0.0). False for any other IPv6 address: RoCE over
-// IPv6 is not carried yet. Ports sit at the same offset in both families (sin_port, sin6_port).
-bool ipv4_of(const sockaddr* a, uint32_t& ip_be) {
-  if (a->sa_family == AF_INET) {
-    ip_be = reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr;
-    return true;
-  }
-  if (a->sa_family != AF_INET6) return false;
-  const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
-  if (IN6_IS_ADDR_UNSPECIFIED(&v6)) {
-    ip_be = INADDR_ANY;
-    return true;
-  }
-  if (!IN6_IS_ADDR_V4MAPPED(&v6)) return false;
-  std::memcpy(&ip_be, &v6.s6_addr[12], 4);
-  return true;
+// The address an rdma_cm address stands for: an IPv4 one, and of IPv6 the IPv4-mapped (::ffff:a.b.c.d,
+// as that IPv4 address), the wildcard (::, unset) and any other. False for another family or a
+// link-local address (its scope would have to travel with every GID). Ports sit at the same offset in
+// both families (sin_port, sin6_port).
+bool ip_of(const sockaddr* a, wire::IpAddress& ip) {
+  if (!wire::from_sockaddr(a, &ip)) return false;
+  return !ip.is_link_local();
 }
 
-// Writes ip:port into an rdma_cm address slot in the family the id uses (IPv4-mapped, or :: for the
-// wildcard, when AF_INET6).
-void set_addr(sockaddr* slot, sa_family_t family, uint32_t ip_be, uint16_t port_be) {
+// Writes ip:port into an rdma_cm address slot in the family the id uses (an IPv4 address IPv4-mapped,
+// or :: for a wildcard, when AF_INET6).
+void set_addr(sockaddr* slot, sa_family_t family, const wire::IpAddress& ip, uint16_t port_be) {
   if (family == AF_INET6) {
     auto* s6 = reinterpret_cast<sockaddr_in6*>(slot);
     std::memset(s6, 0, sizeof *s6);
     s6->sin6_family = AF_INET6;
     s6->sin6_port = port_be;
-    if (ip_be != INADDR_ANY) {
-      s6->sin6_addr.s6_addr[10] = s6->sin6_addr.s6_addr[11] = 0xFF;
-      std::memcpy(&s6->sin6_addr.s6_addr[12], &ip_be, 4);
-    }
+    if (ip.is_set()) std::memcpy(s6->sin6_addr.s6_addr, ip.bytes.data(), 16);
     return;
   }
   auto* s4 = sin_of(slot);
   std::memset(s4, 0, sizeof *s4);
   s4->sin_family = AF_INET;
-  s4->sin_addr.s_addr = ip_be;
+  s4->sin_addr.s_addr = ip.v4_be();
   s4->sin_port = port_be;
 }
 
@@ -111,7 +95,7 @@ Id* id_of(cm::Connection& c) { return static_cast<Id*>(c.owner); }
 
 // The id's route after the protocol bound or resolved its addresses.
 void set_src(Id* id) {
-  set_addr(&id->pub.route.addr.src_addr, id->family, id->conn.local_ip_be, htons(id->conn.local_port));
+  set_addr(&id->pub.route.addr.src_addr, id->family, id->conn.local_ip, htons(id->conn.local_port));
 }
 
 // What the ABI layer keeps beside the protocol (under cm::Manager::mu).
@@ -119,8 +103,8 @@ struct Abi final : cm::Consumer {
   std::vector<Device*> devices;
   std::condition_variable acked;  // an event was acked (rdma_destroy_id, rdma_migrate_id wait)
 
-  Device* device_for(uint32_t ip_be);
-  const cm::Device* device_for_ip(uint32_t ip_be) override { return device_for(ip_be); }
+  Device* device_for(const wire::IpAddress& ip);
+  const cm::Device* device_for_ip(const wire::IpAddress& ip) override { return device_for(ip); }
   cm::Connection* make_passive(cm::Connection& listener) override;
   void discard(cm::Connection& c) override { delete id_of(c); }
   void event(cm::Connection& c, const cm::Event& e) override;
@@ -137,14 +121,14 @@ struct Abi final : cm::Consumer {
     return id->conn_qpn && id->pub.verbs && softrdma_qpn_peer_gone(id->pub.verbs, id->conn_qpn) == 1;
   }
   void wire_rejected(cm::Connection& c) override {
-    if (Device* d = device_for(c.local_ip_be)) softrdma_count_wire_reject(d->ctx);
+    if (Device* d = device_for(c.local_ip)) softrdma_count_wire_reject(d->ctx);
   }
   void peer_ended(cm::Connection& c, bool gone) override {
-    if (Device* d = device_for(c.local_ip_be))
+    if (Device* d = device_for(c.local_ip))
       softrdma_count_cm_disconnect(d->ctx, gone ? SOFTRDMA_CM_PEER_GONE : SOFTRDMA_CM_DREQ_RCVD);
   }
   bool default_iwarp() override {
-    device_for(0);
+    device_for(wire::IpAddress{});
     return !devices.empty() && devices.front()->iwarp;
   }
 };
@@ -165,7 +149,7 @@ cm::Manager& M() {
   return m;
 }
 
-Device* Abi::device_for(uint32_t ip_be) {
+Device* Abi::device_for(const wire::IpAddress& ip) {
   if (devices.empty()) {
     int n = 0;
     ibv_device** list = ibv_get_device_list(&n);
@@ -178,9 +162,9 @@ Device* Abi::device_for(uint32_t ip_be) {
       ibv_gid g;
       if (ctx->device->transport_type == IBV_TRANSPORT_IWARP) {
         // An iWARP device's GID is its MAC, not its address: libibverbs tells (private ABI).
-        d->ip_be = softrdma_device_ipv4(list[i]);
+        d->ip = wire::IpAddress::v4(softrdma_device_ipv4(list[i]));
       } else if (ibv_query_gid(ctx, 1, 0, &g) == 0) {
-        d->ip_be = gid_ip(g.raw);
+        d->ip = gid_ip(g.raw);
       }
       ibv_device_attr da;
       if (ibv_query_device(ctx, &da) == 0) {
@@ -195,12 +179,14 @@ Device* Abi::device_for(uint32_t ip_be) {
     }
     if (list) ibv_free_device_list(list);
   }
+  // Unset (a wildcard): every device is open now, and none is the one.
+  if (!ip.is_set()) return nullptr;
   for (Device* d : devices)
-    if (d->ip_be == ip_be) return d;
-  // Any 127/8 address is the loopback device's.
-  if ((ntohl(ip_be) >> 24) == 127)
+    if (d->ip == ip) return d;
+  // Any 127/8 address, and ::1, is the loopback device's.
+  if (ip.is_loopback())
     for (Device* d : devices)
-      if ((ntohl(d->ip_be) >> 24) == 127) return d;
+      if (d->ip.is_v4() && d->ip.is_loopback()) return d;
   return nullptr;
 }
 
@@ -258,12 +244,12 @@ void Abi::event(cm::Connection& c, const cm::Event& ce) {
       attach_device(id);
       auto& r = id->pub.route;
       set_src(id);
-      auto* dst = sin_of(&r.addr.dst_addr);
-      dst->sin_family = AF_INET;
-      dst->sin_addr.s_addr = c.peer_ip_be;
-      dst->sin_port = htons(c.peer_port);
-      set_gid(r.addr.addr.ibaddr.sgid, c.local_ip_be);
-      set_gid(r.addr.addr.ibaddr.dgid, c.peer_ip_be);
+      // An IPv6 connection's addresses are AF_INET6 whatever family the listener was bound with.
+      if (!c.peer_ip.is_v4()) id->family = AF_INET6;
+      set_src(id);
+      set_addr(&r.addr.dst_addr, id->family, c.peer_ip, htons(c.peer_port));
+      set_gid(r.addr.addr.ibaddr.sgid, c.local_ip);
+      set_gid(r.addr.addr.ibaddr.dgid, c.peer_ip);
       r.addr.addr.ibaddr.pkey = 0xFFFF;
       type = RDMA_CM_EVENT_CONNECT_REQUEST;
       break;
@@ -597,8 +583,8 @@ SOFTRDMA_EXPORT int rdma_ack_cm_event(rdma_cm_event* ev) {
 
 SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
   if (!pid || !addr) return fail(EINVAL);
-  uint32_t ip;
-  if (!ipv4_of(addr, ip)) return fail(EAFNOSUPPORT);
+  wire::IpAddress ip;
+  if (!ip_of(addr, ip)) return fail(EAFNOSUPPORT);
   Id* id = to_id(pid);
   std::lock_guard lock(M().mu);
   if (id->conn.sock >= 0 || id->conn.sock6 >= 0) return fail(EINVAL);
@@ -608,16 +594,16 @@ SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
   // (docs/rdmacm.md): a synchronous id bound to loopback with port 0 -- libfabric's verbs provider
   // probing its default source, "localhost" -- attaches none, or libfabric would keep only
   // softrdma_lo's domains and, never offering FI_EP_MSG on a loopback interface, offer none.
-  const bool probe = (ntohl(ip) >> 24) == 127 && sin_of(addr)->sin_port == 0 && id->sync;
-  if (ip != INADDR_ANY && !probe) {
+  const bool probe = ip.is_loopback() && sin_of(addr)->sin_port == 0 && id->sync;
+  if (ip.is_set() && !probe) {
     id->conn.dev = abi().device_for(ip);
     if (!id->conn.dev) return fail(EADDRNOTAVAIL);
     attach_device(id);
-    set_gid(id->pub.route.addr.addr.ibaddr.sgid, id->conn.dev->ip_be);
+    set_gid(id->pub.route.addr.addr.ibaddr.sgid, id->conn.dev->ip);
   }
   // The port is a TCP port on iWARP (docs/iwarp.md); unbound to a device, the first device decides.
   id->conn.iwarp = id->conn.dev ? id->conn.dev->iwarp : abi().default_iwarp();
-  if (id->family == AF_INET6 && ip == INADDR_ANY) {
+  if (id->family == AF_INET6 && !ip.is_set() && !ip.is_v4()) {
     // "::" takes the port in IPv6's port space and, unless AFONLY, is IPv4's wildcard as well.
     const bool v6_only = id->afonly >= 0 ? id->afonly != 0 : default_v6_only();
     if (v6_only && id->conn.iwarp) return fail(EAFNOSUPPORT);  // an iWARP listener needs its TCP socket
@@ -631,8 +617,8 @@ SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
 
 SOFTRDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* pid, sockaddr* src, sockaddr* dst, int /*timeout_ms*/) {
   if (!pid || !dst) return fail(EINVAL);
-  uint32_t dst_ip, src_ip = 0;
-  if (!ipv4_of(dst, dst_ip) || (src && !ipv4_of(src, src_ip))) return fail(EAFNOSUPPORT);
+  wire::IpAddress dst_ip, src_ip;
+  if (!ip_of(dst, dst_ip) || (src && !ip_of(src, src_ip))) return fail(EAFNOSUPPORT);
   Id* id = to_id(pid);
   auto& m = M();
   {
@@ -646,7 +632,7 @@ SOFTRDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* pid, sockaddr* src, sockaddr* 
       attach_device(id);
       set_src(id);
       std::memcpy(&id->pub.route.addr.dst_addr, dst, dst->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
-      set_gid(id->pub.route.addr.addr.ibaddr.sgid, id->conn.local_ip_be);
+      set_gid(id->pub.route.addr.addr.ibaddr.sgid, id->conn.local_ip);
       set_gid(id->pub.route.addr.addr.ibaddr.dgid, dst_ip);
       id->pub.route.addr.addr.ibaddr.pkey = 0xFFFF;
       post(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
@@ -954,7 +940,7 @@ SOFTRDMA_EXPORT __be16 rdma_get_dst_port(rdma_cm_id* pid) {
 
 SOFTRDMA_EXPORT ibv_context** rdma_get_devices(int* num) {
   std::lock_guard lock(M().mu);
-  abi().device_for(0);  // opens them all
+  abi().device_for(wire::IpAddress{});  // opens them all
   auto& d = abi().devices;
   auto** list = static_cast<ibv_context**>(calloc(d.size() + 1, sizeof(ibv_context*)));
   if (!list) return nullptr;
@@ -980,7 +966,7 @@ SOFTRDMA_EXPORT int rdma_join_multicast(rdma_cm_id* pid, sockaddr* addr, void* c
   Event* e = nullptr;
   post(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0, nullptr, 0, nullptr, &e);
   if (e) {
-    set_gid(e->mgid, group);
+    set_gid(e->mgid, wire::IpAddress::v4(group));
     auto& u = e->ev.param.ud;
     u.private_data = context;  // as rdma-core: the join's context
     fill_ah_attr(u.ah_attr, e->mgid);
@@ -1006,7 +992,7 @@ SOFTRDMA_EXPORT int rdma_leave_multicast(rdma_cm_id* pid, sockaddr* addr) {
   }
   if (pid->qp) {
     ibv_gid g;
-    set_gid(g, group);
+    set_gid(g, wire::IpAddress::v4(group));
     ibv_detach_mcast(pid->qp, &g, 0);  // fails harmlessly when the join event was never read
   }
   return 0;
@@ -1061,13 +1047,15 @@ bool copy_addr(const sockaddr* a, socklen_t len, sockaddr** out) {
 // Without node and service the addresses come from hints.ai_src_addr / ai_dst_addr (rdma_getaddrinfo(3)),
 // as libfabric's verbs provider asks for a connecting endpoint. A node or service is resolved in the
 // hints' family: AF_INET unless AF_INET6 is asked for (then IPv4 names come back IPv4-mapped, and a
-// passive service alone is "::").
+// passive service alone is "::"); with no family asked, a node with no IPv4 address (an IPv6 one, or a
+// name of IPv6 addresses only) resolves in AF_INET6.
 SOFTRDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
                                      rdma_addrinfo** res) {
   const bool hinted = hints && ((hints->ai_src_addr && hints->ai_src_len) || (hints->ai_dst_addr && hints->ai_dst_len));
   if (!res || (!node && !service && !hinted)) return fail(EINVAL);
-  const int family = hints && hints->ai_family ? hints->ai_family : AF_INET;
+  int family = hints && hints->ai_family ? hints->ai_family : AF_INET;
   if (!addr_len(family)) return EAI_FAMILY;
+  const bool any_family = !hints || !hints->ai_family;
   const bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
   sockaddr* named = nullptr;  // what node/service resolve to
   if (node || service) {
@@ -1079,6 +1067,10 @@ SOFTRDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service, cons
     if (hints && (hints->ai_flags & RAI_NUMERICHOST)) h.ai_flags |= AI_NUMERICHOST;
     addrinfo* ai = nullptr;
     int rc = getaddrinfo(node, service, &h, &ai);
+    if (rc && node && any_family && (rc == EAI_ADDRFAMILY || rc == EAI_NONAME || rc == EAI_NODATA)) {
+      family = h.ai_family = AF_INET6;
+      rc = getaddrinfo(node, service, &h, &ai);
+    }
     if (rc) return rc;
     const bool ok = copy_addr(ai->ai_addr, ai->ai_addrlen, &named);
     freeaddrinfo(ai);

@@ -69,7 +69,24 @@ udp_bound() { # PORT PREFIX...
   local hex
   hex=$(printf '%04X' "$1")
   shift
-  "$@" awk -v p=":$hex" 'NR>1 && substr($2, length($2)-4)==p { f=1 } END { exit !f }' /proc/net/udp
+  "$@" awk -v p=":$hex" 'FNR>1 && substr($2, length($2)-4)==p { f=1 } END { exit !f }' /proc/net/udp /proc/net/udp6
+}
+
+# rping_pair NAME SERVER_ADDR CLIENT_ADDR COUNT: rping -v with COUNT pings; the client must verify
+# every one (rping checks the data) and the server print the last.
+rping_pair() {
+  local name=$1 port n
+  port=$(cm_free_port)
+  SRV=(rping -s -a "$2" -p "$port" -v -C "$4")
+  CLI=(rping -c -a "$3" -p "$port" -v -C "$4")
+  if cm_pair "$name" "$port"; then
+    # rping's stdout and stderr interleave mid-line, so count the pattern, not whole lines.
+    n=$(grep -o 'rdma-ping-[0-9]*: ' "$PAIR_CLI_LOG" | sort -u | wc -l)
+    if ((n == $4)) && grep -q "rdma-ping-$(($4 - 1)): " "$PAIR_SRV_LOG"; then compat_result "$name" 1
+    else compat_result "$name" 0 "client verified $n of $4 pings"; fi
+  else
+    compat_result "$name" 0
+  fi
 }
 
 # An rdma_cm port is a UDP port here: a free port must be free for UDP too (other softrdma processes

@@ -2,7 +2,8 @@
 # compat.ipv6: RoCEv2 over UDP/IPv6 between two "hosts" (network namespaces joined by a veth pair),
 # with unmodified programs on the devices of the veths' IPv6 addresses (softrdma6_<veth>, GID index 0
 # the IPv6 address): ibv_*_pingpong with their data check (-c), and perftest's write/read/send/atomic,
-# also through the 4791 holder, and the direct path between two processes of one namespace.
+# also through the 4791 holder, and the direct path between two processes of one namespace; rdma_cm
+# over IPv6 (rping -v, also from "::", ucmatose, udaddy), UCX and libfabric.
 # The veths also carry IPv4 addresses, for the programs' own TCP connection only (ibv_*_pingpong and
 # Debian 12's perftest reach their peer over IPv4); the RDMA traffic is the IPv6 devices' (an IPv6
 # socket each), and the pingpongs print the peer's IPv6 GID. Needs root and `ip netns`; exits 77
@@ -13,6 +14,10 @@ compat_require_softrdma
 
 compat_netns_setup  # sets nsA nsB ipA ipB (IPv4) inA inB (exits 77 where impossible)
 
+# Short names: UCX keeps 15 characters of a device name (softrdma6_<interface>).
+compat_short_names "$nsA" "$vethA" v6a "$nsB" "$vethB" v6b
+vethA=v6a
+vethB=v6b
 ip6A=fd77:5eed::1
 ip6B=fd77:5eed::2
 ip -n "$nsA" addr add "$ip6A/64" dev "$vethA" nodad
@@ -104,5 +109,77 @@ if ((ok && direct > 0)); then
 else
   compat_result "ipv6 direct path" 0 "${PAIR_WHY:-direct_ops $direct during the run (stat: $COMPAT_LOG_DIR/direct.stat.log)}"
 fi
+
+# rdma_cm over IPv6 between the namespaces: the CM's MADs go over UDP/IPv6 (to the 4791 holder of
+# the server's address, then to its rdma_cm port), the QPs over the IPv6 devices.
+export SOFTRDMA_CM_TIMEOUT_MS=${SOFTRDMA_CM_TIMEOUT_MS:-200}
+CLI_PREFIX=("${inB[@]}")
+rping_pair "ipv6 rping -v" "$ip6A" "$ip6A" 500
+rping_pair "ipv6 rping -v, server on ::" :: "$ip6A" 100
+
+port=$(cm_free_port)
+SRV=(ucmatose -b "$ip6A" -p "$port" -c 4)
+CLI=(ucmatose -s "$ip6A" -p "$port" -c 4)
+if cm_pair "ipv6 ucmatose" "$port" && grep -q 'return status 0' "$PAIR_CLI_LOG"; then
+  compat_result "ipv6 ucmatose" 1
+else
+  compat_result "ipv6 ucmatose" 0 "${PAIR_WHY:-no 'return status 0'}"
+fi
+if udp_bound 7174 "${inA[@]}"; then
+  compat_result "ipv6 udaddy" 0 "UDP port 7174 (udaddy's) is taken in namespace A"
+else
+  SRV=(udaddy -b "$ip6A" -c 2 -C 10)
+  CLI=(udaddy -s "$ip6A" -c 2 -C 10)
+  if cm_pair "ipv6 udaddy" 7174 && grep -q 'return status 0' "$PAIR_CLI_LOG"; then
+    compat_result "ipv6 udaddy" 1
+  else
+    compat_result "ipv6 udaddy" 0 "${PAIR_WHY:-no 'return status 0'}"
+  fi
+fi
+# rsockets over IPv6: rstream's data check (-T v), and its default series.
+for opts in "-T v -S 65536 -C 200" ""; do
+  port=$(compat_free_port)
+  # shellcheck disable=SC2206
+  SRV=(rstream -b "$ip6A" -p "$port" $opts)
+  # shellcheck disable=SC2206
+  CLI=(rstream -s "$ip6A" -p "$port" $opts)
+  if cm_pair "ipv6 rstream${opts:+ $opts}" "$port" && grep -qE '^(1m_(bw|lat)|custom) ' "$PAIR_CLI_LOG"; then
+    compat_result "ipv6 rstream${opts:+ $opts}" 1
+  else
+    compat_result "ipv6 rstream${opts:+ $opts}" 0 "${PAIR_WHY:-no result row}"
+  fi
+done
+
+# UCX (rc_verbs, wired up over ud_verbs) on the IPv6 devices; ucx_perftest's own connection is IPv4.
+for t in tag_lat ucp_put_bw; do
+  port=$(compat_free_port)
+  SRV=(env UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES="$dev6A:1" ucx_perftest -p "$port")
+  CLI=(env UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES="$dev6B:1" ucx_perftest -p "$port" -t "$t" -n 2000 "$ipA")
+  if compat_pair "ipv6 ucx_perftest -t $t" "$port" && grep -q '^Final:' "$PAIR_CLI_LOG"; then
+    compat_result "ipv6 ucx_perftest -t $t" 1
+  else
+    compat_result "ipv6 ucx_perftest -t $t" 0 "${PAIR_WHY:-no Final: line}"
+  fi
+done
+
+# libfabric's verbs provider: MSG endpoints (rdma_cm over IPv6) and RDM over them (ofi_rxm), data
+# checked (-c); fi_pingpong -6 takes the IPv6 address for its own connection too.
+for pe in "verbs msg" "verbs;ofi_rxm rdm"; do
+  read -r prov ep <<<"$pe"
+  port=$(compat_free_port)
+  SRV=(fi_pingpong -6 -p "$prov" -e "$ep" -I 500 -c -B "$port")
+  CLI=(fi_pingpong -6 -p "$prov" -e "$ep" -I 500 -c -P "$port" "$ip6A")
+  rows=0
+  compat_pair "ipv6 fi_pingpong -p $prov -e $ep" "$port" &&
+    rows=$(awk '$1 ~ /^[0-9]+[kmg]?$/ && $3 ~ /^=[0-9]+$/ && ("=" $2) == $3 { n++ } END { print n+0 }' "$PAIR_CLI_LOG")
+  if ((rows >= 3)); then
+    compat_result "ipv6 fi_pingpong -p $prov -e $ep" 1
+  else
+    compat_result "ipv6 fi_pingpong -p $prov -e $ep" 0 "${PAIR_WHY:-$rows complete result rows}"
+  fi
+done
+
+# perftest -R is not run: Debian 12's perftest resolves its peer's name in AF_INET only
+# ("Address family for hostname not supported" for an IPv6 address, with or without --ipv6).
 
 compat_finish

@@ -75,23 +75,6 @@ mckey_pair() {
   fi
 }
 
-# rping_pair NAME SERVER_ADDR CLIENT_ADDR COUNT: rping -v with COUNT pings; the client must verify
-# every one (rping checks the data) and the server print the last.
-rping_pair() {
-  local name=$1 port n
-  port=$(cm_free_port)
-  SRV=(rping -s -a "$2" -p "$port" -v -C "$4")
-  CLI=(rping -c -a "$3" -p "$port" -v -C "$4")
-  if cm_pair "$name" "$port"; then
-    # rping's stdout and stderr interleave mid-line, so count the pattern, not whole lines.
-    n=$(grep -o 'rdma-ping-[0-9]*: ' "$PAIR_CLI_LOG" | sort -u | wc -l)
-    if ((n == $4)) && grep -q "rdma-ping-$(($4 - 1)): " "$PAIR_SRV_LOG"; then compat_result "$name" 1
-    else compat_result "$name" 0 "client verified $n of $4 pings"; fi
-  else
-    compat_result "$name" 0
-  fi
-}
-
 suite() { # LABEL SERVER_IP CLIENT_IP
   local where=$1 ip=$2 port n
   rping_pair "$where rping" "$ip" "$ip" 1000

@@ -1,8 +1,8 @@
 // rdma_cm ids with AF_INET6 addresses, as far as softrdma carries them: a bind to "::" with and
 // without RDMA_OPTION_ID_AFONLY (programs bind "::" beside "0.0.0.0" and fail their set-up when either
 // bind fails), IPv4-mapped addresses (::ffff:a.b.c.d) bound, resolved and connected as IPv4 with the
-// id's addresses kept in AF_INET6, and the refusal of IPv6 addresses proper (RoCE over IPv6 is not
-// carried yet: EAFNOSUPPORT). Only the public API; every connection stays on this host.
+// id's addresses kept in AF_INET6, ::1 as the loopback device's, and the refusal of link-local ones.
+// Only the public API; every connection stays on this host (IPv6 between hosts: compat.ipv6).
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "cm_helpers.h"
@@ -49,6 +50,30 @@ struct Id {
   int bind(const sockaddr_in6& a) { return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(const_cast<sockaddr_in6*>(&a))); }
   int bind(const sockaddr_in& a) { return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(const_cast<sockaddr_in*>(&a))); }
 };
+
+// C (address and route resolved) connects to listener L; a SEND of text crosses and is checked. The
+// child id is handed to check before it is accepted.
+void connect_and_send(Id& L, Id& C, const char* text, const std::function<void(rdma_cm_id*)>& check = {}) {
+  const uint32_t len = static_cast<uint32_t>(std::strlen(text) + 1);
+  Side cs;
+  ASSERT_TRUE(cs.setup(C.id, 64));
+  rdma_cm_id* child = connect_for_request(C.id, L.ch);
+  ASSERT_NE(child, nullptr);
+  if (check) check(child);
+  Side ss;
+  ASSERT_TRUE(ss.setup(child, 64));
+  ASSERT_EQ(post_recv_one(child->qp, ss.sge(0, 64), 1), 0);
+  ASSERT_EQ(accept_until_established(child, C.ch), "");
+  std::memcpy(cs.buf.data(), text, len);
+  ASSERT_EQ(post_send_one(C.id->qp, cs.sge(0, len), 2), 0);
+  EXPECT_EQ(cs.poll_one().status, IBV_WC_SUCCESS);
+  ibv_wc wc = ss.poll_one();
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, len);
+  EXPECT_EQ(std::memcmp(ss.buf.data(), text, len), 0);
+  ss.release();
+  rdma_destroy_id(child);
+}
 
 // "::" with AFONLY holds the port in IPv6's port space only: the IPv4 wildcard on the same port binds
 // beside it, a second "::" does not; reported as "::" and the port; it listens. Without AFONLY "::"
@@ -148,24 +173,7 @@ TEST(RdmaCmIpv6, Ipv4MappedAddressesConnectAsIpv4) {
   ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED) << name(ev);
   rdma_ack_cm_event(ev);
 
-  Side cs;
-  ASSERT_TRUE(cs.setup(C.id, 64));
-  rdma_cm_id* child = connect_for_request(C.id, L.ch);
-  ASSERT_NE(child, nullptr);
-  Side ss;
-  ASSERT_TRUE(ss.setup(child, 64));
-  ASSERT_EQ(post_recv_one(child->qp, ss.sge(0, 64), 1), 0);
-  ASSERT_EQ(accept_until_established(child, C.ch), "");
-
-  std::memcpy(cs.buf.data(), "mapped-ipv4-send", 17);
-  ASSERT_EQ(post_send_one(C.id->qp, cs.sge(0, 17), 2), 0);
-  EXPECT_EQ(cs.poll_one().status, IBV_WC_SUCCESS);
-  ibv_wc wc = ss.poll_one();
-  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
-  EXPECT_EQ(wc.byte_len, 17u);
-  EXPECT_EQ(std::memcmp(ss.buf.data(), "mapped-ipv4-send", 17), 0);
-  ss.release();
-  rdma_destroy_id(child);
+  connect_and_send(L, C, "mapped-ipv4-send");
 }
 
 // rdma_getaddrinfo in AF_INET6: a passive service alone is "::", an IPv4 node comes back IPv4-mapped,
@@ -215,18 +223,56 @@ TEST(RdmaCmIpv6, GetaddrinfoInIpv6) {
   EXPECT_EQ(rai, nullptr);
 }
 
-// IPv6 addresses proper are not carried yet: bind and resolve refuse them with EAFNOSUPPORT, and the
-// id stays usable for an IPv4 bind.
-TEST(RdmaCmIpv6, Ipv6AddressesProperAreNotSupportedYet) {
+// ::1 is the loopback device's, as 127.0.0.1 is: the bind attaches softrdma_lo, and a client
+// connects to [::1]:port over the CM's IPv6 sockets; the ids report ::1 in AF_INET6, the route's GIDs
+// are softrdma_lo's (the data path is lo's), and a SEND crosses.
+TEST(RdmaCmIpv6, LoopbackIpv6AddressConnects) {
+  Id L;
+  ASSERT_EQ(L.bind(addr6("::1", 0)), 0) << strerror(errno);
+  ASSERT_NE(L.id->verbs, nullptr);
+  EXPECT_STREQ(ibv_get_device_name(L.id->verbs->device), "softrdma_lo");
+  EXPECT_EQ(str6(rdma_get_local_addr(L.id)), "::1");
+  const uint16_t port = ntohs(rdma_get_src_port(L.id));
+  ASSERT_EQ(rdma_listen(L.id, 4), 0);
+
+  Id C;
+  sockaddr_in6 dst = addr6("::1", port);
+  ASSERT_EQ(rdma_resolve_addr(C.id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), 0) << strerror(errno);
+  rdma_cm_event* ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->status == 0) << name(ev);
+  rdma_ack_cm_event(ev);
+  ASSERT_NE(C.id->verbs, nullptr);
+  EXPECT_STREQ(ibv_get_device_name(C.id->verbs->device), "softrdma_lo");
+  EXPECT_EQ(str6(rdma_get_local_addr(C.id)), "::1");
+  EXPECT_EQ(str6(rdma_get_peer_addr(C.id)), "::1");
+  ASSERT_EQ(rdma_resolve_route(C.id, 2000), 0);
+  ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED) << name(ev);
+  rdma_ack_cm_event(ev);
+  char gid[INET6_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET6, C.id->route.addr.addr.ibaddr.dgid.raw, gid, sizeof gid);
+  EXPECT_STREQ(gid, "::ffff:127.0.0.1") << "the data path is softrdma_lo's";
+
+  const uint16_t c_port = ntohs(rdma_get_src_port(C.id));
+  connect_and_send(L, C, "ipv6-loopback", [c_port](rdma_cm_id* child) {
+    EXPECT_EQ(rdma_get_peer_addr(child)->sa_family, AF_INET6);
+    EXPECT_EQ(str6(rdma_get_peer_addr(child)), "::1");
+    EXPECT_EQ(ntohs(rdma_get_dst_port(child)), c_port);
+  });
+}
+
+// A link-local address is refused (EAFNOSUPPORT: its scope would travel with every GID), and an IPv6
+// address of no interface here cannot be bound (EADDRNOTAVAIL, as the kernel says); the id stays
+// usable for an IPv4 bind.
+TEST(RdmaCmIpv6, LinkLocalAndForeignIpv6Addresses) {
   Id id;
-  for (const char* ip : {"::1", "fe80::1", "fd00::2"}) {
-    SCOPED_TRACE(ip);
-    EXPECT_EQ(id.bind(addr6(ip, 0)), -1);
-    EXPECT_EQ(errno, EAFNOSUPPORT);
-    sockaddr_in6 dst = addr6(ip, 7471);
-    EXPECT_EQ(rdma_resolve_addr(id.id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), -1);
-    EXPECT_EQ(errno, EAFNOSUPPORT);
-  }
+  EXPECT_EQ(id.bind(addr6("fe80::1", 0)), -1);
+  EXPECT_EQ(errno, EAFNOSUPPORT);
+  sockaddr_in6 dst = addr6("fe80::1", 7471);
+  EXPECT_EQ(rdma_resolve_addr(id.id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), -1);
+  EXPECT_EQ(errno, EAFNOSUPPORT);
+  EXPECT_EQ(id.bind(addr6("2001:db8::77", 0)), -1);  // documentation prefix, never configured
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
   EXPECT_EQ(id.bind(addr("127.0.0.1", 0)), 0) << strerror(errno);
   EXPECT_EQ(rdma_get_local_addr(id.id)->sa_family, AF_INET);
 }
