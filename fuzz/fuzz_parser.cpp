@@ -80,7 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (std::memcmp(out, want.data(), hl) != 0) fail("write_headers(parse_packet(x)) != header bytes of x");
 
   // ICRC: what append_icrc writes must check, over the same bytes; a changed covered byte must not.
-  Ipv4UdpAddr addr{0x0100007F, 0x0200007F, static_cast<uint16_t>(size * 7919), kRoceUdpPort};
+  UdpAddr addr{IpAddress::v4(0x0100007F), IpAddress::v4(0x0200007F), static_cast<uint16_t>(size * 7919), kRoceUdpPort};
   const size_t body = size - kIcrcLen;
   append_icrc(addr, buf.data(), body);
   if (!check_icrc(addr, buf.data(), size)) fail("append_icrc result does not check");

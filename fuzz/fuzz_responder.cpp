@@ -76,7 +76,7 @@ struct Harness {
   int sink_fd = -1;       // where the engine's ACKs, NAKs and responses go
   uint16_t sink_port = 0;
   uint32_t peer_qpn = 0;  // registered at the sink, so the engine resolves it there and not to 4791
-  uint32_t loopback_be = htonl(INADDR_LOOPBACK);
+  wire::IpAddress loopback = wire::IpAddress::v4(htonl(INADDR_LOOPBACK));
 
   bool mr_live = true;
   uint32_t deregistrations = 0;
@@ -184,7 +184,7 @@ void bring_up() {
   m.state = QpState::Rtr;
   m.mtu_bytes = kMtus[(h->cfg_flags >> 1) & 3];
   m.dest_qpn = h->peer_qpn;
-  m.dest_ip_be = h->loopback_be;
+  m.dest_ip = h->loopback;
   m.rq_psn = wrap ? kWrapRqPsn : kRqPsn;
   m.max_dest_rd_atomic = 4;
   m.min_rnr_timer = 1;
@@ -262,10 +262,10 @@ void patch_and_inject(uint8_t ctl, uint8_t* pkt, uint32_t len) {
     }
   }
   if (!(ctl & 16) && len >= wire::kBthLen + wire::kIcrcLen) {
-    wire::Ipv4UdpAddr addr{h->loopback_be, h->engine->interface().ip_be, h->sink_port, h->engine->udp_port()};
+    wire::UdpAddr addr{h->loopback, h->engine->interface().ip, h->sink_port, h->engine->udp_port()};
     wire::append_icrc(addr, pkt, len - wire::kIcrcLen);
   }
-  h->engine->inject_datagram(pkt, len, h->loopback_be, h->sink_port);
+  h->engine->inject_datagram(pkt, len, h->loopback, h->sink_port);
   if (verbose)
     std::fprintf(stderr, "pkt %s len %u psn %06x -> state %d epsn %06x msn %u acked %06x next %06x\n",
                  len ? wire::opcode_info(pkt[0]).name : "-", len,
@@ -319,13 +319,13 @@ void setup() {
   h->sink_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = h->engine->interface().ip_be;
+  sa.sin_addr.s_addr = h->engine->interface().ip.v4_be();
   socklen_t sl = sizeof sa;
   if (h->sink_fd < 0 || bind(h->sink_fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
       getsockname(h->sink_fd, reinterpret_cast<sockaddr*>(&sa), &sl) != 0)
     fail("cannot bind the sink socket");
   h->sink_port = ntohs(sa.sin_port);
-  h->peer_qpn = net::Registry::instance().allocate_qpn(h->engine->interface().ip_be, h->sink_port);
+  h->peer_qpn = net::Registry::instance().allocate_qpn(h->engine->interface().ip, h->sink_port);
   if (!h->peer_qpn) fail("registry full");
 
   h->send_cq = h->engine->create_cq(256, nullptr);

@@ -52,7 +52,7 @@ Bytes packet(uint8_t opcode, uint32_t payload_len, const Fields& f) {
   b.resize(n);
   for (uint32_t i = 0; i < payload_len; ++i) b.push_back(static_cast<uint8_t>(i * 13 + 7));
   b.resize(b.size() + p.bth.pad_count + kIcrcLen, 0);
-  Ipv4UdpAddr addr{0x0100007F, 0x0100007F, 49152, kRoceUdpPort};
+  UdpAddr addr{IpAddress::v4(0x0100007F), IpAddress::v4(0x0100007F), 49152, kRoceUdpPort};
   append_icrc(addr, b.data(), b.size() - kIcrcLen);
   return b;
 }
