@@ -29,10 +29,10 @@ namespace softrdma::transport {
 
 namespace {
 // A packet the 4791 holder hands to another local process carries, after its ICRC, the original
-// source and the IPv4 identification the holder found it was sent with: IPv4 address (4), UDP port (2,
-// big-endian), identification (2, big-endian), flags (1), then this magic (4). The receiver checks the
-// ICRC again with them, at full strength: the hop is no way around the check.
-// Address (16 bytes, IPv4 mapped), port, IPv4 identification (2), flags (1), magic.
+// source and the IPv4 identification the holder found it was sent with: the address (16 bytes, IPv4
+// mapped), UDP port (2, big-endian), identification (2, big-endian; 0 over IPv6), flags (1), then this
+// magic (4). The receiver checks the ICRC again with them, at full strength: the hop is no way around
+// the check.
 constexpr uint32_t kForwardTrailerLen = 25;
 constexpr uint8_t kForwardMagic[4] = {'S', 'R', 'F', '2'};
 constexpr uint32_t kMaxDatagram = 8192;  // far above MTU 4096 plus every header
