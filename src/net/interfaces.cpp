@@ -132,7 +132,7 @@ bool is_local_ip(const wire::IpAddress& ip) {
 }
 
 uint32_t scope_of(const wire::IpAddress& ip) {
-  if (!ip.is_link_local()) return 0;
+  if (ip.is_v4()) return 0;
   IfAddrs addrs;
   for (ifaddrs* ifa = addrs.head; ifa; ifa = ifa->ifa_next) {
     wire::IpAddress a;

@@ -30,7 +30,8 @@ std::vector<Interface> list_interfaces();
 
 // True for any address of this network namespace's interfaces (up or not); 127/8 and ::1 always count.
 bool is_local_ip(const wire::IpAddress& ip);
-// The interface index that holds a link-local IPv6 address (its scope), 0 when none does.
+// The interface index that holds an IPv6 address: the scope of the link-local peers a socket bound to
+// it reaches (wire::to_sockaddr applies it to link-local destinations only). 0 when none does.
 uint32_t scope_of(const wire::IpAddress& ip);
 
 // Inode of /proc/self/ns/net: names this network namespace (0 if it cannot be read).

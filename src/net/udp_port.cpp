@@ -83,7 +83,7 @@ UdpPort::UdpPort(const wire::IpAddress& ip, uint16_t port, const config::Setting
     : ip_(ip), buf_(std::make_unique<Buffers>()) {
   open_hooks(settings);
   const bool v6 = !ip.is_v4();
-  if (ip.is_link_local()) scope_id_ = scope_of(ip);
+  if (v6) scope_id_ = scope_of(ip);  // the link of link-local peers (rxe's default GID)
   fd_ = os_socket(ip.family(), SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0) throw_port_errno(errno, "socket");
   auto fail = [this](const char* what) {
@@ -98,6 +98,9 @@ UdpPort::UdpPort(const wire::IpAddress& ip, uint16_t port, const config::Setting
     if (setsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on)) != 0) fail("IPV6_V6ONLY");
     if (setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) fail("IPV6_MTU_DISCOVER");
     if (setsockopt(fd_, IPPROTO_IPV6, IPV6_RECVPKTINFO, &on, sizeof(on)) != 0) fail("IPV6_RECVPKTINFO");
+    // Kernel rxe sends RoCEv2 over IPv6 with UDP checksum 0, as RFC 6935 lets a tunnel do (the ICRC
+    // covers the packet); a UDPv6 socket drops such datagrams unless told otherwise.
+    (void)setsockopt(fd_, SOL_UDP, UDP_NO_CHECK6_RX, &on, sizeof(on));
   } else {
     int pmtu = IP_PMTUDISC_DO;
     if (setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) != 0) fail("IP_MTU_DISCOVER");
@@ -166,7 +169,7 @@ UdpPort::UdpPort(Adopt, int fd, const config::Settings& settings)
   socklen_t alen = sizeof(addr);
   if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) fail(errno, "getsockname");
   if (!wire::from_sockaddr(reinterpret_cast<const sockaddr*>(&addr), &ip_, &port_)) fail(EAFNOSUPPORT, "family");
-  if (ip_.is_link_local()) scope_id_ = reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_scope_id;
+  if (!ip_.is_v4()) scope_id_ = scope_of(ip_);
   // Receiving must split what the socket's owner asked to get segmented: a port whose own settings
   // differ (SOFTRDMA_GSO=0 against a segmenting socket, or a kernel that cannot say) does not adopt it.
   int gro = 0;

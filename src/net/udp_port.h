@@ -85,7 +85,7 @@ class UdpPort final : public PacketPort {
   struct Buffers;  // message headers, addresses, control space and packet storage
   int fd_ = -1;
   wire::IpAddress ip_;
-  uint32_t scope_id_ = 0;  // the interface of a link-local IPv6 address (sends to link-local peers leave there)
+  uint32_t scope_id_ = 0;  // the interface of an IPv6 address: sends to link-local peers leave there
   uint16_t port_ = 0;
   bool gso_ = false;
   size_t tx_count_ = 0;  // messages queued (each one datagram or a segmented run)

@@ -18,6 +18,8 @@
 #   rsocket.*       rstream -S 65536 -C 100 -T v between softrdma's rsockets and rdma-core's over rxe
 #   holder.*        ib_write_bw -D 14 while the process that bound the host's UDP 4791 is stopped
 #                   10 s: the pair's host process reads the shared socket in its stead
+#   ipv6.*          pingpong and perftest over IPv6 GIDs both ways (the guest's global address, and
+#                   its link-local one against our global one)
 #   capture.*       tshark on the bridge during SEND/WRITE/READ/ATOMIC traffic both ways: softrdma's
 #                   packets decode as InfiniBand BTH/RETH/AETH/AtomicETH over UDP 4791 with no
 #                   malformed or warning expert info, and every ICRC of both stacks recomputes
@@ -559,7 +561,52 @@ run_rstream() { # NAME ROLE
 run_rstream rsocket.rstream.host-server host-server
 run_rstream rsocket.rstream.host-client host-client
 
-# Every datagram the guest received during the suite passed its UDP checksum check.
+# RoCEv2 over UDP/IPv6 (issue 29): a global IPv6 address on the bridge and on the guest's eth0; the
+# host side runs on softrdma6_<bridge> (GID 0, the address), rxe on the GID of the guest's global
+# address, then on its link-local one (rxe's default GID, index 0). The programs' own TCP connection
+# stays IPv4 (ibv_rc_pingpong and Debian 12's perftest resolve their peer in AF_INET).
+HOST_IP6=fd77:77::1
+GUEST_IP6=fd77:77::11
+ipv6_wanted=0
+for c in ipv6.pingpong.host-server ipv6.pingpong.host-client; do case_wanted "$c" && ipv6_wanted=1; done
+case_wanted ipv6.perftest.host-server.ib_write_bw && ipv6_wanted=1
+if ((ipv6_wanted)); then
+  nsx ip -6 addr replace "$HOST_IP6/64" dev rxebr0 nodad
+  guest "ip -6 addr replace $GUEST_IP6/64 dev eth0 nodad" >/dev/null 2>&1
+  # rxe's GID of an address, by its sysfs form (full hex groups).
+  gid_of() { # PATTERN: the index of the first rxe0 GID that matches
+    guest "d=/sys/class/infiniband/rxe0/ports/1; g=0; while [ -e \$d/gids/\$g ]; do read -r x < \$d/gids/\$g; case \$x in $1) echo \$g; exit 0;; esac; g=\$((g+1)); done; exit 1"
+  }
+  G6=""
+  for ((i = 0; i < 50; i++)); do
+    G6=$(gid_of 'fd77:0077:0000:0000:0000:0000:0000:0011') && break
+    sleep 0.2
+  done
+  GLL=$(gid_of 'fe80:*' || true)
+  DEV6=$(nsx "$SOFTRDMA" devices --ip "$HOST_IP6" 2>/dev/null | head -n1)
+  log "IPv6: host $DEV6 ($HOST_IP6, GID 0); guest rxe0 GID $G6 ($GUEST_IP6), link-local GID $GLL"
+  if [[ -n $DEV6 && -n $G6 ]]; then
+    SAVED=("$DEV" "$GID_GUEST")
+    DEV=$DEV6
+    for role in host-server host-client; do
+      GID_GUEST=$G6
+      run_pingpong "ipv6.pingpong.$role.mtu1024.65536B" "$role" - 1024 65536 10
+      run_perftest "ipv6.perftest.$role.ib_write_bw" "$role" - ib_write_bw -n 100
+      run_perftest "ipv6.perftest.$role.ib_read_bw" "$role" - ib_read_bw -n 100
+      [[ -n $GLL ]] && GID_GUEST=$GLL && run_pingpong "ipv6.linklocal.pingpong.$role.mtu1024.4096B" "$role" - 1024 4096 20
+    done
+    DEV=${SAVED[0]}
+    GID_GUEST=${SAVED[1]}
+  else
+    t0=$(date +%s)
+    WHY="no IPv6 device on the host ($DEV6) or no rxe GID for $GUEST_IP6 ($G6)"
+    result ipv6.setup 0 "$t0"
+  fi
+fi
+
+# Every datagram the guest received during the suite passed its UDP checksum check (IPv4's: not
+# checked when INTEROP_ONLY leaves it out).
+case_wanted guest.udp-checksums && {
 t0=$(date +%s)
 read -r UDP_IN_AFTER UDP_CSUMERR_AFTER <<<"$(guest_udp)"
 echo "guest UDP: $((UDP_IN_AFTER - UDP_IN_BEFORE)) datagrams received, $((UDP_CSUMERR_AFTER - UDP_CSUMERR_BEFORE)) checksum errors"
@@ -571,6 +618,7 @@ else
   WHY="guest UdpInCsumErrors went from $UDP_CSUMERR_BEFORE to $UDP_CSUMERR_AFTER"
   result guest.udp-checksums 0 "$t0"
 fi
+}
 
 # ---------------------------------------------------------------- summary
 echo
