@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -425,6 +426,47 @@ TEST(UdpPort, ExchangesDatagramsOverIpv6) {
   ASSERT_EQ(got.size(), sent.size());
   for (uint32_t seq = 0; seq < sent.size(); ++seq) EXPECT_EQ(got[seq], sent[seq]) << "datagram " << seq;
   EXPECT_EQ(a->stats().tx_errors, 0u);
+}
+
+// Kernel rxe sends RoCEv2 over IPv6 with UDP checksum 0 (RFC 6935): an IPv6 port takes such a
+// datagram, which a plain UDPv6 socket drops. Sent through a raw socket (needs CAP_NET_RAW).
+TEST(UdpPort, TakesIpv6DatagramsWithoutUdpChecksum) {
+  wire::IpAddress lo6;
+  ASSERT_TRUE(wire::parse("::1", &lo6));
+  std::unique_ptr<UdpPort> port;
+  try {
+    port = std::make_unique<UdpPort>(lo6, 0);
+  } catch (const std::system_error& e) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
+  }
+  int raw = socket(AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_UDP);
+  if (raw < 0) GTEST_SKIP() << "no raw socket (CAP_NET_RAW): " << strerror(errno);
+  uint8_t dgram[8 + 32] = {};
+  const uint16_t src = 0xC123, dst = port->port(), len = sizeof dgram;
+  dgram[0] = static_cast<uint8_t>(src >> 8);
+  dgram[1] = static_cast<uint8_t>(src);
+  dgram[2] = static_cast<uint8_t>(dst >> 8);
+  dgram[3] = static_cast<uint8_t>(dst);
+  dgram[4] = static_cast<uint8_t>(len >> 8);
+  dgram[5] = static_cast<uint8_t>(len);  // checksum (bytes 6-7) stays 0
+  for (int i = 8; i < len; ++i) dgram[i] = static_cast<uint8_t>(i * 3);
+  sockaddr_storage to{};
+  const socklen_t tl = wire::to_sockaddr(lo6, 0, &to);
+  ASSERT_EQ(sendto(raw, dgram, len, 0, reinterpret_cast<sockaddr*>(&to), tl), static_cast<ssize_t>(len))
+      << strerror(errno);
+  close(raw);
+  Datagram batch[UdpPort::kBatch];
+  size_t got = 0;
+  for (int tries = 0; tries < 50 && got == 0; ++tries) {
+    pollfd p{port->fd(), POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    for (size_t i = 0, n = port->receive(batch, UdpPort::kBatch); i < n; ++i)
+      if (batch[i].peer_port == src && batch[i].len == len - 8u) {
+        EXPECT_EQ(std::memcmp(batch[i].data, dgram + 8, len - 8u), 0);
+        ++got;
+      }
+  }
+  EXPECT_EQ(got, 1u) << "the zero-checksum datagram was not delivered";
 }
 
 }  // namespace softrdma::net
