@@ -336,8 +336,6 @@ class Manager {
 // Address resolution: the source address the kernel's route would use for dst (UDP connect +
 // getsockname). 0 or an errno.
 int route_source(const wire::IpAddress& dst_ip, uint16_t dst_port_be, wire::IpAddress& src_ip);
-// Whether ip is one of this host's addresses (a peer here is reached straight at its socket).
-bool is_local(const wire::IpAddress& ip);
 
 // What the 4791 holder (transport/gsi.cpp) answers, as a dead process's kernel CM would, for a MAD to
 // this host that no live process takes: REQ -> REJ "invalid service ID", SIDR_REQ -> SIDR_REP

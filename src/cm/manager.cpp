@@ -65,8 +65,6 @@ bool owner_alive(uint32_t comm_id) {
 
 }  // namespace
 
-bool is_local(const wire::IpAddress& ip) { return net::is_local_ip(ip); }
-
 int route_source(const wire::IpAddress& dst_ip, uint16_t dst_port_be, wire::IpAddress& src_ip) {
   int fd = net::os_socket(dst_ip.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_storage probe{};
@@ -90,11 +88,14 @@ Manager& Manager::get() {
 }
 
 Manager::Manager() {
-  sock_ = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  // DF with IP identification 0, as softrdma's data sockets send: the ICRC covers both
-  // (wire/icrc.h), and kernel rxe drops MADs whose ICRC does not match.
-  int pmtu = IP_PMTUDISC_DO;
-  setsockopt(sock_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  auto open_v4 = [this] {
+    sock_ = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    // DF with IP identification 0, as softrdma's data sockets send: the ICRC covers both
+    // (wire/icrc.h), and kernel rxe drops MADs whose ICRC does not match.
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(sock_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  };
+  open_v4();
   // The same number in IPv6's port space for MADs over IPv6: the registry names one port per
   // process, and the 4791 holder of an IPv6 device hands MADs to it there.
   for (int attempt = 0; attempt < 16; ++attempt) {
@@ -119,8 +120,7 @@ Manager::Manager() {
     if (err != EADDRINUSE) break;
     // Taken in IPv6's space: both sockets try another number.
     close(sock_);
-    sock_ = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    setsockopt(sock_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    open_v4();
   }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   // The thread takes none of the application's signals.
@@ -290,29 +290,16 @@ int Manager::bind_socket(Connection& c, int type, const wire::IpAddress& ip, uin
 int Manager::bind_port_v6(Connection& c, bool v6_only, uint16_t port_be) {
   if (!v6_only)
     if (int e = bind_port(c, wire::IpAddress::v4(INADDR_ANY), port_be)) return e;
-  int fd = net::os_socket(AF_INET6, (c.iwarp ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  int one = 1;
-  sockaddr_in6 a{};
-  a.sin6_family = AF_INET6;
-  a.sin6_addr = in6addr_any;
-  a.sin6_port = v6_only ? port_be : htons(c.local_port);
-  if (fd < 0 || setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0 ||
-      bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    int e = fd < 0 ? EAFNOSUPPORT : errno;
-    if (fd >= 0) close(fd);
+  // Dual-stack: the same number in IPv6's space; the id stays IPv4's wildcard as well.
+  const wire::IpAddress v4_any = c.local_ip;
+  const uint16_t port6 = v6_only ? port_be : htons(c.local_port);
+  if (int e = bind_socket(c, c.iwarp ? SOCK_STREAM : SOCK_DGRAM, wire::IpAddress{}, port6)) {
     if (c.sock >= 0) close(c.sock);
     c.sock = -1;
     c.st = St::Idle;
     return e;
   }
-  socklen_t l = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
-  c.sock6 = fd;
-  if (v6_only) {
-    c.service_port = c.local_port = ntohs(a.sin6_port);
-    c.local_ip = wire::IpAddress{};  // "::"
-    if (c.st == St::Idle) c.st = St::Bound;
-  }
+  if (!v6_only) c.local_ip = v4_any;
   return 0;
 }
 
