@@ -37,10 +37,10 @@ struct Address {
 };
 }  // namespace
 
-int Liveness::listen_on(const wire::IpAddress& ip, uint16_t port) {
+int Liveness::listen_on(const wire::IpAddress& ip, uint16_t port, uint32_t scope_id) {
   int fd = os_socket(ip.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  const Address a(ip, port, scope_of(ip));
+  const Address a(ip, port, scope_id);
   if (bind(fd, a.get(), a.len) != 0 || listen(fd, 128) != 0) {
     close(fd);
     return -1;
@@ -48,8 +48,8 @@ int Liveness::listen_on(const wire::IpAddress& ip, uint16_t port) {
   return fd;
 }
 
-Liveness::Liveness(int listen_fd, const wire::IpAddress& local_ip)
-    : listen_fd_(listen_fd), local_ip_(local_ip), scope_id_(scope_of(local_ip)), epoll_fd_(epoll_create1(EPOLL_CLOEXEC)) {
+Liveness::Liveness(int listen_fd, const wire::IpAddress& local_ip, uint32_t scope_id)
+    : listen_fd_(listen_fd), local_ip_(local_ip), scope_id_(scope_id), epoll_fd_(epoll_create1(EPOLL_CLOEXEC)) {
   if (epoll_fd_ >= 0 && listen_fd_ >= 0) {
     epoll_event ev{};
     ev.events = EPOLLIN;

@@ -29,12 +29,13 @@ class Liveness {
     Dead,     // the process is gone: refused, reset or ended
   };
 
-  // A nonblocking TCP listener bound to (ip, port): its fd, or -1 when the number is taken.
-  static int listen_on(const wire::IpAddress& ip, uint16_t port);
+  // A nonblocking TCP listener bound to (ip, port): its fd, or -1 when the number is taken. scope_id:
+  // the interface of an IPv6 address (net::scope_of), which link-local peers are reached through.
+  static int listen_on(const wire::IpAddress& ip, uint16_t port, uint32_t scope_id);
 
   // Takes the listener (-1: none; this context then only asks, and is never found alive). Queries
   // leave from local_ip, the address the peer's QPs know this context by.
-  Liveness(int listen_fd, const wire::IpAddress& local_ip);
+  Liveness(int listen_fd, const wire::IpAddress& local_ip, uint32_t scope_id);
   ~Liveness();
   Liveness(const Liveness&) = delete;
   Liveness& operator=(const Liveness&) = delete;

@@ -135,7 +135,7 @@ UdpPort::UdpPort(const wire::IpAddress& ip, uint16_t port, const config::Setting
       r ^= r >> 29;
       const uint16_t number = static_cast<uint16_t>(kContextPortBegin + r % (kContextPortEnd - kContextPortBegin));
       set_port(number);
-      listener = Liveness::listen_on(ip, number);
+      listener = Liveness::listen_on(ip, number, scope_id_);
       if (listener < 0 && attempt < 48) continue;
       bound = bind(fd_, reinterpret_cast<const sockaddr*>(&addr), addr_len) == 0;
       if (!bound) {
@@ -146,7 +146,7 @@ UdpPort::UdpPort(const wire::IpAddress& ip, uint16_t port, const config::Setting
         if (err != EADDRINUSE) fail("bind");
       }
     }
-    if (bound) liveness_ = std::make_unique<Liveness>(listener, ip);
+    if (bound) liveness_ = std::make_unique<Liveness>(listener, ip, scope_id_);
     set_port(0);
   }
   if (!bound && bind(fd_, reinterpret_cast<const sockaddr*>(&addr), addr_len) != 0) fail("bind");
