@@ -198,6 +198,9 @@ class Consumer {
   // A connection the peer ended (a DREQ) or found gone (no DREQ; peer_gone), before it is reported
   // DISCONNECTED: counted.
   virtual void peer_ended(Connection&, bool /*peer_gone*/) {}
+  // The process exits (Manager::at_exit), before its connections' DREQs leave: whatever the
+  // transport still holds for its peers (an ACK) goes first.
+  virtual void before_exit() {}
 };
 
 // What the active side asks for (rdma_connect's parameters).

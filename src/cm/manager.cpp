@@ -1045,6 +1045,7 @@ void Manager::loop() {
 void Manager::at_exit() {
   // A process that exits with connections up disconnects them, as the kernel does for a dying process.
   std::lock_guard lock(mu);
+  if (consumer_) consumer_->before_exit();
   for (Connection* c : conns_)
     if (c->st == St::Connected && !c->ud && !c->iwarp) send_dreq(*c);
 }

@@ -36,6 +36,7 @@ namespace softrdma::core {
   X(direct_bad_inbox) /* inbox entries a connected direct peer wrote that fail their checks (dropped, QP to error) */ \
   X(poll_passes) /* progress passes that empty ibv_poll_cq calls ran in the application's thread (run to completion) */ \
   X(poll_rx_packets) /* packets those passes received, of rx_packets (the rest: the progress thread, posts) */ \
+  X(poll_passes_skipped) /* empty polls of one CQ right after another CQ's pass: no pass of their own (engine.h) */ \
   X(peer_paused) /* retry budgets refilled past retry_cnt: the peer's kernel vouched for its process (reliability.md) */ \
   X(peer_gone) /* requests failed at once: the peer's kernel said its process is gone (refused, reset, closed) */ \
   X(direct_unavailable) /* direct-path set-ups that failed: this context's endpoint, or a connection to a peer's (packets instead) */ \
@@ -83,7 +84,7 @@ class StatsPage {
  public:
   static constexpr uint32_t kMagic = 0x53524453;  // "SRDS"
   // Bumped whenever Counters or the page layout changes; readers skip other versions.
-  static constexpr uint32_t kVersion = 11;
+  static constexpr uint32_t kVersion = 12;
   static constexpr uint32_t kQpSlots = 1024;       // QPs beyond this count only in the device set
 
   // Creates /dev/shm/softrdma-stats-<pid>-<n>, mode 0600 (owner and root only; SOFTRDMA_STATS_MODE, in

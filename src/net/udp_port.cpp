@@ -453,6 +453,14 @@ void UdpPort::send_batch() {
       h.msg_controllen = 0;
     }
   }
+  // Each message header points at its own slot's iovec and control: moving headers and runs together
+  // changes only the order they leave in (and back after, for the slots' next use).
+  const size_t count = tx_count_, older = deferred_ < count ? deferred_ : 0;
+  deferred_ = 0;
+  if (older) {
+    std::rotate(b.tx_msgs, b.tx_msgs + older, b.tx_msgs + count);
+    std::rotate(b.tx_run, b.tx_run + older, b.tx_run + count);
+  }
   size_t done = 0;
   std::chrono::steady_clock::time_point deadline{};
   bool waiting = false;
@@ -494,6 +502,10 @@ void UdpPort::send_batch() {
     if (b.tx_run[done].segments > 1 && (err == EIO || err == EINVAL)) gso_ = false;
     lost(done, done + 1);
     ++done;
+  }
+  if (older) {
+    std::rotate(b.tx_msgs, b.tx_msgs + (count - older), b.tx_msgs + count);
+    std::rotate(b.tx_run, b.tx_run + (count - older), b.tx_run + count);
   }
   tx_count_ = 0;
 }

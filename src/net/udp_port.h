@@ -62,6 +62,7 @@ class UdpPort final : public PacketPort {
   // Whether this port segments sends and receives segmented buffers (off with SOFTRDMA_GSO=0).
   bool offload() const { return gso_; }
   size_t queued() const { return tx_count_; }
+  void defer_queued() override { deferred_ = tx_count_; }
 
   struct Stats {
     uint64_t tx_packets, tx_bytes, rx_packets, rx_bytes, tx_errors;
@@ -89,6 +90,7 @@ class UdpPort final : public PacketPort {
   uint16_t port_ = 0;
   bool gso_ = false;
   size_t tx_count_ = 0;  // messages queued (each one datagram or a segmented run)
+  size_t deferred_ = 0;  // the first messages queued, to leave after the others (defer_queued)
   // The datagram reserve() placed, until commit(): in slot placing_slot_, opening it when placing_new_.
   size_t placing_slot_ = 0;
   bool placing_new_ = false;

@@ -127,6 +127,7 @@ struct Abi final : cm::Consumer {
     if (Device* d = device_for(c.local_ip))
       softrdma_count_cm_disconnect(d->ctx, gone ? SOFTRDMA_CM_PEER_GONE : SOFTRDMA_CM_DREQ_RCVD);
   }
+  void before_exit() override { softrdma_flush_held_acks(); }
   bool default_iwarp() override {
     device_for(wire::IpAddress{});
     return !devices.empty() && devices.front()->iwarp;

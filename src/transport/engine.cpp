@@ -57,7 +57,39 @@ bool cpus_oversubscribed() {
   fclose(f);
   return running > ncpu;
 }
+
+// The process's live engines, for flush_all_held at exit. Never destroyed: exit-time code uses it. A
+// forked child starts with none: its parent's engines have no thread there and are not its to flush.
+struct LiveEngines {
+  std::mutex mu;
+  std::vector<Engine*> all;
+};
+LiveEngines& live_engines() {
+  static LiveEngines* l = [] {
+    auto* n = new LiveEngines;
+    pthread_atfork([] { live_engines().mu.lock(); }, [] { live_engines().mu.unlock(); },
+                   [] {
+                     live_engines().all.clear();
+                     live_engines().mu.unlock();
+                   });
+    return n;
+  }();
+  return *l;
+}
 }  // namespace
+
+void Engine::flush_all_held() {
+  LiveEngines& l = live_engines();
+  std::lock_guard lock(l.mu);
+  for (Engine* e : l.all) {
+    // Bounded: the lock's holder (a pass of another thread) flushes at its end anyway.
+    bool locked = false;
+    for (int i = 0; i < 1000 && !(locked = e->lock_.try_lock()); ++i) sched_yield();
+    if (!locked) continue;
+    e->flush_held();
+    e->lock_.unlock();
+  }
+}
 
 Engine::Engine(const net::Interface& iface, EngineOptions opts)
     : iface_(iface), arena_(kArenaBytes), mrs_(arena_), opts_(std::move(opts)),
@@ -66,6 +98,13 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
       spin_ns_(opts_.spin_us * 1000ull) {
   placement_ = std::make_unique<Placement>(*this);
   srq_table_ = std::make_unique<SrqTable>(*this);
+  {
+    LiveEngines& l = live_engines();
+    std::lock_guard lock(l.mu);
+    static const bool at_exit = atexit(flush_all_held) == 0;
+    (void)at_exit;
+    l.all.push_back(this);
+  }
   protection_ = std::make_unique<WireProtection>(*this);
   rc_ = std::make_unique<RcPath>(*this);
   direct_path_ = std::make_unique<DirectPath>(*this, *rc_);
@@ -129,6 +168,11 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
 }
 
 Engine::~Engine() {
+  {
+    LiveEngines& l = live_engines();
+    std::lock_guard lock(l.mu);
+    l.all.erase(std::remove(l.all.begin(), l.all.end(), this), l.all.end());
+  }
   if (opts_.dump_counters) {
     // A post-mortem for debugging (docs/debugging.md): what this context's engine saw.
     // Appended piece by piece: operator+ on std::string draws GCC 12 -Wrestrict false positives at -O3.
@@ -146,6 +190,7 @@ Engine::~Engine() {
   [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof one);
   if (thread_.joinable()) thread_.join();
   std::lock_guard lock(lock_);
+  flush_held();  // the ACKs the application's last poll held: its peers' last messages complete
   for (Qp* qp : qp_list_) {
     path_of(*qp).release(*qp);  // an iWARP QP's socket is closed with it
     net::Registry::instance().release_qpn(qp->qpn);
@@ -310,8 +355,9 @@ void Engine::quiet_sleep() {
   progress_once();  // timers, and whatever rang
 }
 
-bool Engine::progress_once() {
+bool Engine::progress_once(bool may_hold) {
   bool did = false;
+  const uint64_t cqes = cqes_posted_, others = others_queued_;
   // Placing direct messages is not work that keeps the progress thread spinning: the application's
   // own polls place them, and the thread would only take their core.
   if (direct_) direct_path_->receive_inboxes(qp_list_);
@@ -335,8 +381,27 @@ bool Engine::progress_once() {
     if (p.transmit(*qp, now)) did = true;
   }
   batch_done();
-  ports_->flush();
+  // Only ACKs are held (requests, responses and retransmissions leave at once), and only while the
+  // progress thread is quiet with its periodic check: that check flushes them within kQuietCheckNs if
+  // the application does not come back first.
+  if (may_hold && !held_ && cqes_posted_ != cqes && others_queued_ == others && quiet_.load(std::memory_order_seq_cst) &&
+      !deep_quiet_.load(std::memory_order_relaxed)) {
+    // A polling application is about to see completions, and most likely answers them at once: the
+    // ACKs of what it is about to see leave with that answer in one system call. Never twice in a
+    // row: a receiver that only polls (a stream of SENDs) has its ACKs sent by every second pass.
+    held_ = true;
+    ports_->defer_queued();  // the answer leaves first: its peer waits for it, not for the ACKs
+  } else {
+    ports_->flush();
+    held_ = false;
+  }
   return did;
+}
+
+void Engine::flush_held() {
+  if (!held_) return;
+  ports_->flush();
+  held_ = false;
 }
 
 bool Engine::step() {
@@ -419,6 +484,7 @@ void PathServices::unwatch(int fd) {
 }
 
 void Engine::post_cqe(core::CompletionQueue* cq, const core::Cqe& cqe, bool solicited) {
+  ++cqes_posted_;
   if (cq->push(cqe, solicited)) return;
   // Overrun (IBTA 11.4.2.1): the CQ is in error and so is every QP that completes into it.
   for (Qp* q : qp_list_)
@@ -676,6 +742,7 @@ Qp* Engine::create_qp(const QpConfig& cfg) {
 void Engine::destroy_qp(Qp* qp) {
   {
     std::lock_guard lock(lock_);
+    flush_held();  // an ACK the application's last poll held for its answer
     qps_.erase(qp->qpn);
     qp_list_.erase(std::remove(qp_list_.begin(), qp_list_.end(), qp), qp_list_.end());
     ports_->forget_qp(qp);  // a destroyed QP leaves its multicast groups
@@ -725,6 +792,7 @@ void reset_transport_state(Qp& qp) {
 int Engine::modify_qp(Qp* qp, const QpModify& m) {
   {
     std::lock_guard lock(lock_);
+    flush_held();  // before a move to ERR or RESET (rdma_disconnect) ends the connection
     if (m.mask & kModAccessFlags) qp->access_flags = m.access_flags;
     if (m.mask & kModPathMtu) qp->mtu = m.mtu_bytes;
     if (m.mask & kModDestQpn) {
@@ -871,7 +939,10 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     // together, segmented, in one system call. A lone request leaves at once.
     const bool pipelined = qp->cfg.type == QpType::Rc && qp->req.next_psn != qp->comp.acked_psn;
     if (qp->state.load() == QpState::Rts) path_of(*qp).transmit(*qp, 0);
-    if (!pipelined) ports_->flush_own();
+    if (held_)
+      flush_held();  // the ACKs a poll left for this answer leave with it (after it: defer_queued)
+    else if (!pipelined)
+      ports_->flush_own();
     lock_.unlock();
     // Everything done here (the direct path completes at once): no need to wake the progress thread.
     if (qp->sq.count() == 0) return rc;
@@ -1039,12 +1110,18 @@ int Engine::poll_cq(core::CompletionQueue* cq, core::Cqe* out, int n) {
       const bool mixed = packets && direct_active_.load(std::memory_order_relaxed);
       if (mixed) packets_moved();
       const bool every_poll = packets && (!mixed || quiet_passes_ < kQuietPasses);
-      if (every_poll ||
+      if (every_poll && cq != pass_cq_ && now() - pass_end_ns_ < kOtherCqPassGapNs) {
+        // Another CQ's poll ran a pass just now (this one sees what it placed): the sockets wait for the
+        // next round, and what that pass held waits for the application's answer.
+        count(nullptr, &core::Counters::poll_passes_skipped);
+      } else if (every_poll ||
           (!direct_path_->receive_inboxes(qp_list_) && (++empty_polls_ & (packets ? 63 : 1023)) == 0)) {
         const uint64_t rx = dev.rx_packets;
         app_pass_ = true;
-        progress_once();
+        progress_once(opts_.progress_thread);
         app_pass_ = false;
+        pass_cq_ = cq;
+        pass_end_ns_ = now();
         count(nullptr, &core::Counters::poll_passes);
         count(nullptr, &core::Counters::poll_rx_packets, dev.rx_packets - rx);
         if (mixed && !packets_moved() && quiet_passes_ < kQuietPasses) ++quiet_passes_;

@@ -125,6 +125,10 @@ class Engine {
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+  // Every engine of this process sends what its application's last poll held (held_). Run at exit
+  // (an atexit handler, and librdmacm's before its DREQs), when no later call of the application
+  // will; an engine whose lock stays taken (another thread mid-pass, or a child after fork) is skipped.
+  static void flush_all_held();
 
   const net::Interface& interface() const { return iface_; }
   core::Arena& arena() { return arena_; }
@@ -242,7 +246,11 @@ class Engine {
   // How long a wake-up without a doorbell that placed direct messages waits for their ring before it
   // counts them as direct_late_events (progress_loop).
   static constexpr int kLateRingWaitMs = 200;
-  bool progress_once();  // lock held; true when anything was done
+  // Lock held; true when anything was done. may_hold: a polling application's pass, which may leave the
+  // ACKs it queued for that application's next call (held_) when it produced completions.
+  bool progress_once(bool may_hold = false);
+  // Lock held: sends what a poll's pass held back (held_), if anything.
+  void flush_held();
   // Lock held: operations in flight drop their host pointers into the region's pages (deregistration,
   // or a rereg that moves it), so a late packet finds an error instead of memory no longer its own.
   void forget_pointers_into(const core::MrRegion& region);
@@ -302,6 +310,19 @@ class Engine {
   uint32_t quiet_passes_ = 0;
   static constexpr uint32_t kQuietPasses = 4096;
   bool app_pass_ = false;  // under lock_: the pass is an application's poll
+  // Under lock_: the CQ whose empty poll ran the last whole pass, and when that pass ended. Consumers
+  // such as UCX poll several CQs in turn (each transport's send and receive CQ); a pass is a receive
+  // system call (~1.3 us here), so a poll of another CQ within kOtherCqPassGapNs of a pass leaves the
+  // sockets to the next poll of that CQ: one pass per round of polls, not one per CQ.
+  const core::CompletionQueue* pass_cq_ = nullptr;
+  uint64_t pass_end_ns_ = 0;
+  static constexpr uint64_t kOtherCqPassGapNs = 2000;
+  uint64_t cqes_posted_ = 0;    // CQEs written by this engine (under lock_)
+  uint64_t others_queued_ = 0;  // packets other than ACKs queued (under lock_): those are never held
+  // Under lock_: ACKs a polling application's pass queued and left for its next call (progress_once).
+  // Sent by that call (most often the post of its answer: both leave in one sendmmsg), or the quiet
+  // progress thread's next check, or a modify or destroy of a QP, or the engine's end, or exit.
+  bool held_ = false;
   uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
   const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
   // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
@@ -376,11 +397,13 @@ inline Completer& PathServices::completer() { return e_.rc_->completer(); }
 inline Responder& PathServices::responder() { return e_.rc_->responder(); }
 inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
                                       const char* synthetic) {
+  if (pkt.bth.opcode != wire::kRcAck) ++e_.others_queued_;
   e_.ports_->send_packet(qp, pkt, payload, len, synthetic);
 }
 inline net::Capture* PathServices::capture() { return e_.ports_->capture(); }
 inline void PathServices::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
                                          const wire::IpAddress& dest_ip, uint16_t dest_port) {
+  ++e_.others_queued_;
   e_.ports_->send_packet_to(qp, pkt, payload, len, dest_ip, dest_port);
 }
 inline void PathServices::resolve_destination(Qp& qp, bool again) { e_.ports_->resolve_destination(qp, again); }

@@ -1,4 +1,4 @@
-// Devices, contexts and their queries: one softrdma device per IPv4 address of the host (docs/architecture.md, "Devices and addressing").
+// Devices, contexts and their queries: one softrdma device per IPv4 address and per global IPv6 address of the host (docs/architecture.md, "Devices and addressing").
 #include <arpa/inet.h>
 #include <endian.h>
 #include <fcntl.h>
@@ -433,6 +433,8 @@ SOFTRDMA_EXPORT ibv_context* softrdma_open_device(const char* name, uint32_t fla
 SOFTRDMA_EXPORT int softrdma_set_option(const char* name, const char* value) {
   return name && config::set_option(name, value) ? 0 : EINVAL;
 }
+
+SOFTRDMA_EXPORT void softrdma_flush_held_acks() { transport::Engine::flush_all_held(); }
 
 SOFTRDMA_EXPORT int ibv_close_device(ibv_context* ctx) {
   SoftContext* c = to_ctx(ctx);

@@ -84,6 +84,11 @@ int softrdma_qpn_peer_gone(struct ibv_context *ctx, uint32_t qpn);
 enum softrdma_cm_disconnect { SOFTRDMA_CM_DREQ_RCVD = 0, SOFTRDMA_CM_PEER_GONE = 1 };
 void softrdma_count_cm_disconnect(struct ibv_context *ctx, int why);
 
+/* The process exits: every context sends the ACKs its application's last poll held for the answer
+ * it did not post (transport/engine.h, held_), so that its peers' last messages complete. librdmacm
+ * calls it before its DREQs; libibverbs' own atexit handler too. */
+void softrdma_flush_held_acks(void);
+
 /* softrdma_open_device's options. */
 enum softrdma_open_flags {
   SOFTRDMA_OPEN_PACKETS = 1 << 0, /* no intra-host direct path: every peer by packets, as SOFTRDMA_DIRECT=0 */
