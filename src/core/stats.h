@@ -37,6 +37,8 @@ namespace softrdma::core {
   X(poll_passes) /* progress passes that empty ibv_poll_cq calls ran in the application's thread (run to completion) */ \
   X(poll_rx_packets) /* packets those passes received, of rx_packets (the rest: the progress thread, posts) */ \
   X(poll_passes_skipped) /* empty polls of one CQ right after another CQ's pass: no pass of their own (engine.h) */ \
+  X(acks_held) /* passes of a polling application whose ACKs waited for its answer (engine.h, held_) */ \
+  X(acks_held_answered) /* of those, the ones an answer took (its post sent them, after it) */ \
   X(peer_paused) /* retry budgets refilled past retry_cnt: the peer's kernel vouched for its process (reliability.md) */ \
   X(peer_gone) /* requests failed at once: the peer's kernel said its process is gone (refused, reset, closed) */ \
   X(direct_unavailable) /* direct-path set-ups that failed: this context's endpoint, or a connection to a peer's (packets instead) */ \

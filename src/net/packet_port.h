@@ -46,8 +46,10 @@ class PacketPort {
                            uint16_t* ip_id) = 0;
   virtual void commit() = 0;
   virtual void flush() = 0;
-  // The datagrams queued now leave after those queued from now on, when the batch is next sent (an
-  // answer before the ACKs held for it: the engine's held_). That send ends it.
+  // The datagrams queued (not sent yet), and: those queued now leave after those queued from now on,
+  // when the batch is next sent (an answer before the ACKs held for it: the engine's held_). That send
+  // ends it.
+  virtual size_t queued() const { return 0; }
   virtual void defer_queued() {}
   // Queues a copy of one datagram, never coalesced.
   void send(const uint8_t* data, uint32_t len, const wire::IpAddress& dst_ip, uint16_t dst_port) {

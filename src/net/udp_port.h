@@ -61,7 +61,7 @@ class UdpPort final : public PacketPort {
   void flush() override;
   // Whether this port segments sends and receives segmented buffers (off with SOFTRDMA_GSO=0).
   bool offload() const { return gso_; }
-  size_t queued() const { return tx_count_; }
+  size_t queued() const override { return tx_count_; }
   void defer_queued() override { deferred_ = tx_count_; }
 
   struct Stats {

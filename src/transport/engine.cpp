@@ -357,7 +357,13 @@ void Engine::quiet_sleep() {
 
 bool Engine::progress_once(bool may_hold) {
   bool did = false;
-  const uint64_t cqes = cqes_posted_, others = others_queued_;
+  const uint64_t cqes = cqes_posted_, acks = acks_queued_, others = others_queued_;
+  // Requests queued before this pass (pipelined posts wait for the next flush) are never held: what a
+  // hold defers must be this pass's ACKs alone, or the next post's requests would overtake them.
+  const bool queue_empty = may_hold && ports_->queued() == 0;
+  // What the last pass held was not taken by an answer: this application does not answer (a stream's
+  // receiver), and holding would only delay its peer's completions, until it posts a send again.
+  if (held_) answers_ = false;
   // Placing direct messages is not work that keeps the progress thread spinning: the application's
   // own polls place them, and the thread would only take their core.
   if (direct_) direct_path_->receive_inboxes(qp_list_);
@@ -384,12 +390,14 @@ bool Engine::progress_once(bool may_hold) {
   // Only ACKs are held (requests, responses and retransmissions leave at once), and only while the
   // progress thread is quiet with its periodic check: that check flushes them within kQuietCheckNs if
   // the application does not come back first.
-  if (may_hold && !held_ && cqes_posted_ != cqes && others_queued_ == others && quiet_.load(std::memory_order_seq_cst) &&
+  const bool only_acks = acks_queued_ != acks && others_queued_ == others;
+  if (queue_empty && answers_ && !held_ && cqes_posted_ != cqes && only_acks && quiet_.load(std::memory_order_seq_cst) &&
       !deep_quiet_.load(std::memory_order_relaxed)) {
     // A polling application is about to see completions, and most likely answers them at once: the
     // ACKs of what it is about to see leave with that answer in one system call. Never twice in a
     // row: a receiver that only polls (a stream of SENDs) has its ACKs sent by every second pass.
     held_ = true;
+    count(nullptr, &core::Counters::acks_held);
     ports_->defer_queued();  // the answer leaves first: its peer waits for it, not for the ACKs
   } else {
     ports_->flush();
@@ -939,10 +947,13 @@ int Engine::post_send(Qp* qp, const SendWqe* wqes, int n, int* bad, bool whole_b
     // together, segmented, in one system call. A lone request leaves at once.
     const bool pipelined = qp->cfg.type == QpType::Rc && qp->req.next_psn != qp->comp.acked_psn;
     if (qp->state.load() == QpState::Rts) path_of(*qp).transmit(*qp, 0);
-    if (held_)
+    answers_ = true;
+    if (held_) {
+      count(nullptr, &core::Counters::acks_held_answered);
       flush_held();  // the ACKs a poll left for this answer leave with it (after it: defer_queued)
-    else if (!pipelined)
+    } else if (!pipelined) {
       ports_->flush_own();
+    }
     lock_.unlock();
     // Everything done here (the direct path completes at once): no need to wake the progress thread.
     if (qp->sq.count() == 0) return rc;

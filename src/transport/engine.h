@@ -318,11 +318,13 @@ class Engine {
   uint64_t pass_end_ns_ = 0;
   static constexpr uint64_t kOtherCqPassGapNs = 2000;
   uint64_t cqes_posted_ = 0;    // CQEs written by this engine (under lock_)
+  uint64_t acks_queued_ = 0;    // ACKs queued (under lock_): a pass that queued none holds nothing
   uint64_t others_queued_ = 0;  // packets other than ACKs queued (under lock_): those are never held
   // Under lock_: ACKs a polling application's pass queued and left for its next call (progress_once).
   // Sent by that call (most often the post of its answer: both leave in one sendmmsg), or the quiet
   // progress thread's next check, or a modify or destroy of a QP, or the engine's end, or exit.
   bool held_ = false;
+  bool answers_ = true;  // under lock_: the application posted a send since a pass last sent held ACKs
   uint64_t events_raised_ = 0;  // completion events raised by this engine's CQs (under lock_)
   const uint64_t spin_ns_;      // SOFTRDMA_SPIN_US: how long the progress thread spins when idle
   // Some QP has had an intra-host direct peer: posts wait for the lock, empty polls look in the inboxes.
@@ -397,7 +399,7 @@ inline Completer& PathServices::completer() { return e_.rc_->completer(); }
 inline Responder& PathServices::responder() { return e_.rc_->responder(); }
 inline void PathServices::send_packet(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
                                       const char* synthetic) {
-  if (pkt.bth.opcode != wire::kRcAck) ++e_.others_queued_;
+  ++(pkt.bth.opcode == wire::kRcAck ? e_.acks_queued_ : e_.others_queued_);
   e_.ports_->send_packet(qp, pkt, payload, len, synthetic);
 }
 inline net::Capture* PathServices::capture() { return e_.ports_->capture(); }

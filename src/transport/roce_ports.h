@@ -51,6 +51,7 @@ class RocePorts : PathServices {
   void flush_own() { port_->flush(); }
   // What the context's own port holds queued leaves after what is queued from now on (net/packet_port.h).
   void defer_queued() { port_->defer_queued(); }
+  size_t queued() const { return port_->queued(); }
   // Tries to take UDP 4791 for the address, at most once a second: binds it, or takes the socket
   // from a process of this user that holds it (net/port_share.h) and stands by to read it when that
   // one does not. next_roce_try: when to look again (the next try, the stand-by's next look at the

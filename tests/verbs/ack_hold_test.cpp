@@ -33,7 +33,7 @@ struct Info {
 constexpr uint32_t kLen = 64;
 constexpr int kRounds = 4;
 
-// The receiver: by packets (the held ACK is the transport's), polls until the SEND arrives, then ends.
+// The receiver: by packets (the held ACK is the transport's), polls until two SENDs arrived, then ends.
 template <End end>
 int receiver_main(int sock) {
   Device dev(Device::Later{});
@@ -41,13 +41,18 @@ int receiver_main(int sock) {
   Side s;
   if (!s.create(dev, QpConfig{})) return 11;
   auto buf = s.buf(4096);
-  if (!buf->mr || modify_to_init(s.qp, kAllAccess) || post_recv(s.qp, 1, {buf->sge(0, kLen)})) return 12;
+  if (!buf->mr || modify_to_init(s.qp, kAllAccess) || post_recv(s.qp, 1, {buf->sge(0, kLen)}) ||
+      post_recv(s.qp, 2, {buf->sge(kLen, kLen)}))
+    return 12;
   Info peer{};
   if (int rc = serve_connect(sock, dev, s, Info{s.qpn(), s.psn, {}}, peer, 13)) return rc;
-  // Spinning in ibv_poll_cq: the application drives its engine, the progress thread goes quiet.
-  ibv_wc wc{};
-  if (!poll_wc(s.rcq, &wc) || wc.status != IBV_WC_SUCCESS || wc.byte_len != kLen) return 20;
-  if (check_pattern(buf->data, kLen, 31) != kLen) return 21;
+  // Spinning in ibv_poll_cq: the application drives its engine. The first SEND wakes the progress
+  // thread, which then sees the poller and goes quiet; the second finds it quiet (the hold's case).
+  for (uint64_t id = 1; id <= 2; ++id) {
+    ibv_wc wc{};
+    if (!poll_wc(s.rcq, &wc) || wc.status != IBV_WC_SUCCESS || wc.wr_id != id || wc.byte_len != kLen) return 20;
+  }
+  if (check_pattern(buf->data, kLen, 31) != kLen || check_pattern(buf->data + kLen, kLen, 32) != kLen) return 21;
   switch (end) {
     case End::Exit:
       exit(0);  // atexit handlers run; no verbs object is destroyed
@@ -87,6 +92,7 @@ TEST_P(AckHold, ReceiverThatEndsRightAfterItsPollAcknowledges) {
       auto src = s.buf(4096);
       ASSERT_TRUE(src->mr);
       fill_pattern(src->data, kLen, 31);
+      fill_pattern(src->data + kLen, kLen, 32);
       ASSERT_EQ(modify_to_init(s.qp, kAllAccess), 0);
       Info me{s.qpn(), s.psn, {}}, peer{};
       std::memcpy(me.gid, dev.gid.raw, 16);
@@ -100,12 +106,14 @@ TEST_P(AckHold, ReceiverThatEndsRightAfterItsPollAcknowledges) {
       char ready = 0;
       ASSERT_TRUE(read_full(sock, &ready, 1));
       ASSERT_EQ(ready, 'r');
-      usleep(50000);  // the receiver spins in its poll meanwhile
-      SendWr w(7, IBV_WR_SEND, {src->sge(0, kLen)});
-      ASSERT_EQ(post_send(s.qp, w), 0);
-      ibv_wc wc{};
-      ASSERT_TRUE(poll_wc(s.scq, &wc));
-      expect_wc(wc, {.wr_id = 7, .status = IBV_WC_SUCCESS, .opcode = IBV_WC_SEND, .qp_num = s.qpn()});
+      for (uint64_t id = 1; id <= 2; ++id) {
+        usleep(50000);  // the receiver spins in its poll meanwhile
+        SendWr w(id, IBV_WR_SEND, {src->sge((id - 1) * kLen, kLen)});
+        ASSERT_EQ(post_send(s.qp, w), 0);
+        ibv_wc wc{};
+        ASSERT_TRUE(poll_wc(s.scq, &wc));
+        expect_wc(wc, {.wr_id = id, .status = IBV_WC_SUCCESS, .opcode = IBV_WC_SEND, .qp_num = s.qpn()});
+      }
     }
     int st = 0;
     ASSERT_TRUE(reap_within(pid, kWaitSeconds, &st));
