@@ -420,6 +420,18 @@ bool restartable_interrupt() {
 // stops its loop from SIGALRM). An application that polls channel.fd itself, or made it non-blocking,
 // finds the event there already and leaves the work to the progress thread.
 int wait_event(SoftChannel* ch, SoftCq*& out) {
+  // Signals stay blocked from here until the sleep, whose ppoll unblocks them while it waits: one that
+  // comes during a pass interrupts the next sleep instead of being lost before it (a read of the
+  // kernel's fd blocks once; this loop passes and sleeps many times, and a lost SIGALRM left qperf's
+  // or EndsOnSignal's wait asleep for good). Faults are not blocked: they must reach their handler.
+  sigset_t block, old;
+  sigfillset(&block);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS}) sigdelset(&block, sig);
+  pthread_sigmask(SIG_BLOCK, &block, &old);
+  struct Unblock {
+    const sigset_t* mask;
+    ~Unblock() { pthread_sigmask(SIG_SETMASK, mask, nullptr); }
+  } unblock{&old};
   if (ch->waits_here.load(std::memory_order_relaxed)) {
     std::lock_guard lock(ch->engines_mu);
     for (transport::Engine* e : ch->engines) e->waiter_arrives();
@@ -450,14 +462,14 @@ int wait_event(SoftChannel* ch, SoftCq*& out) {
         ts = {static_cast<time_t>(wait / 1000000000ull), static_cast<long>(wait % 1000000000ull)};
       }
       pollfd p{ch->wait_fd, POLLIN, 0};
-      n = ppoll(&p, 1, deadline ? &ts : nullptr, nullptr);
+      n = ppoll(&p, 1, deadline ? &ts : nullptr, &old);
       const int err = errno;
       for (transport::Engine* e : engines) e->waiter_sleeps(false);
       errno = err;
     } else {
       // The progress threads serve the sockets: the pipe alone, whose byte they write.
       pollfd p{ch->reader_fd, POLLIN, 0};
-      n = ppoll(&p, 1, nullptr, nullptr);
+      n = ppoll(&p, 1, nullptr, &old);
     }
     if (n < 0 && errno == EINTR && !restartable_interrupt()) return -1;
     if (ch->events.try_pop(ch->reader_fd, out)) return 0;
