@@ -98,13 +98,6 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
       spin_ns_(opts_.spin_us * 1000ull) {
   placement_ = std::make_unique<Placement>(*this);
   srq_table_ = std::make_unique<SrqTable>(*this);
-  {
-    LiveEngines& l = live_engines();
-    std::lock_guard lock(l.mu);
-    static const bool at_exit = atexit(flush_all_held) == 0;
-    (void)at_exit;
-    l.all.push_back(this);
-  }
   protection_ = std::make_unique<WireProtection>(*this);
   rc_ = std::make_unique<RcPath>(*this);
   direct_path_ = std::make_unique<DirectPath>(*this, *rc_);
@@ -165,6 +158,12 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   pthread_sigmask(SIG_SETMASK, &all, &old);
   if (opts_.progress_thread) thread_ = std::thread([this] { progress_loop(); });
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  // Last: an engine whose construction threw is never in the list.
+  LiveEngines& l = live_engines();
+  std::lock_guard lock(l.mu);
+  static const bool at_exit = atexit(flush_all_held) == 0;
+  (void)at_exit;
+  l.all.push_back(this);
 }
 
 Engine::~Engine() {
