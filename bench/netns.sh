@@ -21,9 +21,12 @@
 #   BENCH_PROCS ["1 4 16"]    process pairs at once for the many-processes rows (latency pairs run
 #                             BENCH_LAT_ITERS / N iterations each, at least 200: they spin on 2 CPUs)
 #   BENCH_MULTI_ALL [0]       1: many-processes rows in every MTU/placement, not only the first
-#   BENCH_TRANSPORTS ["roce iwarp"]  softrdma's rows: RoCEv2 (perftest's TCP exchange, -d device) and
-#                             iWARP (`softrdma run --iwarp`, perftest -R: connected through rdma_cm,
-#                             FPDUs on a TCP connection over the veth), the same programs and sizes
+#   BENCH_TRANSPORTS ["roce roce6 iwarp"]  softrdma's rows: RoCEv2 (perftest's TCP exchange, -d device),
+#                             RoCEv2 over IPv6 (the veth also gets fd77:5eed::1/2, perftest on their
+#                             softrdma6_* devices; its TCP exchange stays on IPv4; each row also as a
+#                             ratio to IPv4's, which needs roce too) and iWARP (`softrdma run --iwarp`,
+#                             perftest -R: connected through rdma_cm, FPDUs on a TCP connection over the
+#                             veth), the same programs and sizes
 #   BENCH_PROTECT ["auth encrypt"]  wire protection rows (RoCEv2 over rdma_cm, perftest -R, as a ratio to
 #                             the same run unprotected); "" for none
 #   BENCH_CURVE_SIZES ["256 1024 4096 16384 65536 262144 1048576"]  sizes of the plot (pinned only)
@@ -78,10 +81,13 @@ PROTECT=(${BENCH_PROTECT-auth encrypt})
 for p in "${PROTECT[@]}"; do
   [[ $p == auth || $p == encrypt ]] || { echo "bench: BENCH_PROTECT: auth and/or encrypt, not $p" >&2; exit 2; }
 done
-TRANSPORTS=(${BENCH_TRANSPORTS:-roce iwarp})
+TRANSPORTS=(${BENCH_TRANSPORTS:-roce roce6 iwarp})
 for t in "${TRANSPORTS[@]}"; do
-  [[ $t == roce || $t == iwarp ]] || { echo "bench: BENCH_TRANSPORTS: roce and/or iwarp, not $t" >&2; exit 2; }
+  [[ $t == roce || $t == roce6 || $t == iwarp ]] || { echo "bench: BENCH_TRANSPORTS: roce, roce6 and/or iwarp, not $t" >&2; exit 2; }
 done
+# The IPv6 addresses of the veth's ends (roce6).
+ip6A=fd77:5eed::1
+ip6B=fd77:5eed::2
 T=$COMPAT_TIMEOUT
 OUT=${BENCH_OUT:-$root/build/bench}
 mkdir -p "$OUT"
@@ -247,6 +253,8 @@ perftest_pairs() {
   # the iWARP device of the address.
   local -a PT_RUN=(run --) PT_SRV=(-d "$devA") PT_CLI=(-d "$devB")
   [[ ${PT_MODE:-roce} == iwarp ]] && PT_RUN=(run --iwarp --) PT_SRV=(-R) PT_CLI=(-R)
+  # IPv6: the softrdma6_* devices (GID 0 the IPv6 address); perftest's exchange still reaches ipA.
+  [[ ${PT_MODE:-roce} == roce6 ]] && PT_SRV=(-d "$dev6A") PT_CLI=(-d "$dev6B")
   # Wire protection rows: keys are agreed in the rdma_cm exchange, so rdma_cm (-R) it is.
   [[ ${PT_MODE:-roce} == protect.* ]] && PT_SRV=(-R) PT_CLI=(-R)
   base=$(next_ports "$n")
@@ -295,7 +303,7 @@ perftest_pairs() {
       why=$(grep -h -m1 -E "Failed status|unknown option|[Cc]ouldn't|[Uu]nable|[Ff]ailed to|exited with Error" "${clog[i]}" "${slog[i]}" 2>/dev/null | head -n1)
       [[ -n $why ]] && failed=$((failed + 1)) && NOTE_WHY=$why
     done
-    NOTES+=("MTU ${GROUP/ /, }: $n x $([[ ${PT_MODE:-roce} == iwarp ]] && echo "iWARP ")$tool $*: failed (${failed} of $n pairs reported an error${NOTE_WHY:+, e.g. \"${NOTE_WHY# }\"}); logs ${COMPAT_LOG_DIR}/$GROUP_SLUG.$slug.$n.*")
+    NOTES+=("MTU ${GROUP/ /, }: $n x $([[ ${PT_MODE:-roce} == iwarp ]] && echo "iWARP ")$([[ ${PT_MODE:-roce} == roce6 ]] && echo "IPv6 ")$tool $*: failed (${failed} of $n pairs reported an error${NOTE_WHY:+, e.g. \"${NOTE_WHY# }\"}); logs ${COMPAT_LOG_DIR}/$GROUP_SLUG.$slug.$n.*")
     NOTE_WHY=""
     return 1
   fi
@@ -411,6 +419,7 @@ qfield() { awk -v t="$2:" -v f="$3" '$1 == t { s=1; next } /^[a-z_]+:$/ { s=0 } 
 
 declare -A CURVE  # "MTU|series|size" -> GB/s, for the plot
 declare -A MPEER  # the many-processes peers of the current group ("bwN", "latN"), shared by the transports
+declare -A V4     # the RoCEv2-over-IPv4 figures of the current group, for the IPv6 rows' second ratio
 
 # ---- one MTU / placement group -------------------------------------------------------------------
 run_group() {
@@ -477,7 +486,7 @@ run_group() {
   record iperf3.sender.cpu 65536 "$iptx" s/GB
 
   local tr
-  MPEER=()
+  MPEER=() V4=()
   for tr in "${TRANSPORTS[@]}"; do softrdma_rows "$tr"; done
   ((${#PROTECT[@]})) && protect_rows
 }
@@ -535,18 +544,32 @@ protect_rows() {
   PT_MODE=roce
 }
 
-# softrdma_rows roce|iwarp: the softrdma rows of one group, on RoCEv2 (perftest's own TCP exchange,
-# -d device) or on iWARP (`softrdma run --iwarp`, perftest -R: iWARP connects only through rdma_cm).
-# Runs inside run_group and uses its locals (Q, sp50, ipgbs, iprx, iptx, multi, placement, mtu).
-# iWARP rows read "iWARP TOOL -R ..." and record as "iwarp.NAME" in netns.dat.
+# softrdma_rows roce|roce6|iwarp: the softrdma rows of one group, on RoCEv2 (perftest's own TCP
+# exchange, -d device), RoCEv2 over IPv6 (the softrdma6_* devices) or on iWARP (`softrdma run
+# --iwarp`, perftest -R: iWARP connects only through rdma_cm). Runs inside run_group and uses its
+# locals (Q, sp50, ipgbs, iprx, iptx, multi, placement, mtu). iWARP rows read "iWARP TOOL -R ..." and
+# record as "iwarp.NAME" in netns.dat; IPv6 rows "IPv6 TOOL" and "ipv6.NAME", each bandwidth and
+# latency row followed by one against the same measure over IPv4 (V4, from the roce rows).
 softrdma_rows() {
   PT_MODE=$1
   local L="" R="" tag=rdma
   if [[ $PT_MODE == iwarp ]]; then L="iWARP " R="iwarp." tag=iwarp; fi
-  # A tool's name in the rows: "ib_write_bw", or "iWARP ib_write_bw -R".
-  tn() { if [[ $PT_MODE == iwarp ]]; then echo "iWARP $1 -R"; else echo "$1"; fi; }
+  if [[ $PT_MODE == roce6 ]]; then L="IPv6 " R="ipv6." tag=rdma6; fi
+  # A tool's name in the rows: "ib_write_bw", "IPv6 ib_write_bw" or "iWARP ib_write_bw -R".
+  tn() { case $PT_MODE in iwarp) echo "iWARP $1 -R" ;; roce6) echo "IPv6 $1" ;; *) echo "$1" ;; esac; }
+  # v4row NAME SIZE VALUE UNIT KEY: IPv4's figure under KEY kept (roce), or an IPv6 row against it (roce6).
+  v4row() {
+    if [[ $PT_MODE == roce ]]; then V4[$5]=$3; fi
+    if [[ $PT_MODE == roce6 && " ${TRANSPORTS[*]} " == *" roce "* ]]; then
+      row "$1, IPv6 against IPv4" "$2" "$3" "${1#IPv6 } over IPv4" "${V4[$5]:-}" "$4"
+    fi
+  }
   local tool v typ avg gb
   local -A BW=() RATE=()
+  if [[ $PT_MODE == roce6 && ( -z $dev6A || -z $dev6B ) ]]; then
+    NOTES+=("MTU ${GROUP/ /, }: IPv6 rows: no softrdma6 device for $ip6A / $ip6B in the namespaces")
+    return
+  fi
   for tool in ib_write_bw ib_read_bw; do
     # Iteration mode: exact bytes for the CPU rows (iterations x size); the run's bandwidth too.
     compat_log "${L}$tool -s 65536 -n $CPU_ITERS (CPU)"
@@ -570,12 +593,14 @@ softrdma_rows() {
   for tool in ib_write_bw ib_read_bw ib_send_bw; do
     for s in 65536 1048576; do
       row "$(tn "$tool") (BW average)" "$(sizename $s)" "${BW[$tool.$s]:-}" "qperf tcp_bw" "${Q[bw$s]:-}" "GB/s"
+      v4row "$(tn "$tool") (BW average)" "$(sizename $s)" "${BW[$tool.$s]:-}" "GB/s" "$tool.$s"
       record "$R$tool" "$s" "${BW[$tool.$s]:-}" GB/s
     done
   done
   row "$(tn ib_write_bw) (BW average)" "64 KiB" "${BW[ib_write_bw.65536]:-}" "iperf3 TCP, 1 stream, 64 KiB writes" "$ipgbs" "GB/s"
   for tool in ib_write_bw ib_read_bw ib_send_bw; do
     row "$(tn "$tool") (MsgRate)" "8 B" "${RATE[$tool.8]:-}" "qperf tcp_bw -m 8 (bytes/s / 8)" "${Q[rate8]:-}" "M msg/s"
+    v4row "$(tn "$tool") (MsgRate)" "8 B" "${RATE[$tool.8]:-}" "M msg/s" "$tool.rate8"
     record "$R$tool.msgrate" 8 "${RATE[$tool.8]:-}" Mmsg/s
   done
   for tool in ib_write_lat ib_read_lat ib_send_lat; do
@@ -585,6 +610,7 @@ softrdma_rows() {
     [[ -n $r ]] && typ=$(t_typ "$r") && avg=$(t_avg "$r")
     row "$(tn "$tool") (t_typical)" "8 B" "$typ" "sockperf pp udp spin, 14 B (p50)" "$sp50" "us one-way"
     row "$(tn "$tool") (t_avg)" "8 B" "$avg" "qperf tcp_lat (mean)" "${Q[lat8]:-}" "us one-way"
+    v4row "$(tn "$tool") (t_typical)" "8 B" "$typ" "us one-way" "$tool.typ"
     record "$R$tool.t_typical" 8 "$typ" us
     record "$R$tool.t_avg" 8 "$avg" us
   done
@@ -595,8 +621,8 @@ softrdma_rows() {
     record "$R$tool.active.cpu" 65536 "${BW[$tool.sact]:-}" s/GB
   done
 
-  # -- many processes ------------------------------------------------------------------------
-  if ((multi)); then
+  # -- many processes (not again over IPv6: the same sockets, the same code) --------------------
+  if ((multi)) && [[ $PT_MODE != roce6 ]]; then
     local n i sum iters
     for n in "${PROCS[@]}"; do
       compat_log "${L}$n x ib_write_bw -s 65536 -D $SECONDS_RUN at once"
@@ -662,6 +688,14 @@ for mtu in "${MTUS[@]}"; do
   compat_netns_setup  # exits 77 where namespaces cannot be made
   set_traps
   mapfile -t NS_INODES < <(stat -L -c %i "/run/netns/$nsA" "/run/netns/$nsB" 2>/dev/null)
+  dev6A="" dev6B=""
+  if [[ " ${TRANSPORTS[*]} " == *" roce6 "* ]]; then
+    ip -n "$nsA" addr add "$ip6A/64" dev "$vethA" nodad
+    ip -n "$nsB" addr add "$ip6B/64" dev "$vethB" nodad
+    dev6A=$(compat_device "$ip6A" "${inA[@]}")
+    dev6B=$(compat_device "$ip6B" "${inB[@]}")
+    compat_log "IPv6: $ip6A device ${dev6A:-none}, $ip6B device ${dev6B:-none}"
+  fi
   if [[ -z ${devA:-} || -z ${devB:-} ]]; then
     echo "bench: no softrdma device in the namespaces at MTU $mtu" >&2
     ROWS+=("" "### MTU $mtu: no softrdma device in the namespaces (fail)")
@@ -705,9 +739,10 @@ if [[ " ${PLACEMENTS[*]} " == *" pinned "* ]] && ((${#CURVE_SIZES[@]})); then
       mi=0
       for mtu in "${MTUS[@]}"; do
         mi=$((mi + 1))
-        for series in rdma iwarp tcp udp; do
+        for series in rdma rdma6 iwarp tcp udp; do
           case $series in
             rdma) title="softrdma ib_write_bw" color="#d62728" ;;
+            rdma6) title="softrdma ib_write_bw over IPv6" color="#ff7f0e" ;;
             iwarp) title="softrdma iWARP ib_write_bw -R" color="#9467bd" ;;
             tcp) title="qperf tcp_bw" color="#1f77b4" ;;
             udp) title="qperf udp_bw (received)" color="#2ca02c" ;;
@@ -755,6 +790,8 @@ fi
   echo "(64 KiB write/read: -n $CPU_ITERS, whose CPU time the s/GB rows use); latency -n $LAT_ITERS."
   [[ " ${TRANSPORTS[*]} " == *" iwarp "* ]] &&
     echo "iWARP rows: \`softrdma run --iwarp\`, perftest -R (rdma_cm), FPDUs on one TCP connection per QP."
+  [[ " ${TRANSPORTS[*]} " == *" roce6 "* ]] &&
+    echo "IPv6 rows: RoCEv2 over UDP/IPv6 between $ip6A and $ip6B (softrdma6_* devices), each also as a ratio to IPv4's."
   echo "s/GB: utime+stime of the whole process over its life (setup included) / bytes moved. The kernel"
   echo "does part of a veth receive in the sender's softirq, so it counts for neither side's"
   echo "process on either path."
