@@ -395,16 +395,18 @@ SOFTRDMA_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
 
 namespace {
 
+// Faults are delivered to the faulting thread, never to one asleep in a wait (sanitizers and crash
+// reporters install handlers for them without SA_RESTART), and must never be blocked.
+constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS};
+bool is_fault_signal(int sig) { return std::ranges::count(kFaultSignals, sig) != 0; }
+
 // A read of the kernel's channel fd, interrupted by a signal whose handler ran, fails with EINTR
 // unless the handler has SA_RESTART, and a stop (SIGSTOP, a debugger) does not interrupt it at all.
 // ppoll gives the second (it restarts when no handler ran, where epoll_wait fails); for the first,
 // after EINTR: restart when every installed handler has SA_RESTART (the one that ran is among them).
 bool restartable_interrupt() {
   for (int sig = 1; sig < SIGRTMAX; ++sig) {
-    // Faults are delivered to the faulting thread, never to one asleep here (sanitizers and crash
-    // reporters install handlers for them without SA_RESTART).
-    if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP || sig == SIGSYS)
-      continue;
+    if (is_fault_signal(sig)) continue;
     struct sigaction sa{};
     if (sigaction(sig, nullptr, &sa) != 0) continue;
     const bool handled = (sa.sa_flags & SA_SIGINFO) ? sa.sa_sigaction != nullptr
@@ -423,10 +425,10 @@ int wait_event(SoftChannel* ch, SoftCq*& out) {
   // Signals stay blocked from here until the sleep, whose ppoll unblocks them while it waits: one that
   // comes during a pass interrupts the next sleep instead of being lost before it (a read of the
   // kernel's fd blocks once; this loop passes and sleeps many times, and a lost SIGALRM left qperf's
-  // or EndsOnSignal's wait asleep for good). Faults are not blocked: they must reach their handler.
+  // or EndsOnSignal's wait asleep for good). Faults are not blocked.
   sigset_t block, old;
   sigfillset(&block);
-  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS}) sigdelset(&block, sig);
+  for (int sig : kFaultSignals) sigdelset(&block, sig);
   pthread_sigmask(SIG_BLOCK, &block, &old);
   struct Unblock {
     const sigset_t* mask;
