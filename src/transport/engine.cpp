@@ -58,8 +58,9 @@ bool cpus_oversubscribed() {
   return running > ncpu;
 }
 
-// The process's live engines, for flush_all_held at exit. Never destroyed: exit-time code uses it. A
-// forked child starts with none: its parent's engines have no thread there and are not its to flush.
+// The process's live engines, for flush_all_held at exit (an atexit handler, registered with it).
+// Never destroyed: exit-time code uses it. A forked child starts with none: its parent's engines have
+// no thread there and are not its to flush.
 struct LiveEngines {
   std::mutex mu;
   std::vector<Engine*> all;
@@ -67,6 +68,7 @@ struct LiveEngines {
 LiveEngines& live_engines() {
   static LiveEngines* l = [] {
     auto* n = new LiveEngines;
+    atexit(Engine::flush_all_held);
     pthread_atfork([] { live_engines().mu.lock(); }, [] { live_engines().mu.unlock(); },
                    [] {
                      live_engines().all.clear();
@@ -161,8 +163,6 @@ Engine::Engine(const net::Interface& iface, EngineOptions opts)
   // Last: an engine whose construction threw is never in the list.
   LiveEngines& l = live_engines();
   std::lock_guard lock(l.mu);
-  static const bool at_exit = atexit(flush_all_held) == 0;
-  (void)at_exit;
   l.all.push_back(this);
 }
 
