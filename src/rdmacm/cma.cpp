@@ -23,6 +23,7 @@
 #include "cm/protect.h"
 #include "config/config.h"
 #include "verbs/private_abi.h"
+#include "rdmacm/event_channel.h"
 #include "rdmacm/ids.h"
 
 namespace softrdma::rdmacm {
@@ -406,6 +407,19 @@ Channel* new_channel() {
   c->write_fd = fd;
   return c;
 }
+
+}  // namespace
+
+int renumber_event_channel(rdma_event_channel* ch, int min_fd) {
+  auto* c = reinterpret_cast<Channel*>(ch);
+  const int fd = fcntl(c->pub.fd, F_DUPFD_CLOEXEC, min_fd);
+  if (fd < 0) return -1;
+  close(c->pub.fd);
+  c->pub.fd = c->write_fd = fd;
+  return fd;
+}
+
+namespace {
 
 void destroy_cqs(Id* id) {
   if (!id->own_cqs) return;

@@ -7,6 +7,7 @@
 // into the sender's target SGL) and message credits (its receive queue); the sender RDMA WRITEs data
 // WITH IMMEDIATE (length in the immediate) at the granted address, in order, and the receiver copies
 // out. docs/rdmacm.md ("rsockets") says what is and is not supported.
+#include <dirent.h>
 #include <endian.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -35,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "rdmacm/event_channel.h"
 #include "rdmacm/rsocket_wire.h"
 
 #define SOFTRDMA_EXPORT extern "C" __attribute__((visibility("default")))
@@ -274,11 +277,39 @@ int set_nonblock(int fd) {
   return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
+// The highest fd open in this process, or -1 when /proc does not tell.
+int highest_open_fd() {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  const int own = dirfd(d);
+  int hi = -1;
+  while (const dirent* e = readdir(d)) {
+    char* end = nullptr;
+    const long v = std::strtol(e->d_name, &end, 10);
+    if (end != e->d_name && *end == '\0' && v != own) hi = std::max(hi, static_cast<int>(v));
+  }
+  closedir(d);
+  return hi;
+}
+
+// An rsocket's number must come after every fd open when it is made. rdma-core's librspreload (as
+// Debian 12 ships it) opens a real fd for each socket, then makes the rsocket behind it, and its
+// select() finds which of its fds maps to an rsocket by scanning upwards from 0: a number below its
+// own fd is met first, taken for a plain fd, and the scan runs past FD_SETSIZE (iperf3 aborted:
+// "bit out of range 0 - FD_SETSIZE on fd_set"). The kernel hands out the lowest free fd, and one
+// that another thread (ours: the CM's and the link monitor's transient sockets) closed in between
+// is lower. Returns the number to ask for, or 0 when the fd is already the highest.
+int number_above_open_fds(int fd) {
+  const int hi = highest_open_fd();
+  return hi > fd ? hi + 1 : 0;
+}
+
 // Its own event channel, whose fd is the rsocket's number (unique among the process's fds, so
 // rpoll can tell rsockets from other fds). Always O_NONBLOCK: blocking waits poll it.
 bool open_channel(Rs* rs) {
   rs->ch = rdma_create_event_channel();
   if (!rs->ch || set_nonblock(rs->ch->fd)) return false;
+  if (const int min = number_above_open_fds(rs->ch->fd); min && rdmacm::renumber_event_channel(rs->ch, min) < 0) return false;
   rs->index = rs->ch->fd;
   return rs->index < kTableSize;
 }
@@ -1602,6 +1633,13 @@ SOFTRDMA_EXPORT int rsocket(int domain, int type, int protocol) {
   if (socket_type == SOCK_DGRAM) {
     // Its number is its UDP socket's, through which peers learn its QPs.
     rs->udp = rs->index = os_socket(domain, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (const int min = rs->index >= 0 ? number_above_open_fds(rs->index) : 0) {
+      const int moved = fcntl(rs->index, F_DUPFD_CLOEXEC, min);
+      const int e = errno;
+      close(rs->index);
+      rs->udp = rs->index = moved;
+      errno = e;
+    }
     if (rs->index < 0 || rs->index >= kTableSize) {
       int e = rs->index < 0 ? errno : EMFILE;
       release(rs);

@@ -315,6 +315,54 @@ TEST(Rsocket, NonblockingRecvWouldBlockUntilRpollSeesData) {
   EXPECT_EQ(peer.sin_port, self.sin_port) << "the accepted socket's peer is the connecting socket";
 }
 
+// A free number below an open fd, as when another thread closed one: returns the open fd (the caller
+// closes it), or -1.
+int open_fd_above_a_gap() {
+  const int gap = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int above = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (gap >= 0) close(gap);
+  return gap >= 0 && above > gap ? above : -1;
+}
+
+// rdma-core's librspreload makes an fd of its own, then the rsocket behind it, and maps its fds back
+// from rsocket numbers by scanning upwards: an rsocket numbered below that fd breaks its select().
+TEST(Rsocket, NumberedAboveEveryFdOpenWhenMadeStreamDatagramAndAccepted) {
+  for (int type : {SOCK_STREAM, SOCK_DGRAM}) {
+    const int above = open_fd_above_a_gap();
+    ASSERT_GE(above, 0);
+    const int s = rsocket(AF_INET, type, 0);
+    EXPECT_GT(s, above) << "type " << type;
+    // Still a working socket under its new number.
+    sockaddr_in sa = addr(kIp, 0);
+    EXPECT_EQ(rbind(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0) << "type " << type;
+    EXPECT_EQ(rclose(s), 0);
+    close(above);
+  }
+  const int l = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(l, 0);
+  sockaddr_in sa = addr(kIp, 0);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(rbind(l, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(rlisten(l, 4), 0);
+  ASSERT_EQ(rgetsockname(l, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const int c = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(c, 0);
+  std::thread connector([&] { EXPECT_EQ(rconnect(c, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0); });
+  const int above = open_fd_above_a_gap();
+  ASSERT_GE(above, 0);
+  const int b = raccept(l, nullptr, nullptr);
+  connector.join();
+  EXPECT_GT(b, above);
+  ASSERT_EQ(rsend(c, "x", 1, 0), 1);
+  char in = 0;
+  EXPECT_EQ(rrecv(b, &in, 1, 0), 1);
+  EXPECT_EQ(in, 'x');
+  close(above);
+  rclose(b);
+  rclose(c);
+  rclose(l);
+}
+
 TEST(Rsocket, CallsOnSomethingThatIsNoRsocketFailWithEbadf) {
   char c;
   EXPECT_EQ(rrecv(0, &c, 1, 0), -1);
