@@ -105,8 +105,19 @@ one() {
     kill -CONT "$vpid"
   fi
   # A pair that hangs until its timeout: what both sides' contexts counted shortly before (softrdma
-  # stat --qp, e.g. cm_dreq_rcvd or cm_peer_gone behind an unexpected DISCONNECTED).
-  (sleep $((COMPAT_TIMEOUT - 5)) && "$SOFTRDMA" stat --qp >"$COMPAT_LOG_DIR/$slug.stat.log" 2>&1) >/dev/null 2>&1 &
+  # stat --qp, e.g. cm_dreq_rcvd or cm_peer_gone behind an unexpected DISCONNECTED), and where each
+  # program still running waits (its threads' stacks).
+  local spp cpp
+  spp=$(prog_pid "$spid" || true)
+  cpp=$(prog_pid "$cpid" || true)
+  (sleep $((COMPAT_TIMEOUT - 5)) && {
+    "$SOFTRDMA" stat --qp
+    for p in $spp $cpp; do
+      kill -0 "$p" 2>/dev/null || continue
+      echo "=== pid $p ($(tr '\0' ' ' </proc/"$p"/cmdline)) ==="
+      timeout 20 gdb -p "$p" -batch -nx -ex "thread apply all bt"
+    done
+  } >"$COMPAT_LOG_DIR/$slug.stat.log" 2>&1) >/dev/null 2>&1 &
   local watch=$!
   wait "$cpid" || crc=$?
   wait "$spid" || src=$?
