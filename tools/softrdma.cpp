@@ -388,7 +388,7 @@ int cmd_devices(bool verbose, const std::string& only_dev) {
 }
 
 // For scripts: the names of the devices whose GID table holds the RoCEv2 GID of an address (IPv4:
-// ::ffff:a.b.c.d; IPv6: the address), and the iWARP devices bound to an IPv4 one.
+// ::ffff:a.b.c.d; IPv6: the address), and the iWARP devices bound to it.
 int cmd_devices_for_ip(const std::string& ip) {
   in_addr want{};
   ibv_gid want_gid{};
@@ -414,9 +414,10 @@ int cmd_devices_for_ip(const std::string& ip) {
     bool hit = false;
     // An iWARP GID holds the MAC: the library says which address the device is bound to.
     if (dl.list[i]->transport_type == IBV_TRANSPORT_IWARP) {
-      using Ipv4Fn = uint32_t (*)(ibv_device*);
-      auto fn = reinterpret_cast<Ipv4Fn>(dlsym(RTLD_DEFAULT, "softrdma_device_ipv4"));
-      hit = fn && want.s_addr && fn(dl.list[i]) == want.s_addr;
+      using IpFn = int (*)(ibv_device*, uint8_t*);
+      auto fn = reinterpret_cast<IpFn>(dlsym(RTLD_DEFAULT, "softrdma_device_ip"));
+      uint8_t bound[16];
+      hit = fn && fn(dl.list[i], bound) == 0 && std::memcmp(bound, want_gid.raw, sizeof bound) == 0;
     }
     for (int port = 1; port <= a.phys_port_cnt && !hit && dl.list[i]->transport_type != IBV_TRANSPORT_IWARP;
          ++port) {

@@ -80,7 +80,8 @@ struct IwarpState {
   IwRtr rtr = IwRtr::None;
   uint32_t qpn = 0;
   uint32_t peer_qpn = 0;
-  // The connection's addresses (network order), once connected; published in the tuple table.
+  // The connection's addresses (their 32-bit keys, wire::IpAddress::key: an IPv4 address itself) and
+  // ports (network order), once connected; published in the tuple table.
   uint32_t tuple_local_ip = 0, tuple_remote_ip = 0;
   uint16_t tuple_local_port = 0, tuple_remote_port = 0;
   bool published = false;
@@ -271,7 +272,8 @@ class Manager {
   };
   // A non-blocking socket of type bound to (ip, port), as c's rdma_cm port. 0 or an errno.
   int bind_socket(Connection& c, int type, const wire::IpAddress& ip, uint16_t port_be);
-  int iw_bind(Connection& c, uint32_t ip_be, uint16_t port_be);
+  int iw_bind(Connection& c, const wire::IpAddress& ip, uint16_t port_be);
+  int iw_bind_any6(Connection& c, bool v6_only, uint16_t port_be);  // "::", dual-stack unless v6_only
   int iw_listen(Connection& c);
   int iw_connect(Connection& c, uint16_t dst_port, const ConnectParams& p);
   int iw_accept(Connection& c, const AcceptParams& p);

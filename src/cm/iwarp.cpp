@@ -17,7 +17,8 @@
 
 #include "cm/cm.h"
 #include "config/config.h"
-#include "net/interfaces.h"  // is_local_ip
+#include "net/interfaces.h"  // is_local_ip, scope_of
+#include "net/os_socket.h"
 #include "net/tuple_table.h"
 
 namespace softrdma::cm {
@@ -70,10 +71,60 @@ void set_nodelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+// A socket's address of either family as getsockname or getpeername gives it (an IPv4 peer of a
+// dual-stack listener comes out as its IPv4 address); false when the call fails.
+bool sock_address(int fd, bool peer, wire::IpAddress& ip, uint16_t& port_host) {
+  sockaddr_storage a{};
+  socklen_t l = sizeof a;
+  auto* sa = reinterpret_cast<sockaddr*>(&a);
+  if ((peer ? getpeername(fd, sa, &l) : getsockname(fd, sa, &l)) != 0) return false;
+  return wire::from_sockaddr(sa, &ip, &port_host);
+}
+
+// The connection's tuple (cm.h, IwarpState) from its socket.
+bool read_tuple(int fd, IwarpState& w) {
+  wire::IpAddress l, r;
+  uint16_t lp = 0, rp = 0;
+  if (!sock_address(fd, false, l, lp) || !sock_address(fd, true, r, rp)) return false;
+  w.tuple_local_ip = l.key();
+  w.tuple_local_port = htons(lp);
+  w.tuple_remote_ip = r.key();
+  w.tuple_remote_port = htons(rp);
+  return true;
+}
+
 }  // namespace
 
-int Manager::iw_bind(Connection& c, uint32_t ip_be, uint16_t port_be) {
-  if (int rc = bind_socket(c, SOCK_STREAM, wire::IpAddress::v4(ip_be), port_be)) return rc;
+int Manager::iw_bind(Connection& c, const wire::IpAddress& ip, uint16_t port_be) {
+  if (int rc = bind_socket(c, SOCK_STREAM, ip, port_be)) return rc;
+  // An iWARP id has one TCP socket, whichever its family: c.sock.
+  if (c.sock < 0) std::swap(c.sock, c.sock6);
+  if (!c.iw) c.iw = std::make_unique<IwarpState>();
+  return 0;
+}
+
+int Manager::iw_bind_any6(Connection& c, bool v6_only, uint16_t port_be) {
+  int fd = net::os_socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return errno;
+  int one = 1, v6 = v6_only ? 1 : 0;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  // Not v6_only: IPv4 connections arrive on it too, as IPv4-mapped addresses (the kernel's dual stack).
+  setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6, sizeof v6);
+  sockaddr_storage a{};
+  socklen_t l = wire::to_sockaddr(wire::IpAddress{}, ntohs(port_be), &a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), l) != 0) {
+    int e = errno;
+    close(fd);
+    return e;
+  }
+  wire::IpAddress bound;
+  uint16_t port = 0;
+  sock_address(fd, false, bound, port);
+  c.sock = fd;
+  c.service_port = c.local_port = port;
+  // As a RoCE id on "::": IPv4's wildcard as well, unless v6_only.
+  c.local_ip = v6_only ? wire::IpAddress{} : wire::IpAddress::v4(INADDR_ANY);
+  if (c.st == St::Idle) c.st = St::Bound;
   if (!c.iw) c.iw = std::make_unique<IwarpState>();
   return 0;
 }
@@ -88,15 +139,7 @@ int Manager::iw_listen(Connection& c) {
 
 void Manager::iw_publish(Connection& c) {
   IwarpState& w = *c.iw;
-  sockaddr_in l{}, r{};
-  socklen_t ll = sizeof l, rl = sizeof r;
-  if (getsockname(c.sock, reinterpret_cast<sockaddr*>(&l), &ll) != 0 ||
-      getpeername(c.sock, reinterpret_cast<sockaddr*>(&r), &rl) != 0)
-    return;
-  w.tuple_local_ip = l.sin_addr.s_addr;
-  w.tuple_local_port = l.sin_port;
-  w.tuple_remote_ip = r.sin_addr.s_addr;
-  w.tuple_remote_port = r.sin_port;
+  if (!read_tuple(c.sock, w)) return;
   if (!direct_enabled() || !w.qpn || w.published) return;
   try {
     net::TcpTuple t{w.tuple_local_ip, w.tuple_remote_ip, w.tuple_local_port, w.tuple_remote_port};
@@ -200,11 +243,10 @@ int Manager::iw_connect(Connection& c, uint16_t dst_port, const ConnectParams& p
 void Manager::iw_start_connect(Connection& c) {
   IwarpState& w = *c.iw;
   w.step = IwStep::Connecting;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = c.peer_ip.v4_be();
-  a.sin_port = htons(c.service_port);
-  if (::connect(c.sock, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
+  sockaddr_storage a{};
+  // A link-local peer is reached over the link of our address.
+  const socklen_t len = wire::to_sockaddr(c.peer_ip, c.service_port, &a, net::scope_of(c.local_ip));
+  if (::connect(c.sock, reinterpret_cast<sockaddr*>(&a), len) != 0 && errno != EINPROGRESS) {
     // Refused at once (loopback answers a SYN to a closed port before connect returns).
     int e = errno;
     if (e == ECONNREFUSED && iw_retry_refused(c)) return;
@@ -223,7 +265,7 @@ bool Manager::iw_retry_refused(Connection& c) {
   const uint16_t service = c.service_port, port = c.local_port;
   const wire::IpAddress ip = c.local_ip;
   close_fd(c.sock);
-  if (bind_socket(c, SOCK_STREAM, ip, htons(port)) != 0) return false;
+  if (iw_bind(c, ip, htons(port)) != 0) return false;
   c.service_port = service;
   w.step = IwStep::Refused;
   w.deadline_ns = now_ns() + kRefusedRetryNs;
@@ -389,24 +431,21 @@ void Manager::iw_on_accepted(IwAccept& a, short /*revents*/) {
   c->sock = a.fd;
   a.fd = -1;
   std::erase_if(iw_accepts_, [&](const std::unique_ptr<IwAccept>& p) { return p.get() == &a; });
-  sockaddr_in l{}, rem{};
-  socklen_t ll = sizeof l, rl = sizeof rem;
-  getsockname(c->sock, reinterpret_cast<sockaddr*>(&l), &ll);
-  getpeername(c->sock, reinterpret_cast<sockaddr*>(&rem), &rl);
-  w.tuple_local_ip = l.sin_addr.s_addr;
-  w.tuple_local_port = l.sin_port;
-  w.tuple_remote_ip = rem.sin_addr.s_addr;
-  w.tuple_remote_port = rem.sin_port;
+  wire::IpAddress local_ip, peer_ip;
+  uint16_t local_port = 0, peer_port = 0;
+  sock_address(c->sock, false, local_ip, local_port);
+  sock_address(c->sock, true, peer_ip, peer_port);
+  read_tuple(c->sock, w);
   set_nodelay(c->sock);
   c->port_space = L->port_space;
   c->listener = L;
   c->passive = true;
-  c->dev = consumer_->device_for_ip(wire::IpAddress::v4(l.sin_addr.s_addr));
+  c->dev = consumer_->device_for_ip(local_ip);
   if (!c->dev) c->dev = L->dev;
-  c->local_ip = wire::IpAddress::v4(l.sin_addr.s_addr);
+  c->local_ip = local_ip;
   c->local_port = c->service_port = L->service_port;
-  c->peer_ip = wire::IpAddress::v4(rem.sin_addr.s_addr);
-  c->peer_port = ntohs(rem.sin_port);
+  c->peer_ip = peer_ip;
+  c->peer_port = peer_port;
   c->peer_local = net::is_local_ip(c->peer_ip);
   c->st = St::ReqRcvd;
   w.step = IwStep::ReqRcvd;

@@ -249,10 +249,7 @@ void Manager::send_sidr_rep(Connection& c, uint8_t status, uint32_t qpn, const v
 }
 
 int Manager::bind_port(Connection& c, const wire::IpAddress& ip, uint16_t port_be) {
-  if (c.iwarp) {
-    if (!ip.is_v4()) return EAFNOSUPPORT;  // iWARP runs over TCP/IPv4 (docs/rdmacm.md)
-    return iw_bind(c, ip.v4_be(), port_be);
-  }
+  if (c.iwarp) return iw_bind(c, ip, port_be);
   return bind_socket(c, SOCK_DGRAM, ip, port_be);
 }
 
@@ -288,12 +285,13 @@ int Manager::bind_socket(Connection& c, int type, const wire::IpAddress& ip, uin
 }
 
 int Manager::bind_port_v6(Connection& c, bool v6_only, uint16_t port_be) {
+  if (c.iwarp) return iw_bind_any6(c, v6_only, port_be);  // one TCP socket takes both families
   if (!v6_only)
     if (int e = bind_port(c, wire::IpAddress::v4(INADDR_ANY), port_be)) return e;
   // Dual-stack: the same number in IPv6's space; the id stays IPv4's wildcard as well.
   const wire::IpAddress v4_any = c.local_ip;
   const uint16_t port6 = v6_only ? port_be : htons(c.local_port);
-  if (int e = bind_socket(c, c.iwarp ? SOCK_STREAM : SOCK_DGRAM, wire::IpAddress{}, port6)) {
+  if (int e = bind_socket(c, SOCK_DGRAM, wire::IpAddress{}, port6)) {
     if (c.sock >= 0) close(c.sock);
     c.sock = -1;
     c.st = St::Idle;
@@ -307,10 +305,7 @@ int Manager::listen(Connection& c) {
   if (c.sock < 0 && c.sock6 < 0)
     if (int e = bind_port(c, wire::IpAddress::v4(INADDR_ANY), 0)) return e;
   if (c.st != St::Bound && c.st != St::Listen) return EINVAL;
-  if (c.iwarp) {
-    if (c.sock < 0) return EAFNOSUPPORT;  // iWARP has no IPv6 listener
-    return iw_listen(c);
-  }
+  if (c.iwarp) return iw_listen(c);  // its one TCP socket, of either family, is c.sock
   // A wildcard listener hears every device, as the kernel's: open them all, so that this host has a
   // 4791 holder to forward REQs from other hosts even when no other softrdma process runs here.
   if (!c.dev && consumer_) consumer_->device_for_ip(wire::IpAddress{});

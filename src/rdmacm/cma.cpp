@@ -164,7 +164,8 @@ Device* Abi::device_for(const wire::IpAddress& ip) {
       ibv_gid g;
       if (ctx->device->transport_type == IBV_TRANSPORT_IWARP) {
         // An iWARP device's GID is its MAC, not its address: libibverbs tells (private ABI).
-        d->ip = wire::IpAddress::v4(softrdma_device_ipv4(list[i]));
+        uint8_t raw[16];
+        if (softrdma_device_ip(list[i], raw) == 0) d->ip = wire::IpAddress::from_bytes(raw);
       } else if (ibv_query_gid(ctx, 1, 0, &g) == 0) {
         d->ip = gid_ip(g.raw);
       }
@@ -621,7 +622,6 @@ SOFTRDMA_EXPORT int rdma_bind_addr(rdma_cm_id* pid, sockaddr* addr) {
   if (id->family == AF_INET6 && !ip.is_set() && !ip.is_v4()) {
     // "::" takes the port in IPv6's port space and, unless AFONLY, is IPv4's wildcard as well.
     const bool v6_only = id->afonly >= 0 ? id->afonly != 0 : default_v6_only();
-    if (v6_only && id->conn.iwarp) return fail(EAFNOSUPPORT);  // an iWARP listener needs its TCP socket
     if (int e = M().bind_port_v6(id->conn, v6_only, sin_of(addr)->sin_port)) return fail(e);
   } else if (int e = M().bind_port(id->conn, ip, sin_of(addr)->sin_port)) {
     return fail(e);

@@ -46,8 +46,10 @@ SoftDevice* make_device(const net::Interface& itf, int index, bool iwarp) {
   d->iwarp = iwarp;
   d->dev.node_type = iwarp ? IBV_NODE_RNIC : IBV_NODE_CA;
   d->dev.transport_type = iwarp ? IBV_TRANSPORT_IWARP : IBV_TRANSPORT_IB;
-  // A device on an IPv6 address is softrdma6_<ifname> (the interface's IPv4 device keeps the plain name).
-  const char* form = iwarp ? "softrdma_iw_%s" : itf.ip.is_v4() ? "softrdma_%s" : "softrdma6_%s";
+  // A device on an IPv6 address is softrdma6_<ifname>, or softrdma_iw6_<ifname> (the interface's IPv4
+  // device keeps the plain name).
+  const bool v4 = itf.ip.is_v4();
+  const char* form = iwarp ? (v4 ? "softrdma_iw_%s" : "softrdma_iw6_%s") : v4 ? "softrdma_%s" : "softrdma6_%s";
   snprintf(d->dev.name, sizeof d->dev.name, form, itf.ifname.c_str());
   snprintf(d->dev.dev_name, sizeof d->dev.dev_name, "uverbs%d", index);
   snprintf(d->dev.dev_path, sizeof d->dev.dev_path, "/sys/class/infiniband_verbs/uverbs%d", index);
@@ -76,10 +78,9 @@ const std::vector<SoftDevice*>& devices_of(Selection sel) {
     int i = 0;
     if (sel != Selection::Iwarp)
       for (const net::Interface& itf : itfs) out->push_back(make_device(itf, i++, false));
-    // iWARP runs over TCP/IPv4 only for now: no iWARP device on an IPv6 address.
+    // One iWARP device per RoCE device, in the same order: its TCP connections run over that address.
     if (sel != Selection::Roce)
-      for (const net::Interface& itf : itfs)
-        if (itf.ip.is_v4()) out->push_back(make_device(itf, i++, true));
+      for (const net::Interface& itf : itfs) out->push_back(make_device(itf, i++, true));
     lists[k] = out;
   });
   return *lists[k];

@@ -18,6 +18,7 @@
 #include "verbs/private_abi.h"
 #include "verbs/qp_state.h"
 #include "verbs/soft_objects.h"
+#include "wire/ip_address.h"
 
 using namespace softrdma;
 using namespace softrdma::verbs;
@@ -58,7 +59,7 @@ bool direct_disabled() { return !config::parse().direct; }
 // The peer is a softrdma QP of this host: RTR then RTS exactly as a RoCE QP towards it (PSNs 0; IRD
 // and ORD as the READ depths), so the engine finds it in the registry and takes the direct path.
 // iWARP has no RNR: a receive not yet posted is retried for ever (rnr_retry 7), RC's semantics.
-int attach_direct(ibv_qp* qp, const softrdma_iwarp_conn& c, uint32_t peer_ip_be) {
+int attach_direct(ibv_qp* qp, const softrdma_iwarp_conn& c, const wire::IpAddress& peer_ip) {
   const uint32_t kMax = core::DeviceLimits::kMaxQpRdAtom;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
@@ -71,9 +72,7 @@ int attach_direct(ibv_qp* qp, const softrdma_iwarp_conn& c, uint32_t peer_ip_be)
   a.ah_attr.port_num = 1;
   a.ah_attr.grh.hop_limit = 64;
   a.ah_attr.grh.sgid_index = 0;
-  a.ah_attr.grh.dgid.raw[10] = 0xFF;
-  a.ah_attr.grh.dgid.raw[11] = 0xFF;
-  std::memcpy(&a.ah_attr.grh.dgid.raw[12], &peer_ip_be, 4);
+  std::memcpy(a.ah_attr.grh.dgid.raw, peer_ip.bytes.data(), 16);  // the peer's address as a RoCE GID
   int rc = modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER, true);
   if (rc) return rc;
@@ -138,8 +137,8 @@ SOFTRDMA_EXPORT int softrdma_iwarp_attach(ibv_qp* qp, const softrdma_iwarp_conn*
       ~uint32_t{SOFTRDMA_IW_CRC | SOFTRDMA_IW_MARKERS_RX | SOFTRDMA_IW_MARKERS_TX | SOFTRDMA_IW_AWAIT_GRACE |
                   SOFTRDMA_IW_RTR_HOLD})
     return EINVAL;
-  // A connected IPv4 stream socket: its peer address names the other end.
-  sockaddr_in peer{};
+  // A connected stream socket of either family: its peer address names the other end.
+  sockaddr_storage peer{};
   socklen_t len = sizeof peer;
   int type = 0;
   socklen_t tlen = sizeof type;
@@ -147,12 +146,16 @@ SOFTRDMA_EXPORT int softrdma_iwarp_attach(ibv_qp* qp, const softrdma_iwarp_conn*
   if (type != SOCK_STREAM) return EINVAL;
   if (getpeername(conn->fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0)
     return errno == ENOTCONN ? ENOTCONN : EINVAL;
-  if (peer.sin_family != AF_INET) return EINVAL;
+  wire::IpAddress peer_ip;
+  if (!wire::from_sockaddr(reinterpret_cast<const sockaddr*>(&peer), &peer_ip)) return EINVAL;
+  // Any loopback address, ::1 included, is the loopback device's, whose address is 127.0.0.1: the
+  // direct path finds the peer's context by that address.
+  if (peer_ip.is_loopback()) peer_ip = wire::IpAddress::v4(htonl(INADDR_LOOPBACK));
   if (conn->peer_qpn > 0xFFFFFF) return EINVAL;  // a QPN has 24 bits, whichever path is taken
   const int fd = fcntl(conn->fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return errno;
   if (conn->peer_qpn != 0 && !direct_disabled()) {
-    int rc = attach_direct(qp, *conn, peer.sin_addr.s_addr);
+    int rc = attach_direct(qp, *conn, peer_ip);
     if (rc) {
       close(fd);
       return rc;
@@ -167,4 +170,10 @@ SOFTRDMA_EXPORT int softrdma_iwarp_attach(ibv_qp* qp, const softrdma_iwarp_conn*
 // device's GID holds its MAC, so librdmacm finds its device by this instead.
 SOFTRDMA_EXPORT uint32_t softrdma_device_ipv4(ibv_device* dev) {
   return dev ? reinterpret_cast<SoftDevice*>(dev)->iface.ip.v4_be() : 0;  // as ibv_get_device_index
+}
+
+SOFTRDMA_EXPORT int softrdma_device_ip(ibv_device* dev, uint8_t out[16]) {
+  if (!dev || !out) return EINVAL;
+  std::memcpy(out, reinterpret_cast<SoftDevice*>(dev)->iface.ip.bytes.data(), 16);
+  return 0;
 }

@@ -53,6 +53,11 @@ int softrdma_iwarp_attach(struct ibv_qp *qp, const struct softrdma_iwarp_conn *c
  * finds an iWARP device by it, since an iWARP GID holds the interface's MAC, not the address. */
 uint32_t softrdma_device_ipv4(struct ibv_device *dev);
 
+/* The address of either family a device is bound to, as the 16 bytes of a GID (an IPv4 address
+ * IPv4-mapped, ::ffff:a.b.c.d): an iWARP device's IPv6 address has no other way out. 0, or EINVAL
+ * for no device. */
+int softrdma_device_ip(struct ibv_device *dev, uint8_t out[16]);
+
 /* Wire protection of a RoCEv2 QP's packets (docs/security.md): every packet it sends carries an
  * AES-GCM tag (and, ENCRYPT, its payload encrypted), every packet it receives must verify. */
 enum softrdma_wire_mode {

@@ -3,7 +3,8 @@
 # with unmodified programs on the devices of the veths' IPv6 addresses (softrdma6_<veth>, GID index 0
 # the IPv6 address): ibv_*_pingpong with their data check (-c), and perftest's write/read/send/atomic,
 # also through the 4791 holder, and the direct path between two processes of one namespace; rdma_cm
-# over IPv6 (rping -v, also from "::", ucmatose, udaddy), UCX and libfabric.
+# over IPv6 (rping -v, also from "::", ucmatose, udaddy), iWARP over TCP/IPv6 (rping -v, ucmatose),
+# UCX and libfabric.
 # The veths also carry IPv4 addresses, for the programs' own TCP connection only (ibv_*_pingpong and
 # Debian 12's perftest reach their peer over IPv4); the RDMA traffic is the IPv6 devices' (an IPv6
 # socket each), and the pingpongs print the peer's IPv6 GID. Needs root and `ip netns`; exits 77
@@ -136,6 +137,39 @@ else
     compat_result "ipv6 udaddy" 0 "${PAIR_WHY:-no 'return status 0'}"
   fi
 fi
+# iWARP over TCP/IPv6 (SOFTRDMA_TRANSPORT=iwarp: the softrdma_iw6_* devices): rping -v between the
+# namespaces (FPDUs on the TCP connection), from "::" too, and ucmatose; then rping -v between two
+# processes of one namespace (the QPs find each other in the host's tuple table, keyed by the IPv6
+# addresses, and take the direct path).
+iw_dev=$("${inA[@]}" "$SOFTRDMA" devices --iwarp --ip "$ip6A" 2>/dev/null || true)
+if [[ $iw_dev == softrdma_iw6_* ]]; then compat_result "iWARP device of $ip6A is $iw_dev" 1
+else compat_result "iWARP device of $ip6A" 0 "got '$iw_dev'"; fi
+iw_rping() { # NAME SERVER_ADDR CLIENT_ADDR COUNT
+  local port n
+  port=$(cm_free_port)
+  SRV=(env SOFTRDMA_TRANSPORT=iwarp rping -s -a "$2" -p "$port" -v -C "$4")
+  CLI=(env SOFTRDMA_TRANSPORT=iwarp rping -c -a "$3" -p "$port" -v -C "$4")
+  if compat_pair "$1" "$port"; then
+    n=$(grep -o 'rdma-ping-[0-9]*: ' "$PAIR_CLI_LOG" | sort -u | wc -l)
+    if ((n == $4)); then compat_result "$1" 1; else compat_result "$1" 0 "client verified $n of $4 pings"; fi
+  else
+    compat_result "$1" 0
+  fi
+}
+iw_rping "ipv6 iwarp rping -v" "$ip6A" "$ip6A" 300
+iw_rping "ipv6 iwarp rping -v, server on ::" :: "$ip6A" 100
+port=$(cm_free_port)
+SRV=(env SOFTRDMA_TRANSPORT=iwarp ucmatose -b "$ip6A" -p "$port" -c 4)
+CLI=(env SOFTRDMA_TRANSPORT=iwarp ucmatose -s "$ip6A" -p "$port" -c 4)
+if compat_pair "ipv6 iwarp ucmatose" "$port" && grep -q 'return status 0' "$PAIR_CLI_LOG"; then
+  compat_result "ipv6 iwarp ucmatose" 1
+else
+  compat_result "ipv6 iwarp ucmatose" 0 "${PAIR_WHY:-no 'return status 0'}"
+fi
+CLI_PREFIX=("${inA[@]}")
+iw_rping "ipv6 iwarp rping -v, one namespace" "$ip6A" "$ip6A" 300
+CLI_PREFIX=("${inB[@]}")
+
 # rsockets over IPv6: rstream's data check (-T v), and its default series.
 for opts in "-T v -S 65536 -C 200" ""; do
   port=$(compat_free_port)

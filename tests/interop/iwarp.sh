@@ -17,6 +17,7 @@
 #   crc.*            rping with MPA CRCs: softrdma asks (SOFTRDMA_MPA_CRC=1) and stock siw agrees;
 #                    then siw-crc.ko (siw asks) against softrdma without SOFTRDMA_MPA_CRC
 #   p2p.*            siw-p2p.ko: siw as initiator offers peer-to-peer (zero-length WRITE/READ RTR)
+#   ipv6.*           rping -v -C 100 over TCP/IPv6 (fd77:77::1 on the bridge, fd77:77::11 on the guest)
 #   capture.*        tshark on the bridge during rping both ways, with and without CRC: every MPA
 #                    frame and FPDU of both stacks parses, and every CRC recomputes (iwarp_check.py)
 # Exit: 0 all passed, 1 a case failed, 77 skipped (not root, harness not set up, siw cannot be
@@ -383,6 +384,18 @@ for role in host-server host-client; do
   # FPDU; softrdma waits for it at most 50 ms (IwarpAttach::await_grace), as siw does not wait.
   ucmatose_case "ucmatose.$role" "$role"
 done
+# iWARP over TCP/IPv6 (issue 29): a global IPv6 address on the bridge and on the guest's eth0;
+# softrdma's device of it is softrdma_iw6_rxebr0, siw's is siw0 for both families.
+if case_wanted 'ipv6'; then
+  if nsx ip -6 addr replace fd77:77::1/64 dev rxebr0 nodad && guest "ip -6 addr replace fd77:77::11/64 dev eth0 nodad" >/dev/null 2>&1; then
+    read -r HOST_IP GUEST_IP HOST_DEV <<<"fd77:77::1 fd77:77::11 softrdma_iw6_rxebr0"
+    for role in host-server host-client; do rping_case "ipv6.rping.$role" "$role" -; done
+    read -r HOST_IP GUEST_IP HOST_DEV <<<"10.77.0.1 10.77.0.11 softrdma_iw_rxebr0"
+  else
+    T0=$(date +%s) WHY="could not give the bridge and the guest IPv6 addresses" SRV_LOG=/dev/null CLI_LOG=/dev/null
+    result ipv6.setup 0 "$T0"
+  fi
+fi
 capture_case capture.nocrc - 0
 # CRC asked by softrdma; stock siw must agree (RFC 5044: CRC is used if either side asks).
 rping_case crc.softrdma-asks.host-server host-server SOFTRDMA_MPA_CRC=1

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -107,16 +108,16 @@ TEST(IwarpDevices, SelectedBySoftrdmaTransport) {
     both = device_names();
   }
   ASSERT_FALSE(roce.empty());
-  // iWARP runs over TCP/IPv4: the RoCE devices of IPv6 addresses (softrdma6_*) have no iWARP twin.
-  std::vector<std::string> roce_v4;
-  for (const std::string& r : roce)
-    if (r.rfind("softrdma6_", 0) != 0) roce_v4.push_back(r);
-  ASSERT_EQ(iw.size(), roce_v4.size()) << "one iWARP device per RoCE device of an IPv4 address";
+  // One iWARP device per RoCE device, in the same order: softrdma_iw_<ifname> for an IPv4 address,
+  // softrdma_iw6_<ifname> for an IPv6 one (softrdma6_<ifname>).
+  ASSERT_EQ(iw.size(), roce.size()) << "one iWARP device per RoCE device";
   EXPECT_EQ(roce.back(), "softrdma_lo");
   EXPECT_EQ(iw.back(), "softrdma_iw_lo") << "loopback last";
-  for (size_t i = 0; i < roce_v4.size(); ++i) {
-    EXPECT_EQ(roce_v4[i].rfind("softrdma_iw_", 0), std::string::npos) << roce_v4[i];
-    EXPECT_EQ(iw[i], "softrdma_iw_" + roce_v4[i].substr(std::strlen("softrdma_"))) << "same interfaces, same order";
+  for (size_t i = 0; i < roce.size(); ++i) {
+    EXPECT_EQ(roce[i].rfind("softrdma_iw", 0), std::string::npos) << roce[i];
+    const bool v6 = roce[i].rfind("softrdma6_", 0) == 0;
+    const std::string itf = roce[i].substr(std::strlen(v6 ? "softrdma6_" : "softrdma_"));
+    EXPECT_EQ(iw[i], (v6 ? "softrdma_iw6_" : "softrdma_iw_") + itf) << "same interfaces, same order";
   }
   std::vector<std::string> expect = roce;
   expect.insert(expect.end(), iw.begin(), iw.end());
@@ -134,12 +135,23 @@ TEST(IwarpDevices, SelectedBySoftrdmaTransport) {
     EXPECT_EQ(std::string(list[i]->dev_name), "uverbs" + std::to_string(i));
     EXPECT_EQ(ibv_get_device_index(list[i]), i);
     const bool lo = i == n - 1 || i == static_cast<int>(roce.size()) - 1;
-    if (lo)
-      EXPECT_EQ(softrdma_device_ipv4(list[i]), htonl(INADDR_LOOPBACK)) << list[i]->name;
-    else if (std::string(list[i]->name).rfind("softrdma6_", 0) == 0)
-      EXPECT_EQ(softrdma_device_ipv4(list[i]), 0u) << list[i]->name << ": an IPv6 device has no IPv4 address";
-    else
-      EXPECT_NE(softrdma_device_ipv4(list[i]), 0u) << list[i]->name;
+    const std::string nm = list[i]->name;
+    const bool v6 = nm.rfind("softrdma6_", 0) == 0 || nm.rfind("softrdma_iw6_", 0) == 0;
+    uint8_t ip[16] = {};
+    ASSERT_EQ(softrdma_device_ip(list[i], ip), 0) << nm;
+    const bool mapped = std::all_of(ip, ip + 10, [](uint8_t b) { return b == 0; }) && ip[10] == 0xFF && ip[11] == 0xFF;
+    EXPECT_EQ(mapped, !v6) << nm << ": an IPv4 device's address comes IPv4-mapped";
+    const uint32_t v4 = softrdma_device_ipv4(list[i]);
+    if (lo) {
+      EXPECT_EQ(v4, htonl(INADDR_LOOPBACK)) << nm;
+    } else if (v6) {
+      EXPECT_EQ(v4, 0u) << nm << ": an IPv6 device has no IPv4 address";
+    } else {
+      EXPECT_NE(v4, 0u) << nm;
+    }
+    if (!v6) {
+      EXPECT_EQ(std::memcmp(ip + 12, &v4, 4), 0) << nm;
+    }
   }
   ibv_free_device_list(list);
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -174,6 +175,15 @@ bool sees_eof(int fd) {
   }
 }
 
+// The direct path is off and keeps local peers on TCP FPDUs: SOFTRDMA_DIRECT=0 (ctest
+// rdmacm.iwarp_tcp_path), or SOFTRDMA_IMPAIR without SOFTRDMA_DIRECT (ctest rdmacm.iwarp_impaired),
+// as for the contexts.
+bool direct_off() {
+  const char* direct = getenv("SOFTRDMA_DIRECT");
+  const char* impair = getenv("SOFTRDMA_IMPAIR");
+  return direct && *direct ? !strcmp(direct, "0") : impair && *impair;
+}
+
 // Connects a Client to L with private data, accepts with private data; returns the passive id.
 rdma_cm_id* connect_pair(Listener& L, Client& C, Side& ss, rdma_conn_param cp, rdma_conn_param ap,
                          rdma_cm_event* req_out = nullptr) {
@@ -243,13 +253,8 @@ TEST(IwarpCm, ConnectAcceptPrivateDataBothWays) {
   Stats after;
   EXPECT_EQ(after[kReqSent] - before[kReqSent], 1u);
   EXPECT_EQ(after[kReqRcvd] - before[kReqRcvd], 1u);
-  // Both ends are this host's softrdma: each found the other's QP in the tuple table, unless the
-  // direct path is off and keeps them on TCP FPDUs: SOFTRDMA_DIRECT=0 (ctest rdmacm.iwarp_tcp_path), or
-  // SOFTRDMA_IMPAIR without SOFTRDMA_DIRECT (ctest rdmacm.iwarp_impaired), as for the contexts.
-  const char* direct = getenv("SOFTRDMA_DIRECT");
-  const char* impair = getenv("SOFTRDMA_IMPAIR");
-  const bool off = direct && *direct ? !strcmp(direct, "0") : impair && *impair;
-  EXPECT_EQ(after[kDirectHits] - before[kDirectHits], off ? 0u : 2u);
+  // Both ends are this host's softrdma: each found the other's QP in the tuple table.
+  EXPECT_EQ(after[kDirectHits] - before[kDirectHits], direct_off() ? 0u : 2u);
   ss.release();
   EXPECT_EQ(rdma_destroy_id(child), 0);
 }
@@ -650,6 +655,165 @@ TEST(IwarpCm, HostileClientsAreClosedAndCounted) {
 }
 
 // A destroyed listener's port is free again at once (perftest -R re-listens on it).
+// ---- IPv6: TCP/IPv6 under the MPA exchange -------------------------------------------------------
+sockaddr_in6 addr6(const char* ip, uint16_t port) {
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_port = htons(port);
+  inet_pton(AF_INET6, ip, &a.sin6_addr);
+  return a;
+}
+
+std::string str_of(const sockaddr* a) {
+  char s[INET6_ADDRSTRLEN] = {};
+  if (a->sa_family == AF_INET6)
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, s, sizeof s);
+  else
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a)->sin_addr, s, sizeof s);
+  return s;
+}
+
+// An id on its own channel, destroyed with it.
+struct Id {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  Id() {
+    if (ch) rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP);
+  }
+  ~Id() {
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+  int afonly(int on) { return rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &on, sizeof on); }
+  template <typename A>
+  int bind(const A& a) {
+    return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(const_cast<A*>(&a)));
+  }
+  // Resolves address and route to dst; true when both events came without error.
+  template <typename A>
+  bool resolve(const A& dst) {
+    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(const_cast<A*>(&dst)), 2000)) return false;
+    for (rdma_cm_event_type want : {RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED}) {
+      if (want == RDMA_CM_EVENT_ROUTE_RESOLVED && rdma_resolve_route(id, 2000)) return false;
+      rdma_cm_event* ev = next_event(ch);
+      const bool ok = ev && ev->event == want && ev->status == 0;
+      if (ev) rdma_ack_cm_event(ev);
+      if (!ok) return false;
+    }
+    return true;
+  }
+};
+
+// C connects to the listener L; SEND, WRITE and READ cross, their bytes checked; check sees the
+// accepted id before it is accepted.
+void connect_and_move_data(Id& L, Id& C, const std::function<void(rdma_cm_id*)>& check) {
+  Side cs, ss;
+  ASSERT_TRUE(cs.setup(C.id));
+  rdma_cm_id* child = cmt::connect_for_request(C.id, L.ch);
+  ASSERT_NE(child, nullptr);
+  check(child);
+  ASSERT_TRUE(ss.setup(child));
+  ASSERT_EQ(cmt::post_recv_one(child->qp, ss.sge(0, 4096), 1), 0);
+  ASSERT_EQ(cmt::accept_until_established(child, C.ch), "");
+  rdma_cm_event* ev = next_event(L.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id == child) << name(ev);
+  rdma_ack_cm_event(ev);
+  for (size_t i = 0; i < 4096; ++i) {
+    cs.buf[i] = static_cast<uint8_t>(i * 11 + 5);
+    ss.buf[8192 + i] = static_cast<uint8_t>(i * 3 + 1);
+  }
+  ASSERT_EQ(cmt::post_send_one(C.id->qp, cs.sge(0, 4096), 2), 0);
+  EXPECT_EQ(cs.poll_one().status, IBV_WC_SUCCESS);
+  ibv_wc wc = ss.poll_one();
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, 4096u);
+  EXPECT_EQ(memcmp(ss.buf.data(), cs.buf.data(), 4096), 0);
+  ibv_sge w = cs.sge(0, 4096), r = cs.sge(8192, 4096);
+  ibv_send_wr wr[2] = {};
+  wr[0].sg_list = &w;
+  wr[0].opcode = IBV_WR_RDMA_WRITE;
+  wr[0].wr.rdma.remote_addr = reinterpret_cast<uint64_t>(ss.buf.data() + 4096);
+  wr[1].sg_list = &r;
+  wr[1].opcode = IBV_WR_RDMA_READ;
+  wr[1].wr.rdma.remote_addr = reinterpret_cast<uint64_t>(ss.buf.data() + 8192);
+  for (ibv_send_wr& x : wr) {
+    x.num_sge = 1;
+    x.send_flags = IBV_SEND_SIGNALED;
+    x.wr.rdma.rkey = ss.mr->rkey;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(C.id->qp, &x, &bad), 0);
+    EXPECT_EQ(cs.poll_one().status, IBV_WC_SUCCESS);
+  }
+  EXPECT_EQ(memcmp(ss.buf.data() + 4096, cs.buf.data(), 4096), 0);
+  EXPECT_EQ(memcmp(cs.buf.data() + 8192, ss.buf.data() + 8192, 4096), 0);
+  ss.release();
+  rdma_destroy_id(child);
+}
+
+// ::1 is the loopback iWARP device's, as 127.0.0.1 (the kernel's cma_bind_loopback); the connection
+// runs over TCP/IPv6, and both ends report IPv6 addresses.
+TEST(IwarpCm, Ipv6LoopbackConnectsAndMovesData) {
+  Id L;
+  ASSERT_EQ(L.bind(addr6("::1", 0)), 0) << strerror(errno);
+  ASSERT_NE(L.id->verbs, nullptr);
+  EXPECT_STREQ(ibv_get_device_name(L.id->verbs->device), "softrdma_iw_lo");
+  EXPECT_EQ(str_of(rdma_get_local_addr(L.id)), "::1");
+  const uint16_t port = ntohs(rdma_get_src_port(L.id));
+  ASSERT_EQ(rdma_listen(L.id, 4), 0);
+  Id C;
+  ASSERT_TRUE(C.resolve(addr6("::1", port))) << strerror(errno);
+  EXPECT_STREQ(ibv_get_device_name(C.id->verbs->device), "softrdma_iw_lo");
+  EXPECT_EQ(rdma_get_peer_addr(C.id)->sa_family, AF_INET6);
+  const uint16_t c_port = ntohs(rdma_get_src_port(C.id));
+  Stats before;
+  connect_and_move_data(L, C, [c_port](rdma_cm_id* child) {
+    EXPECT_EQ(rdma_get_peer_addr(child)->sa_family, AF_INET6);
+    EXPECT_EQ(str_of(rdma_get_peer_addr(child)), "::1");
+    EXPECT_EQ(ntohs(rdma_get_dst_port(child)), c_port);
+  });
+  // The tuple table names the IPv6 connection by its addresses' keys: each end found the other.
+  Stats after;
+  EXPECT_EQ(after[kDirectHits] - before[kDirectHits], direct_off() ? 0u : 2u);
+}
+
+// "::" without AFONLY is one dual-stack TCP listener: an IPv4 client reaches it (its accepted id is
+// IPv4's, as the connection), and so does an IPv6 one. With AFONLY, IPv4 is refused.
+TEST(IwarpCm, Ipv6WildcardListenerWithAndWithoutAfonly) {
+  Id L;
+  ASSERT_EQ(L.afonly(0), 0);
+  ASSERT_EQ(L.bind(addr6("::", 0)), 0) << strerror(errno);
+  EXPECT_EQ(L.id->verbs, nullptr);
+  const uint16_t port = ntohs(rdma_get_src_port(L.id));
+  ASSERT_NE(port, 0);
+  ASSERT_EQ(rdma_listen(L.id, 4), 0);
+  {
+    Id C;
+    ASSERT_TRUE(C.resolve(addr(kIp, port)));
+    connect_and_move_data(L, C, [](rdma_cm_id* child) {
+      EXPECT_EQ(rdma_get_peer_addr(child)->sa_family, AF_INET);
+      EXPECT_EQ(str_of(rdma_get_peer_addr(child)), "127.0.0.1");
+    });
+  }
+  {
+    Id C;
+    ASSERT_TRUE(C.resolve(addr6("::1", port)));
+    connect_and_move_data(L, C, [](rdma_cm_id* child) { EXPECT_EQ(str_of(rdma_get_peer_addr(child)), "::1"); });
+  }
+
+  Id only;
+  ASSERT_EQ(only.afonly(1), 0);
+  ASSERT_EQ(only.bind(addr6("::", 0)), 0) << strerror(errno);
+  const uint16_t port6 = ntohs(rdma_get_src_port(only.id));
+  ASSERT_EQ(rdma_listen(only.id, 4), 0);
+  Id C;
+  ASSERT_TRUE(C.resolve(addr(kIp, port6)));
+  rdma_conn_param cp{};
+  ASSERT_EQ(rdma_connect(C.id, &cp), 0);
+  rdma_cm_event* ev = next_event(C.ch);
+  ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_REJECTED) << "nothing listens on IPv4's port: " << name(ev);
+  rdma_ack_cm_event(ev);
+}
+
 TEST(IwarpCm, ListenerPortReusableAfterDestroy) {
   uint16_t port;
   {
