@@ -15,10 +15,10 @@
 
 #include "config/config.h"
 #include "core/limits.h"
+#include "net/interfaces.h"  // wire::IpAddress, as the devices carry it
 #include "verbs/private_abi.h"
 #include "verbs/qp_state.h"
 #include "verbs/soft_objects.h"
-#include "wire/ip_address.h"
 
 using namespace softrdma;
 using namespace softrdma::verbs;
