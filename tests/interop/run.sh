@@ -19,7 +19,8 @@
 #   holder.*        ib_write_bw -D 14 while the process that bound the host's UDP 4791 is stopped
 #                   10 s: the pair's host process reads the shared socket in its stead
 #   ipv6.*          pingpong and perftest over IPv6 GIDs both ways (the guest's global address, and
-#                   its link-local one against our global one)
+#                   its link-local one against our global one); rping -v and rstream -T v with IPv6
+#                   addresses both ways (rdma_cm's version-6 header, rsockets)
 #   capture.*       tshark on the bridge during SEND/WRITE/READ/ATOMIC traffic both ways: softrdma's
 #                   packets decode as InfiniBand BTH/RETH/AETH/AtomicETH over UDP 4791 with no
 #                   malformed or warning expert info, and every ICRC of both stacks recomputes
@@ -570,6 +571,7 @@ GUEST_IP6=fd77:77::11
 ipv6_wanted=0
 for c in ipv6.pingpong.host-server ipv6.pingpong.host-client; do case_wanted "$c" && ipv6_wanted=1; done
 case_wanted ipv6.perftest.host-server.ib_write_bw && ipv6_wanted=1
+for c in ipv6.rdmacm.rping.host-server ipv6.rsocket.rstream.host-server; do case_wanted "$c" && ipv6_wanted=1; done
 if ((ipv6_wanted)); then
   nsx ip -6 addr replace "$HOST_IP6/64" dev rxebr0 nodad
   guest "ip -6 addr replace $GUEST_IP6/64 dev eth0 nodad" >/dev/null 2>&1
@@ -597,6 +599,15 @@ if ((ipv6_wanted)); then
     done
     DEV=${SAVED[0]}
     GID_GUEST=${SAVED[1]}
+    # rdma_cm and rsockets over IPv6: the CM's MADs over UDP/IPv6 with the version-6 rdma_cm header,
+    # then rping's and rstream's verified data (both addresses IPv6 here, the TCP of neither program).
+    SAVED=("$HOST_IP" "$GUEST_IP")
+    HOST_IP=$HOST_IP6 GUEST_IP=$GUEST_IP6
+    for role in host-server host-client; do
+      run_rping "ipv6.rdmacm.rping.$role" "$role"
+      run_rstream "ipv6.rsocket.rstream.$role" "$role"
+    done
+    HOST_IP=${SAVED[0]} GUEST_IP=${SAVED[1]}
   else
     t0=$(date +%s)
     WHY="no IPv6 device on the host ($DEV6) or no rxe GID for $GUEST_IP6 ($G6)"
