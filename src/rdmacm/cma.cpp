@@ -965,23 +965,24 @@ SOFTRDMA_EXPORT ibv_context** rdma_get_devices(int* num) {
 }
 SOFTRDMA_EXPORT void rdma_free_devices(ibv_context** list) { free(list); }
 
-// RoCE multicast needs no subnet administrator: joining is local (the QP's engine joins the IPv4 group
-// when the QP is attached, src/verbs/ah.cpp), and the event hands out the group's address vector.
+// RoCE multicast needs no subnet administrator: joining is local (the QP's engine joins the IP group
+// when the QP is attached, src/verbs/ah.cpp), and the event hands out the group's address vector. A
+// group of either family (an IPv4-mapped one is IPv4's), the family of the id's device.
 SOFTRDMA_EXPORT int rdma_join_multicast(rdma_cm_id* pid, sockaddr* addr, void* context) {
   if (!pid || !addr) return fail(EINVAL);
-  if (addr->sa_family != AF_INET) return fail(EAFNOSUPPORT);
+  wire::IpAddress group;
+  if (!wire::from_sockaddr(addr, &group)) return fail(EAFNOSUPPORT);
+  if (!group.is_multicast()) return fail(EINVAL);
   Id* id = to_id(pid);
-  const uint32_t group = sin_of(addr)->sin_addr.s_addr;
-  if (!IN_MULTICAST(ntohl(group))) return fail(EINVAL);
   std::lock_guard lock(M().mu);
-  if (!id->dev() || !is_ud(id)) return fail(EINVAL);
+  if (!id->dev() || !is_ud(id) || id->dev()->ip.is_v4() != group.is_v4()) return fail(EINVAL);
   if (std::find(id->mcast_groups.begin(), id->mcast_groups.end(), group) != id->mcast_groups.end())
     return fail(EADDRINUSE);
   id->mcast_groups.push_back(group);
   Event* e = nullptr;
   post(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0, nullptr, 0, nullptr, &e);
   if (e) {
-    set_gid(e->mgid, wire::IpAddress::v4(group));
+    set_gid(e->mgid, group);
     auto& u = e->ev.param.ud;
     u.private_data = context;  // as rdma-core: the join's context
     fill_ah_attr(u.ah_attr, e->mgid);
@@ -996,9 +997,9 @@ SOFTRDMA_EXPORT int rdma_join_multicast_ex(rdma_cm_id* pid, rdma_cm_join_mc_attr
 }
 SOFTRDMA_EXPORT int rdma_leave_multicast(rdma_cm_id* pid, sockaddr* addr) {
   if (!pid || !addr) return fail(EINVAL);
-  if (addr->sa_family != AF_INET) return fail(EAFNOSUPPORT);
+  wire::IpAddress group;
+  if (!wire::from_sockaddr(addr, &group)) return fail(EAFNOSUPPORT);
   Id* id = to_id(pid);
-  const uint32_t group = sin_of(addr)->sin_addr.s_addr;
   {
     std::lock_guard lock(M().mu);
     auto it = std::find(id->mcast_groups.begin(), id->mcast_groups.end(), group);
@@ -1007,7 +1008,7 @@ SOFTRDMA_EXPORT int rdma_leave_multicast(rdma_cm_id* pid, sockaddr* addr) {
   }
   if (pid->qp) {
     ibv_gid g;
-    set_gid(g, wire::IpAddress::v4(group));
+    set_gid(g, group);
     ibv_detach_mcast(pid->qp, &g, 0);  // fails harmlessly when the join event was never read
   }
   return 0;

@@ -49,7 +49,7 @@ struct Id {
   ibv_qp_init_attr ep_attr{};
   ibv_pd* ep_pd = nullptr;
   bool own_cqs = false;
-  std::vector<uint32_t> mcast_groups;  // IPv4 groups joined (network order)
+  std::vector<wire::IpAddress> mcast_groups;  // groups joined (IPv4 ones IPv4-mapped)
   // The QP number rdma_connect or rdma_accept gave the peer: the CM thread asks about the connection's
   // QP by number, never through pub.qp, which the application may destroy at any time.
   uint32_t conn_qpn = 0;

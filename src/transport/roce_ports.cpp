@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -422,11 +423,16 @@ void RocePorts::capture_packet(const wire::Packet& in, const uint8_t* payload, u
 
 void RocePorts::send_packet_to(Qp& qp, wire::Packet& pkt, const uint8_t* payload, uint32_t len,
                                const wire::IpAddress& dest_ip, uint16_t dest_port) {
-  if (dest_ip.is_v4() && dest_ip.is_multicast() && !mcast_if_set_) {
+  if (dest_ip.is_multicast() && !mcast_if_set_) {
     // Multicast (UD) leaves through the device's own interface, not the default route's.
-    in_addr ifa{};
-    ifa.s_addr = iface().ip.v4_be();
-    setsockopt(port_->fd(), IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
+    if (dest_ip.is_v4()) {
+      in_addr ifa{};
+      ifa.s_addr = iface().ip.v4_be();
+      setsockopt(port_->fd(), IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
+    } else {
+      const int ifindex = iface().ifindex;
+      setsockopt(port_->fd(), IPPROTO_IPV6, IPV6_MULTICAST_IF, &ifindex, sizeof ifindex);
+    }
     mcast_if_set_ = true;
   }
   pkt.bth.pkey = wire::kDefaultPkey;
@@ -482,13 +488,14 @@ void RocePorts::resolve_destination(Qp& qp, bool again) {
     qp.dest_port = wire::kRoceUdpPort;
 }
 
-// ---- Multicast (IBTA 10.5; RoCE v2: the group's IPv4 multicast address, destination QPN 0xFFFFFF) ----
+// ---- Multicast (IBTA 10.5; RoCE v2: the group's IP multicast address, destination QPN 0xFFFFFF) ----
 
-int RocePorts::attach_mcast(Qp* qp, uint32_t group_ip_be) {
-  if (!iface().ip.is_v4()) return EOPNOTSUPP;  // IPv6 groups are not carried yet
+int RocePorts::attach_mcast(Qp* qp, const wire::IpAddress& group) {
+  // A group of the device's family: its socket joins on the device's interface.
+  if (!group.is_multicast() || group.is_v4() != iface().ip.is_v4()) return EINVAL;
   std::lock_guard lock(engine_lock());
   for (McastGroup& g : mcast_) {
-    if (g.group_ip_be != group_ip_be) continue;
+    if (g.group != group) continue;
     if (std::find(g.members.begin(), g.members.end(), qp) != g.members.end()) return 0;
     if (g.members.size() >= core::DeviceLimits::kMaxMcastQpAttach) return ENOMEM;
     g.members.push_back(qp);
@@ -497,7 +504,7 @@ int RocePorts::attach_mcast(Qp* qp, uint32_t group_ip_be) {
   if (mcast_.size() >= core::DeviceLimits::kMaxMcastGrp) return ENOMEM;
   // One socket per group and context, bound to group:4791: every process (and context) that joined
   // gets its own copy of each datagram (SO_REUSEADDR on a multicast address).
-  int fd = net::os_socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = net::os_socket(group.family(), SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno;
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -506,29 +513,41 @@ int RocePorts::attach_mcast(Qp* qp, uint32_t group_ip_be) {
   int rcvbuf = 8 << 20;
   if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf) != 0)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(wire::kRoceUdpPort);
-  sa.sin_addr.s_addr = group_ip_be;
-  ip_mreq mreq{};
-  mreq.imr_multiaddr.s_addr = group_ip_be;
-  mreq.imr_interface.s_addr = iface().ip.v4_be();
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-      setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq) != 0) {
+  sockaddr_storage sa{};
+  const socklen_t sa_len = wire::to_sockaddr(group, wire::kRoceUdpPort, &sa);
+  // A link-scope group (ff02::) is bound on the device's interface (the scope of any other is ignored).
+  if (!group.is_v4()) reinterpret_cast<sockaddr_in6*>(&sa)->sin6_scope_id = static_cast<uint32_t>(iface().ifindex);
+  int joined = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sa_len) == 0) {
+    if (group.is_v4()) {
+      ip_mreq mreq{};
+      mreq.imr_multiaddr.s_addr = group.v4_be();
+      mreq.imr_interface.s_addr = iface().ip.v4_be();
+      joined = setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq);
+    } else {
+      ipv6_mreq mreq{};
+      std::memcpy(&mreq.ipv6mr_multiaddr, group.bytes.data(), 16);
+      mreq.ipv6mr_interface = static_cast<unsigned>(iface().ifindex);
+      // Kernel rxe sends RoCEv2 over IPv6 with UDP checksum 0 (udp_port.cpp).
+      setsockopt(fd, SOL_UDP, UDP_NO_CHECK6_RX, &one, sizeof one);
+      joined = setsockopt(fd, IPPROTO_IPV6, IPV6_ADD_MEMBERSHIP, &mreq, sizeof mreq);
+    }
+  }
+  if (joined != 0) {
     int e = errno;
     close(fd);
     return e;
   }
   watch(fd, EPOLLIN);
-  mcast_.push_back(McastGroup{group_ip_be, fd, {qp}});
+  mcast_.push_back(McastGroup{group, fd, {qp}});
   return 0;
 }
 
-int RocePorts::detach_mcast(Qp* qp, uint32_t group_ip_be) {
+int RocePorts::detach_mcast(Qp* qp, const wire::IpAddress& group) {
   std::lock_guard lock(engine_lock());
   for (size_t i = 0; i < mcast_.size(); ++i) {
     McastGroup& g = mcast_[i];
-    if (g.group_ip_be != group_ip_be) continue;
+    if (g.group != group) continue;
     auto it = std::find(g.members.begin(), g.members.end(), qp);
     if (it == g.members.end()) return EINVAL;
     g.members.erase(it);
@@ -559,10 +578,13 @@ void RocePorts::mcast_receive(bool& did) {
   uint8_t buf[4096 + 256];
   for (McastGroup& g : mcast_) {
     for (int n = 0; n < 32; ++n) {
-      sockaddr_in from{};
+      sockaddr_storage from{};
       socklen_t fl = sizeof from;
       ssize_t len = recvfrom(g.fd, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &fl);
       if (len <= 0) break;
+      wire::IpAddress from_ip;
+      uint16_t from_port = 0;
+      wire::from_sockaddr(reinterpret_cast<const sockaddr*>(&from), &from_ip, &from_port);
       did = true;
       count(nullptr, &core::Counters::rx_packets);
       count(nullptr, &core::Counters::rx_bytes, static_cast<uint64_t>(len));
@@ -572,8 +594,8 @@ void RocePorts::mcast_receive(bool& did) {
         count(nullptr, &core::Counters::drop_malformed);
         continue;
       }
-      const auto from_ip = wire::IpAddress::v4(from.sin_addr.s_addr), group_ip = wire::IpAddress::v4(g.group_ip_be);
-      wire::UdpAddr addr{from_ip, group_ip, ntohs(from.sin_port), wire::kRoceUdpPort};
+      const wire::IpAddress& group_ip = g.group;
+      wire::UdpAddr addr{from_ip, group_ip, from_port, wire::kRoceUdpPort};
       wire::IpIdent ident;
       if (!icrc_accepts(addr, buf, ulen, &ident)) continue;
       if ((pkt.bth.pkey & 0x7FFF) != 0x7FFF) {
@@ -586,7 +608,7 @@ void RocePorts::mcast_receive(bool& did) {
         continue;
       }
       // Each attached QP gets its own copy.
-      const Arrival a{from_ip, ntohs(from.sin_port), group_ip, ulen};
+      const Arrival a{from_ip, from_port, group_ip, ulen};
       for (Qp* qp : g.members) deliver(*qp, pkt, a);
     }
   }

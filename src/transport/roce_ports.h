@@ -82,11 +82,11 @@ class RocePorts : PathServices {
   void serve_liveness();
   int liveness_fd();
 
-  // UD multicast (IBTA 10.5): the QP joins/leaves the IPv4 group on the device's interface (an IPv6
-  // device: EOPNOTSUPP) (takes the
-  // engine lock). 0 or an errno. forget_qp: a destroyed QP leaves its groups (lock held).
-  int attach_mcast(Qp* qp, uint32_t group_ip_be);
-  int detach_mcast(Qp* qp, uint32_t group_ip_be);
+  // UD multicast (IBTA 10.5): the QP joins/leaves the group, an address of the device's family
+  // (EINVAL otherwise), on the device's interface (takes the engine lock). 0 or an errno. forget_qp:
+  // a destroyed QP leaves its groups (lock held).
+  int attach_mcast(Qp* qp, const wire::IpAddress& group);
+  int detach_mcast(Qp* qp, const wire::IpAddress& group);
   void forget_qp(Qp* qp);
 
  private:
@@ -138,7 +138,7 @@ class RocePorts : PathServices {
   uint32_t liveness_skips_ = 0;
   // Multicast groups some QP of this context joined: a socket bound to group:4791 each.
   struct McastGroup {
-    uint32_t group_ip_be;
+    wire::IpAddress group;
     int fd;
     std::vector<Qp*> members;
   };

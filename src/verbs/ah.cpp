@@ -1,6 +1,6 @@
 // Address handles: ibv_create_ah/ibv_destroy_ah, and the reply address of a received UD message
 // (ibv_init_ah_from_wc/ibv_create_ah_from_wc) read from the GRH area RoCE v2 fills; and UD multicast
-// (ibv_attach_mcast/ibv_detach_mcast) over the IPv4 groups the multicast GIDs map to.
+// (ibv_attach_mcast/ibv_detach_mcast) over the IP groups the multicast GIDs map to.
 #include "verbs/ah.h"
 
 #include <cerrno>
@@ -13,7 +13,6 @@ using namespace softrdma::verbs;
 
 namespace {
 
-constexpr uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
 
 }  // namespace
 
@@ -21,7 +20,8 @@ int softrdma::verbs::av_destination(ibv_context* ctx, const ibv_ah_attr& a, wire
   if ((!qp_path && a.port_num != 1) || !a.is_global || a.grh.sgid_index != 0) return EINVAL;
   const wire::IpAddress ip = wire::IpAddress::from_bytes(a.grh.dgid.raw);
   if (ip.is_v4() != to_ctx(ctx)->device->iface.ip.is_v4()) return EINVAL;
-  if (!qp_path && (!ip.is_set() || (ip.is_v4() ? ip.v4_be() == 0xFFFFFFFFu : ip.is_multicast()))) return EINVAL;
+  // An address handle may name a multicast group of either family (UD), never IPv4's broadcast.
+  if (!qp_path && (!ip.is_set() || (ip.is_v4() && ip.v4_be() == 0xFFFFFFFFu))) return EINVAL;
   *out = ip;
   return 0;
 }
@@ -110,24 +110,23 @@ SOFTRDMA_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* g
 }
 
 namespace {
-// The IPv4 group a multicast GID names: ::ffff:224.0.0.0/4 (RoCE v2 over IPv4).
-int mcast_group(const ibv_qp* qp, const ibv_gid* gid, uint32_t* ip_be) {
+// The group a multicast GID names: an IPv4 group as ::ffff:224.0.0.0/4, or an IPv6 one (ff00::/8),
+// RoCE v2's GIDs for them.
+int mcast_group(const ibv_qp* qp, const ibv_gid* gid, wire::IpAddress* group) {
   if (!qp || !gid || qp->qp_type != IBV_QPT_UD) return EINVAL;  // only UD QPs join groups
-  if (std::memcmp(gid->raw, kMappedPrefix, sizeof kMappedPrefix) != 0 || (gid->raw[12] & 0xF0) != 0xE0)
-    return EINVAL;
-  std::memcpy(ip_be, gid->raw + 12, 4);
-  return 0;
+  *group = wire::IpAddress::from_bytes(gid->raw);
+  return group->is_multicast() ? 0 : EINVAL;
 }
 }  // namespace
 
 SOFTRDMA_EXPORT int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
-  uint32_t ip = 0;
-  if (int rc = mcast_group(qp, gid, &ip)) return rc;
-  return engine_of(qp->context).ports().attach_mcast(to_qp(qp)->tqp, ip);
+  wire::IpAddress group;
+  if (int rc = mcast_group(qp, gid, &group)) return rc;
+  return engine_of(qp->context).ports().attach_mcast(to_qp(qp)->tqp, group);
 }
 
 SOFTRDMA_EXPORT int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
-  uint32_t ip = 0;
-  if (int rc = mcast_group(qp, gid, &ip)) return rc;
-  return engine_of(qp->context).ports().detach_mcast(to_qp(qp)->tqp, ip);
+  wire::IpAddress group;
+  if (int rc = mcast_group(qp, gid, &group)) return rc;
+  return engine_of(qp->context).ports().detach_mcast(to_qp(qp)->tqp, group);
 }

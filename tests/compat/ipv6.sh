@@ -3,7 +3,8 @@
 # with unmodified programs on the devices of the veths' IPv6 addresses (softrdma6_<veth>, GID index 0
 # the IPv6 address): ibv_*_pingpong with their data check (-c), and perftest's write/read/send/atomic,
 # also through the 4791 holder, and the direct path between two processes of one namespace; rdma_cm
-# over IPv6 (rping -v, also from "::", ucmatose, udaddy), iWARP over TCP/IPv6 (rping -v, ucmatose),
+# over IPv6 (rping -v, also from "::", ucmatose, udaddy), UD multicast (mckey), iWARP over TCP/IPv6
+# (rping -v, ucmatose),
 # UCX and libfabric.
 # The veths also carry IPv4 addresses, for the programs' own TCP connection only (ibv_*_pingpong and
 # Debian 12's perftest reach their peer over IPv4); the RDMA traffic is the IPv6 devices' (an IPv6
@@ -137,6 +138,29 @@ else
     compat_result "ipv6 udaddy" 0 "${PAIR_WHY:-no 'return status 0'}"
   fi
 fi
+# UD multicast over IPv6: mckey's receiver in A joins ff0e::1:<g> (its context's socket joins the
+# group on the veth), then a sender in B joins and sends 10 datagrams; all 10 must arrive.
+g=$((1 + RANDOM % 254))
+group6=ff0e::1:$g
+sock=$(printf '00000EFF000000000000000000%02X0100:12B7' "$g")  # /proc/net/udp6's form of [group]:4791
+PAIR_SRV_LOG=$COMPAT_LOG_DIR/ipv6_mckey.receiver.log
+PAIR_CLI_LOG=$COMPAT_LOG_DIR/ipv6_mckey.sender.log
+"${inA[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- mckey -m "$group6" -b "$ip6A" -C 10 >"$PAIR_SRV_LOG" 2>&1 &
+rpid=$!
+for ((i = 0; i < 300; i++)); do
+  "${inA[@]}" awk -v s="$sock" 'NR>1 && $2==s { f=1 } END { exit !f }' /proc/net/udp6 && break
+  kill -0 "$rpid" 2>/dev/null || break
+  sleep 0.1
+done
+crc=0 rrc=0
+"${inB[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- mckey -m "$group6" -b "$ip6B" -s -C 10 >"$PAIR_CLI_LOG" 2>&1 || crc=$?
+wait "$rpid" || rrc=$?
+if ((crc == 0 && rrc == 0)) && grep -q 'data transfers complete' "$PAIR_SRV_LOG"; then
+  compat_result "ipv6 mckey (UD multicast)" 1
+else
+  compat_result "ipv6 mckey (UD multicast)" 0 "exit codes: receiver $rrc, sender $crc"
+fi
+
 # iWARP over TCP/IPv6 (SOFTRDMA_TRANSPORT=iwarp: the softrdma_iw6_* devices): rping -v between the
 # namespaces (FPDUs on the TCP connection), from "::" too, and ucmatose; then rping -v between two
 # processes of one namespace (the QPs find each other in the host's tuple table, keyed by the IPv6

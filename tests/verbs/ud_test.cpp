@@ -553,8 +553,14 @@ TEST_F(Ud, MulticastReachesEveryAttachedQp) {
   EXPECT_EQ(ibv_detach_mcast(b.qp, &group, 0), 0);
   EXPECT_EQ(ibv_destroy_ah(mah), 0);
 
-  // Only UD QPs, only multicast GIDs.
+  // Only UD QPs, only multicast GIDs, only groups of the device's family (an IPv6 group, ff0e::1,
+  // is no IPv4 device's).
   EXPECT_EQ(ibv_attach_mcast(b.qp, &dev.gid, 0), EINVAL);
+  ibv_gid group6{};
+  group6.raw[0] = 0xFF;
+  group6.raw[1] = 0x0E;
+  group6.raw[15] = 1;
+  EXPECT_EQ(ibv_attach_mcast(b.qp, &group6, 0), EINVAL);
   ibv_qp_init_attr ia{};
   ia.send_cq = ia.recv_cq = c.scq;
   ia.qp_type = IBV_QPT_RC;
