@@ -296,13 +296,14 @@ bool RawPath::transmit(Qp& qp, uint64_t) {
         frame = whole ? raw_buf_.data() : nullptr;
       }
       if (frame && (e.wqe.flags & kIpCsum)) {
-        // The device fills in the IPv4 and TCP/UDP checksums: on a copy, never in the caller's buffer.
+        // The device fills in the IPv4 and TCP/UDP checksums (IPv6: TCP/UDP): on a copy, never in the
+        // caller's buffer.
         if (frame != raw_buf_.data()) {
           raw_buf_.resize(std::max<size_t>(raw_buf_.size(), len));
           std::memcpy(raw_buf_.data(), frame, len);
           frame = raw_buf_.data();
         }
-        wire::fill_ipv4_checksums(raw_buf_.data(), len);
+        wire::fill_ip_checksums(raw_buf_.data(), len);
       }
       if (!frame) {
         e.status = WcStatus::LocProtErr;  // its memory was deregistered meanwhile

@@ -66,6 +66,31 @@ std::vector<uint8_t> udp_frame(const Mac& dst, uint32_t src_ip_host, uint16_t dp
   return f;
 }
 
+// An IPv6/UDP frame from fd77::1:5 to fd77::<dst_low>, port 12345 -> dport.
+std::vector<uint8_t> udp6_frame(const Mac& dst, uint8_t dst_low, uint16_t dport, size_t len, uint32_t seed) {
+  std::vector<uint8_t> f = frame(dst, 0x86DD, len, seed);
+  uint8_t* ip = f.data() + 14;
+  std::memset(ip, 0, 48);
+  ip[0] = 0x60;
+  ip[4] = static_cast<uint8_t>((len - 54) >> 8);
+  ip[5] = static_cast<uint8_t>(len - 54);
+  ip[6] = 17;
+  ip[7] = 64;
+  ip[8] = ip[24] = 0xfd;
+  ip[9] = ip[25] = 0x77;
+  ip[21] = 1;
+  ip[23] = 5;
+  ip[39] = dst_low;
+  uint8_t* udp = ip + 40;
+  udp[0] = 0x30;
+  udp[1] = 0x39;
+  udp[2] = static_cast<uint8_t>(dport >> 8);
+  udp[3] = static_cast<uint8_t>(dport);
+  udp[4] = ip[4];
+  udp[5] = ip[5];
+  return f;
+}
+
 ibv_flow_spec_eth eth_spec(const Mac& dst) {
   ibv_flow_spec_eth s{};
   s.type = IBV_FLOW_SPEC_ETH;
@@ -247,6 +272,53 @@ TEST_F(RawPacket, OnlyMatchingFramesArrive) {
   auto good = udp_frame(mac, 0x01010101, 4000, 300, 4);
   send_ok(4, good);
   expect_received(20, good);
+}
+
+// IPv6 frames: a flow on the IPv6 destination and UDP port takes only its frames, and
+// IBV_SEND_IP_CSUM fills the UDP checksum over IPv6's pseudo-header (IPv6 has no header checksum).
+TEST_F(RawPacket, Ipv6FlowAndChecksumOffload) {
+  const Mac mac = our_mac(12);
+  FlowAttr fa;
+  ibv_flow_spec_ipv6 ip{};
+  ip.type = IBV_FLOW_SPEC_IPV6;
+  ip.size = sizeof ip;
+  ip.val.dst_ip[0] = 0xfd;
+  ip.val.dst_ip[1] = 0x77;
+  ip.val.dst_ip[15] = 2;
+  std::memset(ip.mask.dst_ip, 0xFF, 16);
+  ibv_flow_spec_tcp_udp udp{};
+  udp.type = IBV_FLOW_SPEC_UDP;
+  udp.size = sizeof udp;
+  udp.val.dst_port = htons(4000);
+  udp.mask.dst_port = 0xFFFF;
+  fa.add(eth_spec(mac)).add(ip).add(udp);
+  ASSERT_NE(rx.flow(fa), nullptr) << "errno " << errno;
+  ASSERT_EQ(rx.recv(30, 2048), 0);
+  send_ok(1, udp6_frame(mac, 3, 4000, 300, 1));     // another IPv6 destination
+  send_ok(2, udp6_frame(mac, 2, 4001, 300, 2));     // another port
+  send_ok(3, udp_frame(mac, 0x01010101, 4000, 300, 3));  // IPv4
+  auto good = udp6_frame(mac, 2, 4000, 301, 4);     // odd UDP length: the last byte is padded
+  const bool csum = tx.dev.attr.device_cap_flags & IBV_DEVICE_RAW_IP_CSUM;
+  ASSERT_EQ(tx.send(4, good, IBV_SEND_SIGNALED | (csum ? IBV_SEND_IP_CSUM : 0)), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_wc(tx.cq, &wc));
+  expect_wc(wc, {.wr_id = 4, .opcode = IBV_WC_SEND});
+  ASSERT_TRUE(poll_wc(rx.cq, &wc));
+  expect_wc(wc, {.wr_id = 30, .opcode = IBV_WC_RECV, .byte_len = 301});
+  std::vector<uint8_t> got(rx.buf->data + kRxOff, rx.buf->data + kRxOff + 301);
+  if (csum) {
+    const uint8_t* ip6 = got.data() + 14;
+    uint32_t sum = 17 + (301u - 54);
+    for (int i = 8; i < 40; i += 2) sum += uint32_t{ip6[i]} << 8 | ip6[i + 1];
+    for (size_t i = 40; i < 301 - 14; i += 2) sum += uint32_t{ip6[i]} << 8 | (i + 1 < 301 - 14 ? ip6[i + 1] : 0);
+    while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+    EXPECT_EQ(sum, 0xFFFFu) << "UDP checksum over the IPv6 pseudo-header";
+    EXPECT_NE(got[60] | got[61], 0) << "a UDP checksum was written";
+    got[60] = good[60];
+    got[61] = good[61];
+  }
+  EXPECT_EQ(got, good) << "apart from the checksum, the frame as sent";
+  EXPECT_EQ(drain_cq(rx.cq), 0) << "one frame only";
 }
 
 TEST_F(RawPacket, NoFlowNoFrames) {
