@@ -138,28 +138,9 @@ else
     compat_result "ipv6 udaddy" 0 "${PAIR_WHY:-no 'return status 0'}"
   fi
 fi
-# UD multicast over IPv6: mckey's receiver in A joins ff0e::1:<g> (its context's socket joins the
+# UD multicast over IPv6: mckey's receiver in A joins ff0e::1:<n> (its context's socket joins the
 # group on the veth), then a sender in B joins and sends 10 datagrams; all 10 must arrive.
-g=$((1 + RANDOM % 254))
-group6=ff0e::1:$g
-sock=$(printf '00000EFF000000000000000000%02X0100:12B7' "$g")  # /proc/net/udp6's form of [group]:4791
-PAIR_SRV_LOG=$COMPAT_LOG_DIR/ipv6_mckey.receiver.log
-PAIR_CLI_LOG=$COMPAT_LOG_DIR/ipv6_mckey.sender.log
-"${inA[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- mckey -m "$group6" -b "$ip6A" -C 10 >"$PAIR_SRV_LOG" 2>&1 &
-rpid=$!
-for ((i = 0; i < 300; i++)); do
-  "${inA[@]}" awk -v s="$sock" 'NR>1 && $2==s { f=1 } END { exit !f }' /proc/net/udp6 && break
-  kill -0 "$rpid" 2>/dev/null || break
-  sleep 0.1
-done
-crc=0 rrc=0
-"${inB[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- mckey -m "$group6" -b "$ip6B" -s -C 10 >"$PAIR_CLI_LOG" 2>&1 || crc=$?
-wait "$rpid" || rrc=$?
-if ((crc == 0 && rrc == 0)) && grep -q 'data transfers complete' "$PAIR_SRV_LOG"; then
-  compat_result "ipv6 mckey (UD multicast)" 1
-else
-  compat_result "ipv6 mckey (UD multicast)" 0 "exit codes: receiver $rrc, sender $crc"
-fi
+mckey_pair ipv6 "$ip6A" "$ip6B"
 
 # iWARP over TCP/IPv6 (SOFTRDMA_TRANSPORT=iwarp: the softrdma_iw6_* devices): rping -v between the
 # namespaces (FPDUs on the TCP connection), from "::" too, and ucmatose; then rping -v between two

@@ -46,35 +46,6 @@ qperf_cm() {
   fi
 }
 
-# mckey_pair LABEL RECEIVER_IP SENDER_IP: a receiver joins a group, then a sender joins and sends 10
-# datagrams to it; the receiver must get all 10 ("data transfers complete").
-mckey_pair() {
-  local where=$1 rip=$2 sip=$3 rpid i crc=0 rrc=0 group sock name="$1 mckey" g1 g2 g3
-  local -a sp=("${SRV_PREFIX[@]+"${SRV_PREFIX[@]}"}") cp=("${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"}")
-  g1=$((RANDOM % 256)) g2=$((RANDOM % 256)) g3=$((1 + RANDOM % 254))
-  group=239.$g1.$g2.$g3
-  # The receiver's QP is attached once its context holds a UDP socket on group:4791 (as /proc shows it).
-  sock=$(printf '%02X%02X%02X%02X:12B7' "$g3" "$g2" "$g1" 239)
-  PAIR_SRV_LOG=$COMPAT_LOG_DIR/${where}_mckey.receiver.log
-  PAIR_CLI_LOG=$COMPAT_LOG_DIR/${where}_mckey.sender.log
-  compat_log "$name: receiver: mckey -m $group -b $rip -C 10"
-  "${sp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- mckey -m "$group" -b "$rip" -C 10 >"$PAIR_SRV_LOG" 2>&1 &
-  rpid=$!
-  for ((i = 0; i < 300; i++)); do
-    "${sp[@]}" awk -v s="$sock" 'NR>1 && $2==s { f=1 } END { exit !f }' /proc/net/udp && break
-    kill -0 "$rpid" 2>/dev/null || break
-    sleep 0.1
-  done
-  compat_log "$name: sender: mckey -m $group -b $sip -s -C 10"
-  "${cp[@]}" timeout -k 5 "$COMPAT_TIMEOUT" "$SOFTRDMA" run -- mckey -m "$group" -b "$sip" -s -C 10 >"$PAIR_CLI_LOG" 2>&1 || crc=$?
-  wait "$rpid" || rrc=$?
-  if ((crc == 0 && rrc == 0)) && grep -q 'data transfers complete' "$PAIR_SRV_LOG"; then
-    compat_result "$name" 1
-  else
-    compat_result "$name" 0 "exit codes: receiver $rrc, sender $crc"
-  fi
-}
-
 suite() { # LABEL SERVER_IP CLIENT_IP
   local where=$1 ip=$2 port n
   rping_pair "$where rping" "$ip" "$ip" 1000

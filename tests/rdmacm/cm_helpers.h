@@ -44,6 +44,24 @@ inline sockaddr_in addr(const char* ip, uint16_t port) {
   return a;
 }
 
+inline sockaddr_in6 addr6(const char* ip, uint16_t port) {
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_port = htons(port);
+  inet_pton(AF_INET6, ip, &a.sin6_addr);
+  return a;
+}
+
+// The address of an rdma_cm address slot as text, either family.
+inline std::string str_of(const sockaddr* a) {
+  char s[INET6_ADDRSTRLEN] = {};
+  if (a->sa_family == AF_INET6)
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, s, sizeof s);
+  else
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a)->sin_addr, s, sizeof s);
+  return s;
+}
+
 // The next event on ch (nullptr after timeout_ms). The caller acks it.
 inline rdma_cm_event* next_event(rdma_event_channel* ch, int timeout_ms = kWaitMs) {
   pollfd p{ch->fd, POLLIN, 0};
@@ -165,6 +183,39 @@ struct Side {
       if (poll_pause_us) usleep(poll_pause_us);
     }
     return wc;
+  }
+};
+
+// An id on its own event channel, destroyed with it; addresses of either family.
+struct Id {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  Id() {
+    if (ch) rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP);
+  }
+  ~Id() {
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  int afonly(int on) { return rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &on, sizeof on); }
+  template <typename A>
+  int bind(const A& a) {
+    return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(const_cast<A*>(&a)));
+  }
+  // Resolves address and route to dst; true when both events came without error.
+  template <typename A>
+  bool resolve(const A& dst) {
+    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(const_cast<A*>(&dst)), 2000)) return false;
+    for (rdma_cm_event_type want : {RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED}) {
+      if (want == RDMA_CM_EVENT_ROUTE_RESOLVED && rdma_resolve_route(id, 2000)) return false;
+      rdma_cm_event* ev = next_event(ch);
+      const bool ok = ev && ev->event == want && ev->status == 0;
+      if (ev) rdma_ack_cm_event(ev);
+      if (!ok) return false;
+    }
+    return true;
   }
 };
 

@@ -20,36 +20,7 @@ namespace {
 
 using namespace softrdma::cm_test;
 
-sockaddr_in6 addr6(const char* ip, uint16_t port) {
-  sockaddr_in6 a{};
-  a.sin6_family = AF_INET6;
-  a.sin6_port = htons(port);
-  inet_pton(AF_INET6, ip, &a.sin6_addr);
-  return a;
-}
-
-std::string str6(const sockaddr* a) {
-  char s[INET6_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, s, sizeof s);
-  return s;
-}
-
 int set_afonly(rdma_cm_id* id, int on) { return rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &on, sizeof on); }
-
-// An id on its own event channel, destroyed with it.
-struct Id {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  Id() {
-    if (ch) rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP);
-  }
-  ~Id() {
-    if (id) rdma_destroy_id(id);
-    if (ch) rdma_destroy_event_channel(ch);
-  }
-  int bind(const sockaddr_in6& a) { return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(const_cast<sockaddr_in6*>(&a))); }
-  int bind(const sockaddr_in& a) { return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(const_cast<sockaddr_in*>(&a))); }
-};
 
 // C (address and route resolved) connects to listener L; a SEND of text crosses and is checked. The
 // child id is handed to check before it is accepted.
@@ -89,7 +60,7 @@ TEST(RdmaCmIpv6, WildcardWithAndWithoutAfonly) {
   ASSERT_EQ(only.bind(addr6("::", port)), 0) << strerror(errno);
   const sockaddr* local = rdma_get_local_addr(only.id);
   EXPECT_EQ(local->sa_family, AF_INET6);
-  EXPECT_EQ(str6(local), "::");
+  EXPECT_EQ(str_of(local), "::");
   EXPECT_EQ(ntohs(rdma_get_src_port(only.id)), port);
   EXPECT_EQ(only.id->verbs, nullptr);
   EXPECT_EQ(rdma_listen(only.id, 4), 0);
@@ -120,7 +91,7 @@ TEST(RdmaCmIpv6, DualStackWildcardListenerAcceptsIpv4) {
   ASSERT_EQ(L.bind(addr6("::", 0)), 0) << strerror(errno);
   const uint16_t port = ntohs(rdma_get_src_port(L.id));
   ASSERT_NE(port, 0);
-  EXPECT_EQ(str6(rdma_get_local_addr(L.id)), "::");
+  EXPECT_EQ(str_of(rdma_get_local_addr(L.id)), "::");
   ASSERT_EQ(rdma_listen(L.id, 4), 0);
   Id v4;
   EXPECT_EQ(v4.bind(addr("0.0.0.0", port)), -1);
@@ -152,7 +123,7 @@ TEST(RdmaCmIpv6, Ipv4MappedAddressesConnectAsIpv4) {
   ASSERT_NE(L.id->verbs, nullptr);
   EXPECT_STREQ(ibv_get_device_name(L.id->verbs->device), "softrdma_lo");
   EXPECT_EQ(rdma_get_local_addr(L.id)->sa_family, AF_INET6);
-  EXPECT_EQ(str6(rdma_get_local_addr(L.id)), "::ffff:127.0.0.1");
+  EXPECT_EQ(str_of(rdma_get_local_addr(L.id)), "::ffff:127.0.0.1");
   const uint16_t port = ntohs(rdma_get_src_port(L.id));
   ASSERT_EQ(rdma_listen(L.id, 4), 0);
 
@@ -164,10 +135,10 @@ TEST(RdmaCmIpv6, Ipv4MappedAddressesConnectAsIpv4) {
   rdma_ack_cm_event(ev);
   ASSERT_NE(C.id->verbs, nullptr);
   EXPECT_EQ(rdma_get_peer_addr(C.id)->sa_family, AF_INET6);
-  EXPECT_EQ(str6(rdma_get_peer_addr(C.id)), "::ffff:127.0.0.1");
+  EXPECT_EQ(str_of(rdma_get_peer_addr(C.id)), "::ffff:127.0.0.1");
   EXPECT_EQ(ntohs(rdma_get_dst_port(C.id)), port);
   EXPECT_EQ(rdma_get_local_addr(C.id)->sa_family, AF_INET6);
-  EXPECT_EQ(str6(rdma_get_local_addr(C.id)), "::ffff:127.0.0.1");
+  EXPECT_EQ(str_of(rdma_get_local_addr(C.id)), "::ffff:127.0.0.1");
   ASSERT_EQ(rdma_resolve_route(C.id, 2000), 0);
   ev = next_event(C.ch);
   ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED) << name(ev);
@@ -187,7 +158,7 @@ TEST(RdmaCmIpv6, GetaddrinfoInIpv6) {
   EXPECT_EQ(rai->ai_family, AF_INET6);
   ASSERT_NE(rai->ai_src_addr, nullptr);
   EXPECT_EQ(rai->ai_src_len, sizeof(sockaddr_in6));
-  EXPECT_EQ(str6(rai->ai_src_addr), "::");
+  EXPECT_EQ(str_of(rai->ai_src_addr), "::");
   EXPECT_EQ(ntohs(reinterpret_cast<sockaddr_in6*>(rai->ai_src_addr)->sin6_port), 7471);
   EXPECT_EQ(rai->ai_dst_addr, nullptr);
   rdma_freeaddrinfo(rai);
@@ -196,7 +167,7 @@ TEST(RdmaCmIpv6, GetaddrinfoInIpv6) {
   ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", "7471", &hints, &rai), 0);
   ASSERT_NE(rai->ai_dst_addr, nullptr);
   EXPECT_EQ(rai->ai_dst_len, sizeof(sockaddr_in6));
-  EXPECT_EQ(str6(rai->ai_dst_addr), "::ffff:127.0.0.1");
+  EXPECT_EQ(str_of(rai->ai_dst_addr), "::ffff:127.0.0.1");
   rdma_freeaddrinfo(rai);
 
   // A port: a synchronous id bound to loopback with port 0 is libfabric's probe (bind_test.cpp).
@@ -212,7 +183,7 @@ TEST(RdmaCmIpv6, GetaddrinfoInIpv6) {
   ASSERT_EQ(rdma_create_ep(&ep, rai, nullptr, nullptr), 0) << strerror(errno);
   ASSERT_NE(ep->verbs, nullptr);
   EXPECT_STREQ(ibv_get_device_name(ep->verbs->device), "softrdma_lo");
-  EXPECT_EQ(str6(rdma_get_local_addr(ep)), "::ffff:127.0.0.1");
+  EXPECT_EQ(str_of(rdma_get_local_addr(ep)), "::ffff:127.0.0.1");
   EXPECT_EQ(rdma_listen(ep, 2), 0);
   rdma_destroy_ep(ep);
   rdma_freeaddrinfo(rai);
@@ -231,7 +202,7 @@ TEST(RdmaCmIpv6, LoopbackIpv6AddressConnects) {
   ASSERT_EQ(L.bind(addr6("::1", 0)), 0) << strerror(errno);
   ASSERT_NE(L.id->verbs, nullptr);
   EXPECT_STREQ(ibv_get_device_name(L.id->verbs->device), "softrdma_lo");
-  EXPECT_EQ(str6(rdma_get_local_addr(L.id)), "::1");
+  EXPECT_EQ(str_of(rdma_get_local_addr(L.id)), "::1");
   const uint16_t port = ntohs(rdma_get_src_port(L.id));
   ASSERT_EQ(rdma_listen(L.id, 4), 0);
 
@@ -243,8 +214,8 @@ TEST(RdmaCmIpv6, LoopbackIpv6AddressConnects) {
   rdma_ack_cm_event(ev);
   ASSERT_NE(C.id->verbs, nullptr);
   EXPECT_STREQ(ibv_get_device_name(C.id->verbs->device), "softrdma_lo");
-  EXPECT_EQ(str6(rdma_get_local_addr(C.id)), "::1");
-  EXPECT_EQ(str6(rdma_get_peer_addr(C.id)), "::1");
+  EXPECT_EQ(str_of(rdma_get_local_addr(C.id)), "::1");
+  EXPECT_EQ(str_of(rdma_get_peer_addr(C.id)), "::1");
   ASSERT_EQ(rdma_resolve_route(C.id, 2000), 0);
   ev = next_event(C.ch);
   ASSERT_TRUE(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED) << name(ev);
@@ -256,7 +227,7 @@ TEST(RdmaCmIpv6, LoopbackIpv6AddressConnects) {
   const uint16_t c_port = ntohs(rdma_get_src_port(C.id));
   connect_and_send(L, C, "ipv6-loopback", [c_port](rdma_cm_id* child) {
     EXPECT_EQ(rdma_get_peer_addr(child)->sa_family, AF_INET6);
-    EXPECT_EQ(str6(rdma_get_peer_addr(child)), "::1");
+    EXPECT_EQ(str_of(rdma_get_peer_addr(child)), "::1");
     EXPECT_EQ(ntohs(rdma_get_dst_port(child)), c_port);
   });
 }

@@ -656,53 +656,9 @@ TEST(IwarpCm, HostileClientsAreClosedAndCounted) {
 
 // A destroyed listener's port is free again at once (perftest -R re-listens on it).
 // ---- IPv6: TCP/IPv6 under the MPA exchange -------------------------------------------------------
-sockaddr_in6 addr6(const char* ip, uint16_t port) {
-  sockaddr_in6 a{};
-  a.sin6_family = AF_INET6;
-  a.sin6_port = htons(port);
-  inet_pton(AF_INET6, ip, &a.sin6_addr);
-  return a;
-}
-
-std::string str_of(const sockaddr* a) {
-  char s[INET6_ADDRSTRLEN] = {};
-  if (a->sa_family == AF_INET6)
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, s, sizeof s);
-  else
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a)->sin_addr, s, sizeof s);
-  return s;
-}
-
-// An id on its own channel, destroyed with it.
-struct Id {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  Id() {
-    if (ch) rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP);
-  }
-  ~Id() {
-    if (id) rdma_destroy_id(id);
-    if (ch) rdma_destroy_event_channel(ch);
-  }
-  int afonly(int on) { return rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &on, sizeof on); }
-  template <typename A>
-  int bind(const A& a) {
-    return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(const_cast<A*>(&a)));
-  }
-  // Resolves address and route to dst; true when both events came without error.
-  template <typename A>
-  bool resolve(const A& dst) {
-    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(const_cast<A*>(&dst)), 2000)) return false;
-    for (rdma_cm_event_type want : {RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED}) {
-      if (want == RDMA_CM_EVENT_ROUTE_RESOLVED && rdma_resolve_route(id, 2000)) return false;
-      rdma_cm_event* ev = next_event(ch);
-      const bool ok = ev && ev->event == want && ev->status == 0;
-      if (ev) rdma_ack_cm_event(ev);
-      if (!ok) return false;
-    }
-    return true;
-  }
-};
+using cmt::addr6;
+using cmt::Id;
+using cmt::str_of;
 
 // C connects to the listener L; SEND, WRITE and READ cross, their bytes checked; check sees the
 // accepted id before it is accepted.
