@@ -309,7 +309,8 @@ int number_above_open_fds(int fd) {
 bool open_channel(Rs* rs) {
   rs->ch = rdma_create_event_channel();
   if (!rs->ch || set_nonblock(rs->ch->fd)) return false;
-  if (const int min = number_above_open_fds(rs->ch->fd); min && rdmacm::renumber_event_channel(rs->ch, min) < 0) return false;
+  if (const int min = number_above_open_fds(rs->ch->fd); min && rdmacm::renumber_event_channel(rs->ch, min) < 0)
+    return false;
   rs->index = rs->ch->fd;
   return rs->index < kTableSize;
 }

@@ -11,11 +11,6 @@
 using namespace softrdma;
 using namespace softrdma::verbs;
 
-namespace {
-
-
-}  // namespace
-
 int softrdma::verbs::av_destination(ibv_context* ctx, const ibv_ah_attr& a, wire::IpAddress* out, bool qp_path) {
   if ((!qp_path && a.port_num != 1) || !a.is_global || a.grh.sgid_index != 0) return EINVAL;
   const wire::IpAddress ip = wire::IpAddress::from_bytes(a.grh.dgid.raw);
