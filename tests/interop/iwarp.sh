@@ -388,9 +388,10 @@ done
 # softrdma's device of it is softrdma_iw6_rxebr0, siw's is siw0 for both families.
 if case_wanted 'ipv6'; then
   if nsx ip -6 addr replace fd77:77::1/64 dev rxebr0 nodad && guest "ip -6 addr replace fd77:77::11/64 dev eth0 nodad" >/dev/null 2>&1; then
-    read -r HOST_IP GUEST_IP HOST_DEV <<<"fd77:77::1 fd77:77::11 softrdma_iw6_rxebr0"
+    saved=("$HOST_IP" "$GUEST_IP" "$HOST_DEV")
+    HOST_IP=fd77:77::1 GUEST_IP=fd77:77::11 HOST_DEV=softrdma_iw6_rxebr0
     for role in host-server host-client; do rping_case "ipv6.rping.$role" "$role" -; done
-    read -r HOST_IP GUEST_IP HOST_DEV <<<"10.77.0.1 10.77.0.11 softrdma_iw_rxebr0"
+    HOST_IP=${saved[0]} GUEST_IP=${saved[1]} HOST_DEV=${saved[2]}
   else
     T0=$(date +%s) WHY="could not give the bridge and the guest IPv6 addresses" SRV_LOG=/dev/null CLI_LOG=/dev/null
     result ipv6.setup 0 "$T0"
