@@ -270,8 +270,9 @@ class Manager {
     size_t rx_len = 0;
     uint64_t deadline_ns = 0;
   };
-  // A non-blocking socket of type bound to (ip, port), as c's rdma_cm port. 0 or an errno.
-  int bind_socket(Connection& c, int type, const wire::IpAddress& ip, uint16_t port_be);
+  // A non-blocking socket of type bound to (ip, port), as c's rdma_cm port. An IPv6 one is IPv6's
+  // alone unless v6_only is false (an iWARP "::": one TCP socket for both families). 0 or an errno.
+  int bind_socket(Connection& c, int type, const wire::IpAddress& ip, uint16_t port_be, bool v6_only = true);
   int iw_bind(Connection& c, const wire::IpAddress& ip, uint16_t port_be);
   int iw_bind_any6(Connection& c, bool v6_only, uint16_t port_be);  // "::", dual-stack unless v6_only
   int iw_listen(Connection& c);

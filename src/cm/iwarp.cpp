@@ -18,7 +18,6 @@
 #include "cm/cm.h"
 #include "config/config.h"
 #include "net/interfaces.h"  // is_local_ip, scope_of
-#include "net/os_socket.h"
 #include "net/tuple_table.h"
 
 namespace softrdma::cm {
@@ -104,27 +103,11 @@ int Manager::iw_bind(Connection& c, const wire::IpAddress& ip, uint16_t port_be)
 }
 
 int Manager::iw_bind_any6(Connection& c, bool v6_only, uint16_t port_be) {
-  int fd = net::os_socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return errno;
-  int one = 1, v6 = v6_only ? 1 : 0;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   // Not v6_only: IPv4 connections arrive on it too, as IPv4-mapped addresses (the kernel's dual stack).
-  setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6, sizeof v6);
-  sockaddr_storage a{};
-  socklen_t l = wire::to_sockaddr(wire::IpAddress{}, ntohs(port_be), &a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), l) != 0) {
-    int e = errno;
-    close(fd);
-    return e;
-  }
-  wire::IpAddress bound;
-  uint16_t port = 0;
-  sock_address(fd, false, bound, port);
-  c.sock = fd;
-  c.service_port = c.local_port = port;
+  if (int rc = bind_socket(c, SOCK_STREAM, wire::IpAddress{}, port_be, v6_only)) return rc;
+  std::swap(c.sock, c.sock6);  // an iWARP id's one TCP socket is c.sock
   // As a RoCE id on "::": IPv4's wildcard as well, unless v6_only.
-  c.local_ip = v6_only ? wire::IpAddress{} : wire::IpAddress::v4(INADDR_ANY);
-  if (c.st == St::Idle) c.st = St::Bound;
+  if (!v6_only) c.local_ip = wire::IpAddress::v4(INADDR_ANY);
   if (!c.iw) c.iw = std::make_unique<IwarpState>();
   return 0;
 }

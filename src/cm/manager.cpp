@@ -253,14 +253,15 @@ int Manager::bind_port(Connection& c, const wire::IpAddress& ip, uint16_t port_b
   return bind_socket(c, SOCK_DGRAM, ip, port_be);
 }
 
-int Manager::bind_socket(Connection& c, int type, const wire::IpAddress& ip, uint16_t port_be) {
+int Manager::bind_socket(Connection& c, int type, const wire::IpAddress& ip, uint16_t port_be, bool v6_only) {
   int fd = net::os_socket(ip.family(), type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
   int one = 1;
   if (type == SOCK_STREAM)
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // a listener may come back at once
   // An IPv6 address's port is IPv6's alone: the IPv4 one of the same number is another id's.
-  if (!ip.is_v4()) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  const int v6 = v6_only ? 1 : 0;
+  if (!ip.is_v4()) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6, sizeof v6);
   sockaddr_storage a{};
   socklen_t l = wire::to_sockaddr(ip, ntohs(port_be), &a);
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), l) != 0) {
